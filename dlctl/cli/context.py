@@ -1,0 +1,169 @@
+"""Per-invocation state shared by every command, and the decorators commands plug in with."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from .. import output
+from ..config import ConfigLocation, locate_config, select_cluster
+from ..errors import RefusedError
+from ..plan import Plan, PlanResult, Step, apply
+
+
+@dataclass
+class AppContext:
+    config_option: str | None = None
+    cluster_option: str | None = None
+    output: str = "table"
+    verbosity: int = 0  # -1 quiet, 0 default, 1 info, 2 debug
+    assume_yes: bool = False
+    stdout: Console = field(default_factory=lambda: Console(file=sys.stdout))
+    stderr: Console = field(default_factory=lambda: Console(file=sys.stderr, stderr=True))
+
+    @property
+    def config(self) -> ConfigLocation:
+        return locate_config(self.config_option)
+
+    @property
+    def cluster(self) -> str | None:
+        return select_cluster(self.cluster_option)
+
+    def render(self, data: Any) -> None:
+        output.render(data, self.output, console=self.stdout, stream=self.stdout.file)
+
+    def configure_logging(self) -> None:
+        level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(self.verbosity, logging.DEBUG)
+        root = logging.getLogger()
+        root.handlers[:] = [RichHandler(console=self.stderr, show_path=False, rich_tracebacks=self.verbosity >= 2)]
+        root.setLevel(level)
+
+    @contextmanager
+    def progress(self, transient: bool = True) -> Iterator[Progress]:
+        """A rich progress display on stderr; silent with -q or when stderr is not a terminal."""
+        disable = self.verbosity < 0 or not self.stderr.is_terminal
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.stderr,
+            transient=transient,
+            disable=disable,
+        ) as bar:
+            yield bar
+
+    def confirm(self, plan: Plan) -> None:
+        """Ask before applying; without a terminal, ``--yes`` is required."""
+        if self.assume_yes:
+            return
+        if not sys.stdin.isatty():
+            raise RefusedError(
+                f"{plan.operation}: not confirmed (standard input is not a terminal)",
+                hint="review it with --dry-run, then pass --yes to apply",
+            )
+        for step in plan.steps:
+            self.stderr.print(f"  • {step.description}", markup=False, highlight=False)
+        for note in plan.notes:
+            self.stderr.print(f"  ! {note}", markup=False, highlight=False)
+        if not click.confirm(f"Apply {plan.operation} ({len(plan.steps)} step(s))?", err=True):
+            raise RefusedError(f"{plan.operation}: not confirmed; nothing was changed")
+
+    def run_plan(self, plan: Plan) -> PlanResult:
+        log = logging.getLogger("dlctl.plan")
+        with self.progress() as bar:
+            task = bar.add_task(plan.operation, total=len(plan.steps))
+
+            def on_step(index: int, step: Step) -> None:
+                bar.update(task, description=step.description, completed=index)
+                log.info("%s: %s", plan.operation, step.description)
+
+            result = apply(plan, on_step=on_step)
+            bar.update(task, completed=len(plan.steps))
+            return result
+
+
+pass_app = click.make_pass_decorator(AppContext, ensure=True)
+
+
+def _set_on_app(attribute: str, transform: Callable[[Any], Any] = lambda v: v):
+    def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+        if value is not None and value is not False:
+            setattr(ctx.ensure_object(AppContext), attribute, transform(value))
+        return value
+
+    return callback
+
+
+output_option = click.option(
+    "-o",
+    "--output",
+    type=click.Choice(output.FORMATS),
+    default=None,
+    expose_value=False,
+    callback=_set_on_app("output"),
+    help="Output format: table (default), json or yaml.",
+)
+
+yes_option = click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    default=False,
+    expose_value=False,
+    callback=_set_on_app("assume_yes"),
+    help="Do not ask for confirmation.",
+)
+
+
+def command_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Options every leaf command accepts after its name (``dlctl log list -o json``)."""
+    return output_option(func)
+
+
+def mutating(confirm: bool = True) -> Callable[[Callable[..., Plan]], Callable[..., Any]]:
+    """Turn a function that *builds* a Plan into a command with --dry-run, --yes and -o.
+
+    With --dry-run the plan is rendered and nothing happens; otherwise it is confirmed
+    (when ``confirm``), applied step by step with progress on stderr, and its result rendered.
+    """
+
+    def decorate(build: Callable[..., Plan]) -> Callable[..., Any]:
+        @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+        @yes_option
+        @output_option
+        @pass_app
+        @functools.wraps(build)
+        def command(app: AppContext, *args: Any, dry_run: bool, **kwargs: Any) -> None:
+            plan = build(app, *args, **kwargs)
+            if dry_run or plan.empty:
+                app.render(plan)
+                return
+            if confirm:
+                app.confirm(plan)
+            app.render(app.run_plan(plan))
+
+        return command
+
+    return decorate
+
+
+__all__ = ["AppContext", "pass_app", "command_options", "mutating", "output_option", "yes_option"]

@@ -1,0 +1,112 @@
+"""The ``dlctl`` command group, its global options, and the mapping of errors to exit codes."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+import click
+
+from .. import __version__
+from ..errors import DlctlError, ExitCode
+from ..output import FORMATS
+from .context import AppContext
+from .misc import completion_command, version_command
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+EPILOG = """\b
+Exit codes:
+  0    ok
+  1    failed
+  2    usage error (bad arguments or configuration)
+  3    partial: some nodes or steps failed (details in the output)
+  4    refused for safety (nothing was changed)
+  130  interrupted
+"""
+
+
+@click.group(context_settings=CONTEXT_SETTINGS, epilog=EPILOG)
+@click.option(
+    "--config",
+    "config_option",
+    metavar="FILE",
+    envvar=None,
+    help="Inventory/configuration file (default: $DLCTL_CONFIG, then the user config dir, then /etc/dlctl/).",
+)
+@click.option("--cluster", "cluster_option", metavar="NAME", help="Cluster context (default: $DLCTL_CLUSTER).")
+@click.option("-o", "--output", type=click.Choice(FORMATS), default="table", show_default=True, help="Output format.")
+@click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr; no progress bars.")
+@click.option("--yes", "-y", "assume_yes", is_flag=True, help="Do not ask for confirmation.")
+@click.version_option(__version__, "--version", prog_name="dlctl")
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    config_option: str | None,
+    cluster_option: str | None,
+    output: str,
+    verbose: int,
+    quiet: bool,
+    assume_yes: bool,
+) -> None:
+    """Operate a geo-replicated log: agents, placement, fencing and recovery, replication.
+
+    stdout carries data (-o json|yaml for scripts); logs and progress go to stderr.
+    """
+    app = ctx.ensure_object(AppContext)
+    app.config_option = config_option
+    app.cluster_option = cluster_option
+    app.output = output
+    app.verbosity = -1 if quiet else verbose
+    app.assume_yes = assume_yes
+    app.configure_logging()
+
+
+cli.add_command(version_command)
+cli.add_command(completion_command)
+
+
+def _report(app: AppContext, error: DlctlError) -> None:
+    if error.details is not None:
+        # Per-host or per-step detail is data: it goes to stdout in the chosen format.
+        try:
+            app.render(error.details)
+        except Exception:  # noqa: BLE001 - the error message below must still be shown
+            logging.getLogger("dlctl").debug("could not render error details", exc_info=True)
+    app.stderr.print(f"[bold red]error:[/] {error.message}", highlight=False)
+    if error.hint:
+        app.stderr.print(f"[dim]hint:[/] {error.hint}", highlight=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: runs the group and turns every outcome into a documented exit code."""
+    app = AppContext()
+    try:
+        rv = cli.main(args=list(argv) if argv is not None else None, prog_name="dlctl", obj=app, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        code = int(exc.exit_code)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        app.stderr.print("interrupted", highlight=False)
+        code = int(ExitCode.INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show(file=sys.stderr)
+        code = int(exc.exit_code)
+    except DlctlError as exc:
+        _report(app, exc)
+        code = int(exc.exit_code)
+    except Exception as exc:  # noqa: BLE001 - last resort: say what broke, exit 1
+        app.stderr.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        if app.verbosity >= 2:
+            app.stderr.print_exception()
+        else:
+            app.stderr.print("[dim]hint:[/] run again with -vv for a traceback", highlight=False)
+        code = int(ExitCode.FAILED)
+    else:
+        code = int(rv) if isinstance(rv, int) else int(ExitCode.OK)
+    return code
+
+
+def run() -> None:  # pragma: no cover - thin wrapper used by the console script
+    sys.exit(main())

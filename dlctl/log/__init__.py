@@ -1,0 +1,1 @@
+"""Logs: entry format, wire protocol, agent client, writer and reader."""

@@ -1,0 +1,1 @@
+"""Cluster metadata in ZooKeeper: layout, versioned compare-and-set updates, ACLs."""

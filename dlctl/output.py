@@ -1,0 +1,112 @@
+"""The one renderer: turns result data into a rich table, JSON or YAML on stdout.
+
+Results are plain data — dicts, lists of dicts, dataclasses, or a ``Table`` when the column
+order and title matter. Nothing below the CLI prints; the CLI hands results here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime
+from pathlib import PurePath
+from typing import Any, TextIO
+
+import yaml
+from rich.console import Console
+from rich.table import Table as RichTable
+
+FORMATS = ("table", "json", "yaml")
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """Rows with an explicit column order; JSON/YAML render it as the list of rows."""
+
+    rows: Sequence[Mapping[str, Any]]
+    columns: Sequence[str] | None = None
+    title: str | None = None
+
+
+def to_plain(value: Any) -> Any:
+    """Convert result data into JSON-compatible plain values (dicts, lists, str, numbers)."""
+    if isinstance(value, Table):
+        return [to_plain(r) for r in value.rows]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if hasattr(value, "to_dict"):
+            return to_plain(value.to_dict())
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "to_dict") and callable(value.to_dict):
+        return to_plain(value.to_dict())
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def _rich_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None, title: str | None) -> RichTable:
+    if columns is None:
+        seen: dict[str, None] = {}
+        for row in rows:
+            for key in row:
+                seen.setdefault(key, None)
+        columns = list(seen)
+    table = RichTable(title=title, show_lines=False, header_style="bold")
+    for col in columns:
+        table.add_column(col.replace("_", " "))
+    for row in rows:
+        table.add_row(*(_cell(row.get(col)) for col in columns))
+    return table
+
+
+def render(data: Any, fmt: str, console: Console | None = None, stream: TextIO | None = None) -> None:
+    """Write ``data`` to stdout (or ``stream``) in ``fmt``: table, json or yaml."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    out = stream or sys.stdout
+    if fmt == "json":
+        out.write(json.dumps(to_plain(data), indent=2) + "\n")
+        return
+    if fmt == "yaml":
+        out.write(yaml.safe_dump(to_plain(data), sort_keys=False, default_flow_style=False))
+        return
+    console = console or Console(file=out)
+    if isinstance(data, Table):
+        console.print(_rich_table([to_plain(r) for r in data.rows], data.columns, data.title))
+        return
+    plain = to_plain(data)
+    if isinstance(plain, list) and all(isinstance(r, dict) for r in plain):
+        if plain:
+            console.print(_rich_table(plain, None, None))
+        return
+    if isinstance(plain, dict):
+        table = RichTable(show_header=False, box=None, pad_edge=False)
+        table.add_column(style="bold")
+        table.add_column()
+        for key, value in plain.items():
+            table.add_row(key.replace("_", " "), _cell(value))
+        console.print(table)
+        return
+    console.print(_cell(plain), markup=False, highlight=False)

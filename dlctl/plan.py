@@ -1,0 +1,132 @@
+"""Plans: what a mutating operation will do, as data.
+
+Every mutating verb first builds a ``Plan`` (an ordered list of ``Step``s). ``--dry-run``
+renders it; apply executes the very same steps, so what is printed and what is done
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from enum import Enum
+from typing import Any
+
+from .errors import DlctlError, ExitCode
+
+
+class StepStatus(str, Enum):
+    PLANNED = "planned"
+    DONE = "done"
+    FAILED = "failed"
+    NOT_RUN = "not-run"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One side effect: ``action`` on ``target``, described for a human in ``description``."""
+
+    action: str
+    target: str
+    description: str
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    run: Callable[[], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"action": self.action, "target": self.target, "description": self.description}
+        if self.params:
+            out["params"] = self.params
+        return out
+
+
+@dataclasses.dataclass
+class StepOutcome:
+    step: Step
+    status: StepStatus
+    result: Any = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.step.to_dict()
+        out["status"] = self.status.value
+        if self.result is not None:
+            out["result"] = self.result
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    operation: str
+    steps: tuple[Step, ...]
+    # What the operator should know before confirming (data at risk, decisions taken and why).
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, operation: str, steps: Iterable[Step], notes: Iterable[str] = ()) -> Plan:
+        return cls(operation, tuple(steps), tuple(notes))
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "operation": self.operation,
+            "dry_run": True,
+            "notes": list(self.notes),
+            "steps": [dict(s.to_dict(), status=StepStatus.PLANNED.value) for s in self.steps],
+        }
+
+
+@dataclasses.dataclass
+class PlanResult:
+    operation: str
+    outcomes: list[StepOutcome]
+
+    @property
+    def ok(self) -> bool:
+        return all(o.status is StepStatus.DONE for o in self.outcomes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "operation": self.operation,
+            "dry_run": False,
+            "ok": self.ok,
+            "steps": [o.to_dict() for o in self.outcomes],
+        }
+
+
+class PlanFailed(DlctlError):
+    """A step failed; steps before it were applied, steps after it were not run."""
+
+    def __init__(self, result: PlanResult, failed: StepOutcome, cause: BaseException) -> None:
+        done = sum(1 for o in result.outcomes if o.status is StepStatus.DONE)
+        super().__init__(
+            f"{result.operation}: step {failed.step.action} on {failed.step.target} failed: {failed.error}",
+            hint=f"{done} step(s) were applied before it; re-running the command continues from here"
+            if done
+            else "nothing was changed",
+            details=result.to_dict(),
+        )
+        self.result = result
+        # A failure after some steps were applied leaves partial work: report it as such.
+        self.exit_code = ExitCode.PARTIAL if done else getattr(cause, "exit_code", ExitCode.FAILED)
+
+
+def apply(plan: Plan, on_step: Callable[[int, Step], None] | None = None) -> PlanResult:
+    """Run the plan's steps in order; stop at the first failure and raise ``PlanFailed``."""
+    result = PlanResult(plan.operation, [])
+    for index, step in enumerate(plan.steps):
+        if on_step is not None:
+            on_step(index, step)
+        try:
+            value = step.run() if step.run is not None else None
+        except Exception as exc:  # noqa: BLE001 - every failure is reported with its step
+            failed = StepOutcome(step, StepStatus.FAILED, error=str(exc) or type(exc).__name__)
+            result.outcomes.append(failed)
+            result.outcomes.extend(StepOutcome(s, StepStatus.NOT_RUN) for s in plan.steps[index + 1 :])
+            raise PlanFailed(result, failed, exc) from exc
+        result.outcomes.append(StepOutcome(step, StepStatus.DONE, result=value))
+    return result

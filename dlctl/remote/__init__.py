@@ -1,0 +1,1 @@
+"""Running things on nodes: SSH (paramiko) for a fleet, a local transport for the sandbox."""
