@@ -1,0 +1,88 @@
+"""Typed errors of the agent protocol, shared by the agent (which raises them from storage and
+sends their status code) and the client (which turns a status code back into the same class)."""
+
+from __future__ import annotations
+
+from ..errors import DlctlError
+
+
+class AgentError(DlctlError):
+    """An agent refused or failed a request. ``status`` is the wire status code."""
+
+    status = 255  # unknown / internal
+
+    def __init__(self, message: str, *, hint: str | None = None, details: object = None) -> None:
+        super().__init__(message, hint=hint, details=details)
+
+
+class FencedError(AgentError):
+    """The segment replica is fenced: a newer writer owns the log; normal adds are refused."""
+
+    status = 1
+
+
+class NoSuchEntryError(AgentError):
+    status = 2
+
+
+class NoSuchSegmentError(AgentError):
+    status = 3
+
+
+class LimboError(AgentError):
+    """The replica found corruption before valid data; it neither serves nor votes until re-replicated."""
+
+    status = 4
+
+
+class UnauthorizedError(AgentError):
+    status = 5
+
+
+class BadRequestError(AgentError):
+    """Malformed frame, bad CRC, invalid or out-of-range ids."""
+
+    status = 6
+
+
+class AgentIOError(AgentError):
+    """A disk operation failed; after a failed fsync the agent stops serving altogether."""
+
+    status = 7
+
+
+class NotOwnerError(AgentError):
+    """The agent does not own the log; ``owner`` is the address of the agent that does, if known."""
+
+    status = 8
+
+    def __init__(self, message: str, *, owner: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint, details={"owner": owner} if owner else None)
+        self.owner = owner
+
+
+class AgentUnavailableError(AgentError):
+    """Client side: the agent could not be reached, the connection dropped, or a request timed out."""
+
+    status = 254
+
+
+ERRORS_BY_STATUS: dict[int, type[AgentError]] = {
+    cls.status: cls
+    for cls in (
+        FencedError,
+        NoSuchEntryError,
+        NoSuchSegmentError,
+        LimboError,
+        UnauthorizedError,
+        BadRequestError,
+        AgentIOError,
+        NotOwnerError,
+        AgentUnavailableError,
+    )
+}
+
+
+def error_for_status(status: int, message: str) -> AgentError:
+    cls = ERRORS_BY_STATUS.get(status, AgentError)
+    return cls(message)
