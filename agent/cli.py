@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
+from pathlib import Path
 
 import click
 
 from dlctl import __version__
+from dlctl.errors import DlctlError, ExitCode
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,5 +19,37 @@ def cli() -> None:
     """The per-node agent of a dlctl cluster."""
 
 
+@cli.command("serve")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Agent configuration (TOML).")
+@click.option("-v", "--verbose", count=True, help="More log output on stderr.")
+def serve_command(config_path: Path, verbose: int) -> None:
+    """Run the agent: recover storage, serve the protocol, register in ZooKeeper.
+
+    Stops cleanly on SIGTERM/SIGINT (exit 0). Exits 1 if the disk fails (a failed fsync):
+    the agent never acknowledges what may be lost.
+    """
+    from . import config as agent_config
+    from .daemon import serve
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("dlagent").setLevel(logging.INFO if verbose < 2 else logging.DEBUG)
+    try:
+        config = agent_config.load(config_path)
+        code = asyncio.run(serve(config))
+    except DlctlError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        sys.exit(int(exc.exit_code))
+    sys.exit(code)
+
+
 def main() -> None:  # pragma: no cover - console script
-    sys.exit(cli.main(prog_name="dlagent"))
+    try:
+        sys.exit(cli.main(prog_name="dlagent"))
+    except KeyboardInterrupt:
+        sys.exit(int(ExitCode.INTERRUPTED))

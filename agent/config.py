@@ -1,0 +1,125 @@
+"""The agent's configuration file (TOML), validated with errors that name file, key and fix.
+
+    node_id     = "r1-n1"              # unique within the cluster
+    cluster     = "east"
+    region      = "r1"
+    rack        = "rack-a"
+    data_dir    = "/var/lib/dlagent"
+    listen      = "127.0.1.1:3181"     # host:port the protocol server binds
+    advertise   = "127.0.1.1:3181"     # optional: address clients should use (default: listen)
+    zookeeper   = "127.0.0.1:2181"     # connect string (may carry a chroot: host:port/path)
+    secret_file = "/etc/dlagent/secret"        # cluster secret, mode 0600
+    zk_auth_file = "/etc/dlagent/zk-auth"      # optional, 'user:password', mode 0600
+
+    [storage]
+    sync = "always"            # or "never": relies on replication alone (see SyncPolicy)
+    group_commit_ms = 2.0
+    group_commit_bytes = 524288
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlctl.errors import ConfigError
+from dlctl.names import validate_name
+
+_REQUIRED = ("node_id", "cluster", "region", "rack", "data_dir", "listen", "zookeeper", "secret_file")
+_OPTIONAL = ("advertise", "zk_auth_file", "storage", "tls", "session_timeout")
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    sync: str = "always"
+    group_commit_ms: float = 2.0
+    group_commit_bytes: int = 512 * 1024
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    path: Path
+    node_id: str
+    cluster: str
+    region: str
+    rack: str
+    data_dir: Path
+    host: str
+    port: int
+    advertise: str
+    zookeeper: str
+    secret_file: Path
+    zk_auth_file: Path | None
+    storage: StorageSettings
+    session_timeout: float = 6.0
+
+
+def parse_address(text: str, *, where: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{where}: expected host:port, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def load(path: Path) -> AgentConfig:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"agent configuration {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return from_dict(raw, path)
+
+
+def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
+    def where(key: str) -> str:
+        return f"{path}: key '{key}'"
+
+    missing = [k for k in _REQUIRED if k not in raw]
+    if missing:
+        raise ConfigError(f"{path}: missing required key(s): {', '.join(missing)}")
+    unknown = sorted(set(raw) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s): {', '.join(unknown)}", hint="check for typos against `dlagent serve --help`")
+    for key in _REQUIRED + ("advertise", "zk_auth_file"):
+        if key in raw and not isinstance(raw[key], str):
+            raise ConfigError(f"{where(key)} must be a string")
+    try:
+        names = {k: validate_name(k.replace("_id", ""), raw[k]) for k in ("node_id", "cluster", "region", "rack")}
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    host, port = parse_address(raw["listen"], where=where("listen"))
+    advertise = raw.get("advertise") or f"{host}:{port}"
+    parse_address(advertise, where=where("advertise"))
+    storage_raw = raw.get("storage", {})
+    if not isinstance(storage_raw, dict):
+        raise ConfigError(f"{where('storage')} must be a table")
+    extra = sorted(set(storage_raw) - {"sync", "group_commit_ms", "group_commit_bytes"})
+    if extra:
+        raise ConfigError(f"{path}: unknown key(s) in [storage]: {', '.join(extra)}")
+    storage = StorageSettings(**storage_raw)
+    if storage.sync not in ("always", "never"):
+        raise ConfigError(f"{path}: [storage] sync must be 'always' or 'never', got {storage.sync!r}")
+    if not (isinstance(storage.group_commit_ms, (int, float)) and 0 <= storage.group_commit_ms <= 1000):
+        raise ConfigError(f"{path}: [storage] group_commit_ms must be a number of milliseconds in 0..1000")
+    if not (isinstance(storage.group_commit_bytes, int) and storage.group_commit_bytes > 0):
+        raise ConfigError(f"{path}: [storage] group_commit_bytes must be a positive integer")
+    session_timeout = raw.get("session_timeout", 6.0)
+    if not isinstance(session_timeout, (int, float)) or not 0.5 <= session_timeout <= 120:
+        raise ConfigError(f"{where('session_timeout')} must be seconds in 0.5..120")
+    base = path.parent
+    return AgentConfig(
+        path=path,
+        data_dir=(base / raw["data_dir"]).resolve(),
+        host=host,
+        port=port,
+        advertise=advertise,
+        zookeeper=raw["zookeeper"],
+        secret_file=(base / raw["secret_file"]).resolve(),
+        zk_auth_file=(base / raw["zk_auth_file"]).resolve() if raw.get("zk_auth_file") else None,
+        storage=storage,
+        session_timeout=float(session_timeout),
+        **names,
+    )

@@ -1,0 +1,95 @@
+"""``dlagent serve``: wires configuration, identity, storage, the protocol server and the
+ZooKeeper registration together, and shuts them down in the safe order.
+
+Order matters: storage is recovered before the server listens; the agent is announced in
+ZooKeeper only once it can serve; on shutdown it disappears from ZooKeeper first, so no client
+is sent to an agent that is closing. A failed fsync stops the agent (exit 1): it must never
+acknowledge what may be lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+
+from dlctl import __version__
+from dlctl.meta.zk import ZkAuth, connect
+from dlctl.secrets import read_secret_file
+
+from .config import AgentConfig
+from .identity import ensure_identity
+from .registry import Registration
+from .server import AgentServer
+from .storage import SegmentStore, SyncPolicy
+
+log = logging.getLogger("dlagent")
+
+EXIT_OK = 0
+EXIT_STORAGE_FAILED = 1
+
+
+async def serve(config: AgentConfig) -> int:
+    secret = read_secret_file(config.secret_file)
+    zk_auth = ZkAuth.from_file(config.zk_auth_file) if config.zk_auth_file else None
+    ensure_identity(config.data_dir, config.cluster, config.node_id)
+
+    store = SegmentStore(
+        config.data_dir,
+        SyncPolicy(mode=config.storage.sync, window_ms=config.storage.group_commit_ms, window_bytes=config.storage.group_commit_bytes),
+    )
+    report = await store.open()
+    log.info("storage recovered: %s", report.to_dict() if hasattr(report, "to_dict") else report)
+    if config.storage.sync == "never":
+        log.warning("sync = never: acknowledged entries may be lost if this node loses power; only replication protects them")
+
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    storage_failed = asyncio.Event()
+
+    def on_storage_failure(exc: BaseException) -> None:
+        log.critical("storage failed (%s): stopping; nothing more will be acknowledged", exc)
+        loop.call_soon_threadsafe(storage_failed.set)
+
+    store.on_failure = on_storage_failure
+    server = AgentServer(store, secret, config.host, config.port)
+    await server.start()
+
+    zk = await loop.run_in_executor(None, lambda: connect(config.zookeeper, zk_auth, session_timeout=config.session_timeout))
+    registration = Registration(
+        zk,
+        config.cluster,
+        config.node_id,
+        {
+            "region": config.region,
+            "rack": config.rack,
+            "address": config.advertise,
+            "version": __version__,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.time(),
+        },
+        zk_auth,
+    )
+    await loop.run_in_executor(None, registration.start, 2 * config.session_timeout)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    log.info("dlagent %s ready: node %s of cluster %s serving on %s", __version__, config.node_id, config.cluster, config.advertise)
+
+    waiters = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(storage_failed.wait())]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in waiters:
+        waiter.cancel()
+
+    log.info("shutting down")
+    await loop.run_in_executor(None, registration.stop)
+    await loop.run_in_executor(None, lambda: (zk.stop(), zk.close()))
+    await server.stop()
+    if storage_failed.is_set():
+        return EXIT_STORAGE_FAILED
+    await store.close()
+    return EXIT_OK
