@@ -29,3 +29,38 @@ def available(cluster: str) -> str:
 
 def available_node(cluster: str, node_id: str) -> str:
     return f"{available(cluster)}/{validate_name('node', node_id)}"
+
+
+def counters(cluster: str) -> str:
+    return f"{cluster_root(cluster)}/counters"
+
+
+def log_id_counter(cluster: str) -> str:
+    return f"{counters(cluster)}/log_id"
+
+
+def logs(cluster: str) -> str:
+    return f"{cluster_root(cluster)}/logs"
+
+
+def log(cluster: str, name: str) -> str:
+    return f"{logs(cluster)}/{validate_name('log', name)}"
+
+
+def log_owner(cluster: str, name: str) -> str:
+    return f"{log(cluster, name)}/owner"
+
+
+def log_segments(cluster: str, name: str) -> str:
+    return f"{log(cluster, name)}/segments"
+
+
+def segment(cluster: str, name: str, seq: int) -> str:
+    if not isinstance(seq, int) or not 0 < seq < 2**63:
+        raise ValueError(f"invalid segment sequence number {seq!r}")
+    # Zero-padded so that ZooKeeper's lexical child order is the numeric order.
+    return f"{log_segments(cluster, name)}/{seq:019d}"
+
+
+def log_truncation(cluster: str, name: str) -> str:
+    return f"{log(cluster, name)}/truncation"

@@ -1,0 +1,171 @@
+"""Metadata records as immutable values, and their JSON encoding in znodes.
+
+Pure data: no ZooKeeper here. Every record round-trips through ``to_json``/``from_json`` and
+``from_json`` rejects malformed input with a message that names the record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from enum import Enum
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+NO_ENTRY = -1
+NO_TXID = -1
+
+
+@dataclass(frozen=True)
+class Versioned(Generic[T]):
+    """A record together with the znode version it was read at (for compare-and-set)."""
+
+    value: T
+    version: int
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    ensemble_size: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+    roll_bytes: int = 256 * 1024 * 1024
+    roll_seconds: float = 3600.0
+
+    def __post_init__(self) -> None:
+        e, w, a = self.ensemble_size, self.write_quorum, self.ack_quorum
+        if not (isinstance(e, int) and isinstance(w, int) and isinstance(a, int)):
+            raise ValueError("ensemble_size, write_quorum and ack_quorum must be integers")
+        if not e >= w >= a >= 1:
+            raise ValueError(f"quorums must satisfy E >= W >= A >= 1 (got E={e}, W={w}, A={a})")
+        if self.roll_bytes <= 0 or self.roll_seconds <= 0:
+            raise ValueError("roll_bytes and roll_seconds must be positive")
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    name: str
+    log_id: int
+    created: float
+    config: LogConfig
+    # The highest segment sequence number ever allocated: bumped by CAS together with the
+    # segment's creation, so a sequence number is never reused even after deletions.
+    max_segment_seq: int = 0
+
+
+class SegmentState(str, Enum):
+    INPROGRESS = "inprogress"
+    COMPLETED = "completed"
+    PARTIALLY_TRUNCATED = "partially-truncated"
+    TRUNCATED = "truncated"
+
+
+@dataclass(frozen=True)
+class EnsembleChange:
+    """From ``first_entry_id`` on, entries go to ``nodes`` (BookKeeper's ensemble map)."""
+
+    first_entry_id: int
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SegmentRecord:
+    seq: int
+    state: SegmentState
+    ensembles: tuple[EnsembleChange, ...]
+    write_quorum: int
+    ack_quorum: int
+    created: float
+    writer: str = ""  # who created it (owner id), for operators
+    last_entry_id: int = NO_ENTRY
+    first_txid: int = NO_TXID
+    last_txid: int = NO_TXID
+    records: int = 0
+    bytes: int = 0
+    completed: float | None = None
+    min_active_entry: int = 0  # partially truncated: entries before it are gone
+
+    @property
+    def ensemble_size(self) -> int:
+        return len(self.ensembles[0].nodes)
+
+    def ensemble_for(self, entry_id: int) -> tuple[str, ...]:
+        current = self.ensembles[0].nodes
+        for change in self.ensembles:
+            if change.first_entry_id <= entry_id:
+                current = change.nodes
+        return current
+
+    def write_set(self, entry_id: int) -> tuple[str, ...]:
+        """The W agents that store ``entry_id``: round-robin striping from ``entry_id mod E``."""
+        nodes = self.ensemble_for(entry_id)
+        e = len(nodes)
+        return tuple(nodes[(entry_id + i) % e] for i in range(self.write_quorum))
+
+    def completed_with(self, last_entry_id: int, last_txid: int, records: int, size: int, when: float) -> SegmentRecord:
+        return replace(
+            self,
+            state=SegmentState.COMPLETED,
+            last_entry_id=last_entry_id,
+            last_txid=last_txid,
+            records=records,
+            bytes=size,
+            completed=when,
+        )
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    return value
+
+
+def to_json(record: Any) -> bytes:
+    return json.dumps(_encode(asdict(record)), sort_keys=True, separators=(",", ":")).encode()
+
+
+def log_from_json(data: bytes, where: str) -> LogRecord:
+    raw = _load(data, where)
+    try:
+        return LogRecord(**{**raw, "config": LogConfig(**raw["config"])})
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ValueError(f"{where}: malformed log record: {exc}") from None
+
+
+def segment_from_json(data: bytes, where: str) -> SegmentRecord:
+    raw = _load(data, where)
+    try:
+        ensembles = tuple(EnsembleChange(int(c["first_entry_id"]), tuple(c["nodes"])) for c in raw.pop("ensembles"))
+        if not ensembles or any(not c.nodes for c in ensembles):
+            raise ValueError("empty ensemble")
+        return SegmentRecord(**{**raw, "state": SegmentState(raw["state"]), "ensembles": ensembles})
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ValueError(f"{where}: malformed segment record: {exc}") from None
+
+
+def _load(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    return raw
+
+
+__all__ = [
+    "EnsembleChange",
+    "LogConfig",
+    "LogRecord",
+    "SegmentRecord",
+    "SegmentState",
+    "Versioned",
+    "log_from_json",
+    "segment_from_json",
+    "to_json",
+]

@@ -1,0 +1,199 @@
+"""Cluster metadata operations on ZooKeeper with versioned compare-and-set.
+
+Every change to shared metadata either names the znode version it read (``version=``) or runs
+in a transaction with ``check``; a lost race raises ``ConflictError`` naming the znode and
+nothing is overwritten. Every create passes the cluster's ACL (ZooKeeper does not inherit ACLs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TypeVar
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
+
+from ..errors import ConflictError, NotFoundError, RefusedError
+from ..names import validate_name
+from . import paths
+from .records import (
+    LogConfig,
+    LogRecord,
+    SegmentRecord,
+    SegmentState,
+    Versioned,
+    log_from_json,
+    segment_from_json,
+    to_json,
+)
+from .zk import ZkAuth, acl_for
+
+T = TypeVar("T")
+
+
+class MetaStore:
+    """The metadata of one cluster (``/dlctl/<cluster>``) seen through one kazoo client."""
+
+    def __init__(self, client: KazooClient, cluster: str, auth: ZkAuth | None = None) -> None:
+        self.client = client
+        self.cluster = validate_name("cluster", cluster)
+        self.acl = acl_for(auth)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _ensure(self, path: str) -> None:
+        self.client.ensure_path(path, acl=self.acl)
+
+    def _read(self, path: str, decode: Callable[[bytes, str], T], missing: str) -> Versioned[T]:
+        try:
+            data, stat = self.client.get(path)
+        except NoNodeError:
+            raise NotFoundError(missing) from None
+        return Versioned(decode(data, path), stat.version)
+
+    def _allocate_log_id(self) -> int:
+        """Next log id by CAS on a counter znode: ids are never reused, even after deletes."""
+        path = paths.log_id_counter(self.cluster)
+        self._ensure(paths.counters(self.cluster))
+        try:
+            self.client.create(path, b"0", acl=self.acl)
+        except NodeExistsError:
+            pass
+        while True:
+            data, stat = self.client.get(path)
+            next_id = int(data) + 1
+            try:
+                self.client.set(path, str(next_id).encode(), version=stat.version)
+                return next_id
+            except BadVersionError:
+                continue  # another creator took this id; read again
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def create_log(self, name: str, config: LogConfig) -> LogRecord:
+        path = paths.log(self.cluster, name)
+        self._ensure(paths.logs(self.cluster))
+        if self.client.exists(path):
+            raise ConflictError(f"log {name!r} already exists in cluster {self.cluster!r}")
+        record = LogRecord(name=name, log_id=self._allocate_log_id(), created=time.time(), config=config)
+        tx = self.client.transaction()
+        tx.create(path, to_json(record), acl=self.acl)
+        tx.create(paths.log_segments(self.cluster, name), b"", acl=self.acl)
+        self._commit(tx, f"create log {name!r}")
+        return record
+
+    def list_logs(self) -> list[str]:
+        try:
+            return sorted(self.client.get_children(paths.logs(self.cluster)))
+        except NoNodeError:
+            return []
+
+    def get_log(self, name: str) -> Versioned[LogRecord]:
+        return self._read(paths.log(self.cluster, name), log_from_json, f"log {name!r} does not exist in cluster {self.cluster!r}")
+
+    def update_log_config(self, name: str, config: LogConfig, version: int) -> Versioned[LogRecord]:
+        current = self.get_log(name)
+        if current.version != version:
+            raise self._conflict(paths.log(self.cluster, name), version)
+        updated = replace(current.value, config=config)
+        try:
+            stat = self.client.set(paths.log(self.cluster, name), to_json(updated), version=version)
+        except BadVersionError:
+            raise self._conflict(paths.log(self.cluster, name), version) from None
+        return Versioned(updated, stat.version)
+
+    def delete_log(self, name: str, version: int | None = None) -> None:
+        """Delete a log's metadata. Refused while it has an owner (a live writer)."""
+        path = paths.log(self.cluster, name)
+        current = self.get_log(name)
+        if version is not None and current.version != version:
+            raise self._conflict(path, version)
+        if self.client.exists(paths.log_owner(self.cluster, name)):
+            raise RefusedError(f"log {name!r} has a live owner", hint="stop or release its writer first")
+        tx = self.client.transaction()
+        for child in self.client.get_children(paths.log_segments(self.cluster, name)):
+            tx.delete(f"{paths.log_segments(self.cluster, name)}/{child}")
+        tx.delete(paths.log_segments(self.cluster, name))
+        for extra in (paths.log_truncation(self.cluster, name),):
+            if self.client.exists(extra):
+                tx.delete(extra)
+        tx.delete(path, version=current.version)
+        self._commit(tx, f"delete log {name!r}")
+
+    # -- segments ---------------------------------------------------------------------------
+
+    def segments(self, name: str) -> list[Versioned[SegmentRecord]]:
+        """The log's segments in sequence order, each with its znode version."""
+        parent = paths.log_segments(self.cluster, name)
+        try:
+            children = sorted(self.client.get_children(parent))
+        except NoNodeError:
+            raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
+        out = []
+        for child in children:
+            try:
+                data, stat = self.client.get(f"{parent}/{child}")
+            except NoNodeError:
+                continue  # deleted (truncated and collected) between the listing and the read
+            out.append(Versioned(segment_from_json(data, f"{parent}/{child}"), stat.version))
+        return out
+
+    def create_segment(self, name: str, log: Versioned[LogRecord], segment: SegmentRecord) -> tuple[Versioned[LogRecord], Versioned[SegmentRecord]]:
+        """Allocate ``segment.seq`` (must be the log's next sequence number) and create it, atomically:
+        the log record's version is checked, so two writers can never create the same segment."""
+        if segment.seq != log.value.max_segment_seq + 1:
+            raise ValueError(f"segment seq {segment.seq} is not the next one ({log.value.max_segment_seq + 1})")
+        updated = replace(log.value, max_segment_seq=segment.seq)
+        log_path = paths.log(self.cluster, name)
+        tx = self.client.transaction()
+        tx.set_data(log_path, to_json(updated), version=log.version)
+        tx.create(paths.segment(self.cluster, name, segment.seq), to_json(segment), acl=self.acl)
+        self._commit(tx, f"create segment {segment.seq} of log {name!r}", conflict_path=log_path, version=log.version)
+        return Versioned(updated, log.version + 1), Versioned(segment, 0)
+
+    def update_segment(self, name: str, current: Versioned[SegmentRecord], new: SegmentRecord) -> Versioned[SegmentRecord]:
+        path = paths.segment(self.cluster, name, current.value.seq)
+        try:
+            stat = self.client.set(path, to_json(new), version=current.version)
+        except BadVersionError:
+            raise self._conflict(path, current.version) from None
+        except NoNodeError:
+            raise NotFoundError(f"segment {current.value.seq} of log {name!r} no longer exists") from None
+        return Versioned(new, stat.version)
+
+    def delete_segment(self, name: str, current: Versioned[SegmentRecord]) -> None:
+        if current.value.state is SegmentState.INPROGRESS:
+            raise RefusedError(f"segment {current.value.seq} of log {name!r} is in progress; it is never deleted")
+        path = paths.segment(self.cluster, name, current.value.seq)
+        try:
+            self.client.delete(path, version=current.version)
+        except BadVersionError:
+            raise self._conflict(path, current.version) from None
+        except NoNodeError:
+            pass  # already gone: deletion is idempotent
+
+    # -- errors -----------------------------------------------------------------------------
+
+    def _conflict(self, path: str, version: int) -> ConflictError:
+        return ConflictError(
+            f"aborted: {path} changed concurrently (expected version {version})",
+            hint="nothing was overwritten; read it again and retry",
+        )
+
+    def _commit(self, tx, what: str, conflict_path: str | None = None, version: int | None = None) -> None:
+        results = tx.commit()
+        failures = [r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+        if not failures:
+            return
+        failure = failures[0]
+        if isinstance(failure, BadVersionError) and conflict_path is not None:
+            raise self._conflict(conflict_path, version if version is not None else -1)
+        if isinstance(failure, NodeExistsError):
+            raise ConflictError(f"aborted: {what}: it was created concurrently", hint="nothing was overwritten")
+        if isinstance(failure, NoNodeError):
+            raise NotFoundError(f"{what}: a znode it needs no longer exists")
+        if isinstance(failure, (BadVersionError, NotEmptyError)):
+            raise ConflictError(f"aborted: {what}: metadata changed concurrently", hint="nothing was changed; retry")
+        raise failure
