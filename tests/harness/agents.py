@@ -1,0 +1,104 @@
+"""Real ``dlagent serve`` processes for integration tests.
+
+Each ``AgentNode`` has its own config file, 0600 secret file and data dir, listens on its own
+loopback address, and registers in the test's ZooKeeper chroot. Readiness means both: the
+protocol port accepts connections and the availability znode exists.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from kazoo.client import KazooClient
+
+from dlctl.log.client import SyncAgentClient
+from dlctl.meta import paths
+from dlctl.secrets import write_secret_file
+
+from .procs import ManagedProcess, ProcessRegistry, free_port, tcp_connectable, wait_until
+
+DEFAULT_SECRET = b"test-cluster-secret-0123456789abcdef"
+
+
+class AgentNode:
+    def __init__(
+        self,
+        procs: ProcessRegistry,
+        base_dir: Path,
+        zk_connect: str,
+        *,
+        cluster: str = "c1",
+        node_id: str = "n1",
+        region: str = "r1",
+        rack: str = "rack1",
+        host: str = "127.0.0.1",
+        secret: bytes = DEFAULT_SECRET,
+        session_timeout: float = 2.0,
+        sync: str = "always",
+    ) -> None:
+        self.procs = procs
+        self.dir = base_dir / node_id
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cluster, self.node_id, self.region, self.rack = cluster, node_id, region, rack
+        self.host = host
+        self.port = free_port(host)
+        self.secret = secret
+        self.data_dir = self.dir / "data"
+        self.secret_file = self.dir / "secret"
+        write_secret_file(self.secret_file, secret)
+        self.config_path = self.dir / "agent.toml"
+        self.config_path.write_text(
+            "\n".join(
+                [
+                    f'node_id = "{node_id}"',
+                    f'cluster = "{cluster}"',
+                    f'region = "{region}"',
+                    f'rack = "{rack}"',
+                    f'data_dir = "{self.data_dir}"',
+                    f'listen = "{host}:{self.port}"',
+                    f'zookeeper = "{zk_connect}"',
+                    f'secret_file = "{self.secret_file}"',
+                    f"session_timeout = {session_timeout}",
+                    "[storage]",
+                    f'sync = "{sync}"',
+                    "",
+                ]
+            )
+        )
+        self.proc: ManagedProcess | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, *, wait: bool = True, zk: KazooClient | None = None) -> AgentNode:
+        argv = [sys.executable, "-m", "dlagent", "serve", "--config", str(self.config_path), "-v"]
+        if self.proc is None:
+            self.proc = self.procs.start(argv, name=f"dlagent-{self.node_id}")
+        else:
+            self.proc.start()
+        if wait:
+            self.wait_ready(zk)
+        return self
+
+    def wait_ready(self, zk: KazooClient | None = None, timeout: float = 20.0) -> None:
+        assert self.proc is not None
+        wait_until(lambda: tcp_connectable(self.host, self.port), timeout, message=f"{self.node_id} listening on {self.address}", watch=self.proc)
+        if zk is not None:
+            wait_until(lambda: self.registration(zk), timeout, message=f"{self.node_id} registered in ZooKeeper", watch=self.proc)
+
+    def registration(self, zk: KazooClient) -> dict | None:
+        """The availability record as the agent wrote it, or None when it is not registered."""
+        stat = zk.exists(paths.available_node(self.cluster, self.node_id))
+        if stat is None:
+            return None
+        data, _ = zk.get(paths.available_node(self.cluster, self.node_id))
+        return json.loads(data)
+
+    def client(self, **options) -> SyncAgentClient:
+        return SyncAgentClient(self.host, self.port, self.secret, **options)
+
+    def segment_files(self) -> list[Path]:
+        return sorted(p for p in (self.data_dir / "segments").rglob("*") if p.is_file())
