@@ -1,0 +1,282 @@
+"""Agent storage + protocol benchmark, with its baselines measured in the same run.
+
+    .venv/bin/python tests/benchmarks/bench_agent.py [--dir DIR] [--gib 1.0] [--quick]
+
+One real agent process (``SegmentStore`` + ``AgentServer``, fsync on, default group commit)
+listens on 127.0.0.1; the client runs in this process over TCP. Baselines are plain Python
+write/fdatasync loops on the same directory. Printed figures and targets (issue 3):
+
+  * 64 KiB entries: MB/s vs the disk's sequential write+fdatasync bandwidth  (>= 60 %)
+  * 1 KiB entries, 64 in flight: acknowledged adds/s (>= 20,000), fdatasyncs per add (<= 1/10)
+  * 1 in flight: p99 add latency vs 3 x single-fdatasync latency + 1 ms
+  * sequential read of what was written vs the write rate (>= 2 x)
+  * agent RSS after writing --gib GiB (<= 150 MiB)
+
+ZooKeeper is not involved: registration is not on the data path. Exit code 0 always unless
+--strict, which exits 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dlctl.log import format as fmt
+from dlctl.log.client import AgentClient
+
+SECRET = b"benchmark-secret-0123456789abcdef"
+KIB = 1024
+MIB = 1024 * KIB
+
+
+# -- the agent under test (child process) ------------------------------------------------------
+
+
+def serve(data_dir: Path, port_file: Path) -> None:
+    from dlagent.server import AgentServer
+    from dlagent.storage import SegmentStore, SyncPolicy
+
+    async def main() -> None:
+        store = SegmentStore(data_dir, SyncPolicy())
+        await store.open()
+        server = AgentServer(store, SECRET, "127.0.0.1", 0)
+        await server.start()
+        port_file.write_text(str(server.address[1]))
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * KIB
+    return -1
+
+
+# -- baselines ----------------------------------------------------------------------------------
+
+
+def baseline_fdatasync_latency(directory: Path, rounds: int) -> list[float]:
+    """One 1 KiB append + fdatasync, repeated: the floor under any durable add."""
+    path = directory / "baseline-latency"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    block = os.urandom(KIB)
+    out = []
+    try:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            out.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return out
+
+
+def baseline_sequential_bandwidth(directory: Path, total: int, chunk: int = 64 * KIB, sync_every: int = 512 * KIB) -> float:
+    """Plain sequential writes with an fdatasync per ``sync_every`` bytes (the agent's default
+    group-commit size), bytes/s."""
+    path = directory / "baseline-bandwidth"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    block = os.urandom(chunk)
+    try:
+        start = time.perf_counter()
+        written = since_sync = 0
+        while written < total:
+            os.write(fd, block)
+            written += chunk
+            since_sync += chunk
+            if since_sync >= sync_every:
+                os.fdatasync(fd)
+                since_sync = 0
+        os.fdatasync(fd)
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink()
+    return total / elapsed
+
+
+# -- agent measurements ---------------------------------------------------------------------------
+
+
+class Writer:
+    def __init__(self, client: AgentClient, log_id: int, seg: int, payload: bytes) -> None:
+        self.client, self.log_id, self.seg, self.payload = client, log_id, seg, payload
+        self.next_id = 0
+
+    def encoded(self, entry_id: int) -> bytes:
+        return fmt.encode(fmt.Entry(self.log_id, self.seg, entry_id, entry_id - 1, self.payload))
+
+    async def run(self, count: int, in_flight: int, latencies: list[float] | None = None) -> float:
+        """Add ``count`` entries keeping ``in_flight`` outstanding; returns elapsed seconds."""
+        stop_at = self.next_id + count
+        # Pre-encode outside the timed loop: the writer's CRC is client work, not agent work.
+        batch = {eid: self.encoded(eid) for eid in range(self.next_id, stop_at)}
+
+        async def worker() -> None:
+            while self.next_id < stop_at:
+                eid = self.next_id
+                self.next_id += 1
+                t0 = time.perf_counter()
+                await self.client.add(batch[eid])
+                if latencies is not None:
+                    latencies.append(time.perf_counter() - t0)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        return time.perf_counter() - start
+
+
+async def read_all(client: AgentClient, log_id: int, seg: int, count: int, in_flight: int) -> tuple[float, int]:
+    next_id = 0
+    total = 0
+
+    async def worker() -> None:
+        nonlocal next_id, total
+        while next_id < count:
+            eid = next_id
+            next_id += 1
+            total += len(await client.read(log_id, seg, eid))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return time.perf_counter() - start, total
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+async def measure(port: int, agent_pid: int, args: argparse.Namespace) -> list[dict]:
+    rows: list[dict] = []
+    clients = [AgentClient("127.0.0.1", port, SECRET, request_timeout=60) for _ in range(2)]
+    for c in clients:
+        await c.connect()
+    stat = clients[0].stat
+
+    # 1. 64 KiB entries, 16 in flight.
+    big = Writer(clients[0], 1, 1, os.urandom(64 * KIB))
+    big_count = args.big_mib * MIB // (64 * KIB)
+    elapsed = await big.run(big_count, 16)
+    big_rate = big_count * (64 * KIB + fmt.HEADER_SIZE) / elapsed
+    rows.append({"figure": "64 KiB adds, 16 in flight", "value": f"{big_rate / MIB:.1f} MiB/s", "baseline": f"{args.base_bw / MIB:.1f} MiB/s disk write+fdatasync",
+                 "target": ">= 60 % of baseline", "ok": big_rate >= 0.6 * args.base_bw, "ratio": round(big_rate / args.base_bw, 2)})
+
+    # 2. 1 KiB entries, 64 in flight (over two connections, as a proxy would use several).
+    before = await stat()
+    small = [Writer(c, 2, i + 1, os.urandom(KIB)) for i, c in enumerate(clients)]
+    per = args.small_count // 2
+    start = time.perf_counter()
+    await asyncio.gather(*(w.run(per, 32) for w in small))
+    elapsed = time.perf_counter() - start
+    after = await stat()
+    adds = 2 * per
+    syncs = after["fdatasyncs"] - before["fdatasyncs"]
+    rows.append({"figure": "1 KiB adds, 64 in flight", "value": f"{adds / elapsed:,.0f} adds/s", "baseline": "-",
+                 "target": ">= 20,000 adds/s", "ok": adds / elapsed >= 20_000, "ratio": round(adds / elapsed / 20_000, 2)})
+    rows.append({"figure": "fdatasyncs per add (1 KiB, 64 in flight)", "value": f"{syncs / adds:.3f} ({syncs} for {adds})", "baseline": "-",
+                 "target": "<= 0.100", "ok": syncs / adds <= 0.1, "ratio": round(syncs / adds, 3)})
+
+    # 3. 1 in flight latency.
+    lat: list[float] = []
+    single = Writer(clients[0], 3, 1, os.urandom(KIB))
+    await single.run(args.latency_count, 1, lat)
+    p50, p99 = percentile(lat, 50), percentile(lat, 99)
+    sync_p50 = statistics.median(args.base_lat)
+    bound = 3 * sync_p50 + 0.001
+    rows.append({"figure": "1 KiB add latency, 1 in flight", "value": f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms",
+                 "baseline": f"fdatasync p50 {sync_p50 * 1e3:.2f} ms, p99 {percentile(args.base_lat, 99) * 1e3:.2f} ms",
+                 "target": f"p99 <= 3 x fdatasync + 1 ms = {bound * 1e3:.2f} ms", "ok": p99 <= bound, "ratio": round(p99 / bound, 2)})
+
+    # 4. Sequential read of the 64 KiB entries.
+    elapsed, total = await read_all(clients[0], 1, 1, big_count, 16)
+    read_rate = total / elapsed
+    rows.append({"figure": "sequential read (64 KiB entries, 16 in flight)", "value": f"{read_rate / MIB:.1f} MiB/s", "baseline": f"write {big_rate / MIB:.1f} MiB/s",
+                 "target": ">= 2 x write rate", "ok": read_rate >= 2 * big_rate, "ratio": round(read_rate / big_rate, 2)})
+
+    # 5. RSS after writing --gib GiB in total.
+    written = (await stat())["bytes_written"]
+    goal = int(args.gib * 1024 * MIB)
+    seg = 2
+    while written < goal:
+        filler = Writer(clients[0], 4, seg, os.urandom(64 * KIB))
+        await filler.run(min(2048, (goal - written) // (64 * KIB) + 1), 16)
+        seg += 1
+        written = (await stat())["bytes_written"]
+    rss = rss_bytes(agent_pid)
+    rows.append({"figure": f"agent RSS after writing {written / (1024 * MIB):.2f} GiB", "value": f"{rss / MIB:.1f} MiB", "baseline": "-",
+                 "target": "<= 150 MiB", "ok": rss <= 150 * MIB, "ratio": round(rss / (150 * MIB), 2)})
+    for c in clients:
+        await c.close()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=Path.cwd(), help="a directory on the disk to measure (default: cwd)")
+    parser.add_argument("--gib", type=float, default=1.0, help="total GiB written before RSS is read")
+    parser.add_argument("--quick", action="store_true", help="smaller runs (figures are noisier)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.add_argument("--serve", nargs=2, metavar=("DATA_DIR", "PORT_FILE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(Path(args.serve[0]), Path(args.serve[1]))
+        return 0
+    args.big_mib = 64 if args.quick else 256
+    args.small_count = 20_000 if args.quick else 100_000
+    args.latency_count = 500 if args.quick else 2_000
+    if args.quick:
+        args.gib = min(args.gib, 0.25)
+
+    work = Path(tempfile.mkdtemp(prefix="dlctl-bench-", dir=args.dir))
+    agent = None
+    try:
+        print(f"measuring baselines in {work} ...", file=sys.stderr)
+        args.base_lat = baseline_fdatasync_latency(work, 200 if args.quick else 500)
+        args.base_bw = baseline_sequential_bandwidth(work, args.big_mib * MIB)
+        port_file = work / "port"
+        agent = subprocess.Popen([sys.executable, __file__, "--serve", str(work / "agent"), str(port_file)])
+        deadline = time.monotonic() + 30
+        while not port_file.exists() or not port_file.read_text():
+            if agent.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the benchmark agent did not start")
+            time.sleep(0.05)
+        print("measuring the agent ...", file=sys.stderr)
+        rows = asyncio.run(measure(int(port_file.read_text()), agent.pid, args))
+    finally:
+        if agent is not None:
+            agent.kill()
+            agent.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="dlagent benchmark (one agent, loopback, fsync on)")
+        for col in ("figure", "value", "baseline (same run)", "target", "ok"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["figure"], r["value"], r["baseline"], r["target"], "yes" if r["ok"] else "MISSED")
+        Console().print(table)
+    return 1 if args.strict and not all(r["ok"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
