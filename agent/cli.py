@@ -48,6 +48,11 @@ def serve_command(config_path: Path, verbose: int) -> None:
     sys.exit(code)
 
 
+from .fsck import fsck_command  # noqa: E402 - registered after the group exists
+
+cli.add_command(fsck_command)
+
+
 def main() -> None:  # pragma: no cover - console script
     try:
         sys.exit(cli.main(prog_name="dlagent"))

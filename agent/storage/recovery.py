@@ -1,0 +1,280 @@
+"""Reading a replica file back: which entries are valid, and what an invalid region means.
+
+Pure reading (the file is opened read-only), shared by the store's startup recovery, which then
+acts on the verdict, and by ``dlagent fsck``, which only reports it.
+
+The verdict after the first invalid record at offset ``o``:
+
+- **torn tail**: no valid entry of this log/segment starts anywhere after ``o``. Whatever is
+  there (a short header, a truncated payload, zero fill, garbage) was being written when the
+  agent or machine died and was never acknowledged (acks follow fdatasync of everything
+  before them), so cutting it loses nothing.
+- **mid-file corruption** (limbo): some later offset holds a complete entry of this
+  log/segment with a valid CRC. Entries are only ever appended, so valid data after the
+  invalid record means the invalid record was once complete — the disk or someone else
+  damaged acknowledged data. Cutting would throw away acknowledged entries and silently
+  "repair" a replica that can no longer vouch for what it stores, so it is left untouched.
+
+When in doubt the verdict is limbo, the safe side: a limbo replica is re-replicated from its
+peers, a wrong cut loses acknowledged entries.
+
+Files are read with pread, not mmap: a bad sector under a mapping is a SIGBUS that kills the
+agent, under pread it is an EIO this module reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dlctl.log.format import FORMAT_VERSION, HEADER_SIZE, KNOWN_FLAGS, MAGIC, MAX_PAYLOAD, crc32c
+
+from .index import EntryIndex
+from . import layout
+from .layout import LOG_SUFFIX
+from .types import LimboRecord
+
+HEADER_STRUCT = struct.Struct(">4sBBHQQqqII")  # the header's fields, CRC included
+_HDR = HEADER_STRUCT
+_CRC_COVERED = HEADER_SIZE - 4  # header bytes the CRC covers (all but the CRC field)
+
+
+def check_header(
+    log_id: int, seq: int, magic: bytes, version: int, flags: int, reserved: int,
+    h_log: int, h_seq: int, entry_id: int, lac: int, length: int,
+) -> str | None:
+    """Why a header can not start an entry of (log_id, seq); None if it can."""
+    if magic != MAGIC:
+        return f"bad magic {bytes(magic)!r}"
+    if version != FORMAT_VERSION:
+        return f"unsupported format version {version}"
+    if flags & ~KNOWN_FLAGS or reserved:
+        return f"unknown flags {flags:#x} or reserved bits {reserved:#x}"
+    if length > MAX_PAYLOAD:
+        return f"payload length {length} exceeds maximum {MAX_PAYLOAD}"
+    if h_log != log_id or h_seq != seq:
+        return f"entry of log {h_log} segment {h_seq} in the file of log {log_id} segment {seq}"
+    if not 0 <= entry_id < 2**63:
+        return f"entry id {entry_id} out of range"
+    if not -1 <= lac < entry_id:
+        return f"LAC {lac} not in -1..entry id-1 ({entry_id - 1})"
+    return None
+
+
+@dataclass
+class ScanResult:
+    path: Path
+    log_id: int
+    seq: int
+    file_size: int
+    index: EntryIndex = field(default_factory=EntryIndex)
+    lac: int = -1
+    valid_end: int = 0  # end of the last valid entry before any problem
+    bytes: int = 0  # bytes of valid entries
+    # At most one of these is set when the file has a problem.
+    torn_reason: str | None = None  # invalid tail from valid_end to file_size: cut it
+    corrupt_reason: str | None = None  # invalid record at valid_end, valid data later: limbo
+    next_valid_offset: int = -1
+
+    @property
+    def clean(self) -> bool:
+        return self.torn_reason is None and self.corrupt_reason is None
+
+
+class _Reader:
+    """Big sequential preads, handing out views of the current chunk."""
+
+    def __init__(self, fd: int, size: int, chunk: int = 4 << 20) -> None:
+        self.fd = fd
+        self.size = size
+        self.chunk = chunk
+        self.start = 0
+        self.view = memoryview(b"")
+
+    def get(self, off: int, n: int) -> memoryview:
+        """Bytes [off, off+n) (shorter only at end of file)."""
+        rel = off - self.start
+        if rel < 0 or rel + n > len(self.view):
+            self.view = memoryview(os.pread(self.fd, min(max(self.chunk, n), max(self.size - off, 0)), off))
+            self.start = off
+            rel = 0
+        return self.view[rel : rel + n]
+
+
+def _entry_ok(reader: _Reader, pos: int, log_id: int, seq: int) -> bool:
+    if reader.size - pos < HEADER_SIZE:
+        return False
+    fields = _HDR.unpack_from(reader.get(pos, HEADER_SIZE))
+    if check_header(log_id, seq, *fields[:9]) is not None:
+        return False
+    length, crc = fields[8], fields[9]
+    if pos + HEADER_SIZE + length > reader.size:
+        return False
+    data = reader.get(pos, HEADER_SIZE + length)
+    return crc32c(data[HEADER_SIZE:], crc32c(data[:_CRC_COVERED])) == crc
+
+
+def find_next_valid(fd: int, size: int, start: int, log_id: int, seq: int) -> int:
+    """Offset of the first complete, CRC-valid entry of (log_id, seq) at or after ``start``; -1 if none."""
+    chunk = 4 << 20
+    probe = _Reader(fd, size, chunk=64 << 10)
+    pos = start
+    while pos < size:
+        buf = os.pread(fd, min(chunk, size - pos), pos)
+        if not buf:
+            break
+        hit = buf.find(MAGIC)
+        while hit != -1:
+            if _entry_ok(probe, pos + hit, log_id, seq):
+                return pos + hit
+            hit = buf.find(MAGIC, hit + 1)
+        if len(buf) < len(MAGIC):
+            break
+        # Overlap so a magic straddling two chunks is still seen.
+        pos += len(buf) - (len(MAGIC) - 1)
+    return -1
+
+
+def _describe_tail(fd: int, start: int, end: int, reason: str) -> str:
+    pos = start
+    while pos < end:
+        buf = os.pread(fd, min(1 << 20, end - pos), pos)
+        if not buf or buf.count(0) != len(buf):
+            return reason
+        pos += len(buf)
+    return f"zero fill ({end - start} bytes)"
+
+
+def scan_file(path: Path, log_id: int, seq: int) -> ScanResult:
+    """Read a replica file (opened read-only, never modified) and index its valid entries.
+
+    Raises OSError when the file can not be read (the caller decides what that means).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        result = ScanResult(path, log_id, seq, size)
+        if size:
+            _scan(fd, result)
+        return result
+    finally:
+        os.close(fd)
+
+
+def _scan(fd: int, r: ScanResult) -> None:
+    size, log_id, seq, index = r.file_size, r.log_id, r.seq, r.index
+    unpack = _HDR.unpack_from
+    reader = _Reader(fd, size)
+    pos = 0
+    lac = -1
+    nbytes = 0
+    reason: str | None = None
+    try:
+        while pos < size:
+            if size - pos < HEADER_SIZE:
+                reason = f"truncated header ({size - pos} of {HEADER_SIZE} bytes)"
+                break
+            magic, version, flags, reserved, h_log, h_seq, entry_id, e_lac, length, crc = unpack(
+                reader.get(pos, HEADER_SIZE)
+            )
+            reason = check_header(log_id, seq, magic, version, flags, reserved, h_log, h_seq, entry_id, e_lac, length)
+            if reason is not None:
+                break
+            end = pos + HEADER_SIZE + length
+            if end > size:
+                reason = f"truncated payload ({size - pos - HEADER_SIZE} of {length} bytes) of entry {entry_id}"
+                break
+            data = reader.get(pos, HEADER_SIZE + length)
+            if crc32c(data[HEADER_SIZE:], crc32c(data[:_CRC_COVERED])) != crc:
+                reason = f"CRC-32C mismatch in entry {entry_id}"
+                break
+            known = index.get(entry_id)
+            if known is not None:
+                if known[1] == length and known[2] == crc:
+                    pos = end  # an identical second copy is harmless; the first one is served
+                    continue
+                # Two different versions of one entry: not something a torn write produces.
+                r.corrupt_reason = f"entry {entry_id} stored twice with different contents (offsets {known[0]} and {pos})"
+                r.next_valid_offset = pos
+                return
+            index.add(entry_id, pos, length, crc)
+            if e_lac > lac:
+                lac = e_lac
+            nbytes += end - pos
+            pos = end
+    finally:
+        r.lac, r.bytes, r.valid_end = lac, nbytes, pos
+    if reason is None:
+        return
+    nxt = find_next_valid(fd, size, pos + 1, log_id, seq)
+    if nxt == -1:
+        r.torn_reason = _describe_tail(fd, pos, size, reason)
+    else:
+        r.corrupt_reason = reason
+        r.next_valid_offset = nxt
+
+
+def read_limbo_marker(path: Path) -> LimboRecord:
+    """The record in a .limbo marker; an unreadable marker still means limbo."""
+    log_id, seq = int(path.parent.name, 16), int(path.name.split(".")[0], 16)
+    log_path = str(path.with_suffix(LOG_SUFFIX))
+    try:
+        doc = json.loads(path.read_text())
+        return LimboRecord(
+            log_id, seq, log_path, int(doc.get("offset", -1)), str(doc.get("reason", "unknown")),
+            int(doc.get("next_valid_offset", -1)),
+        )
+    except (OSError, ValueError, TypeError, AttributeError):
+        return LimboRecord(log_id, seq, log_path, -1, "limbo marker present but unreadable")
+
+
+@dataclass
+class SegmentCheck:
+    """What is on disk for one segment, read-only: shared by startup recovery and fsck."""
+
+    key: tuple[int, int]
+    path: Path
+    has_log: bool
+    fenced: bool
+    marker: LimboRecord | None  # a .limbo marker from an earlier run
+    scan: ScanResult | None = None
+    read_error: str | None = None
+
+    @property
+    def corruption(self) -> LimboRecord | None:
+        """Newly found corruption before valid data (needs limbo), if any."""
+        if self.read_error is not None:
+            return LimboRecord(*self.key, str(self.path), -1, f"unreadable: {self.read_error}")
+        scan = self.scan
+        if scan is not None and scan.corrupt_reason is not None:
+            return LimboRecord(*self.key, str(self.path), scan.valid_end, scan.corrupt_reason, scan.next_valid_offset)
+        return None
+
+    @property
+    def limbo(self) -> LimboRecord | None:
+        return self.marker or self.corruption
+
+    @property
+    def torn_tail(self) -> tuple[int, int, str] | None:
+        """(offset, bytes, reason) of a tail to cut; never for a replica in limbo."""
+        scan = self.scan
+        if self.limbo is not None or scan is None or scan.torn_reason is None:
+            return None
+        return scan.valid_end, scan.file_size - scan.valid_end, scan.torn_reason
+
+
+def inspect_segment(data_dir: Path, key: tuple[int, int], files: set[str]) -> SegmentCheck:
+    path = layout.segment_path(data_dir, key, LOG_SUFFIX)
+    marker = None
+    if layout.LIMBO_SUFFIX in files:
+        marker = read_limbo_marker(layout.segment_path(data_dir, key, layout.LIMBO_SUFFIX))
+    check = SegmentCheck(key, path, LOG_SUFFIX in files, layout.FENCED_SUFFIX in files, marker)
+    if check.has_log:
+        try:
+            check.scan = scan_file(path, *key)
+        except OSError as exc:
+            check.read_error = str(exc)
+    return check

@@ -1,0 +1,102 @@
+"""One segment replica's in-memory state, and the cache of open file descriptors.
+
+All fields are owned by the event-loop thread; the sync thread only receives (fd, buffers,
+offset) snapshots and never touches a Segment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+from .index import EntryIndex
+from .layout import Key
+from .types import LimboRecord, SegmentInfo
+
+
+class Segment:
+    __slots__ = (
+        "key", "log_id", "seq", "path", "index", "lac", "size", "durable", "mem",
+        "fenced", "fence_durable", "fencing", "limbo", "fd",
+    )
+
+    def __init__(self, key: Key, path: Path, index: EntryIndex | None = None, size: int = 0, lac: int = -1) -> None:
+        self.key = key
+        self.log_id, self.seq = key
+        self.path = path
+        self.index = index if index is not None else EntryIndex()
+        self.lac = lac
+        # ``size`` counts every accepted entry (the next entry's offset); ``durable`` is how much
+        # of it the sync thread has written (and, in "always" mode, fdatasync'ed).
+        self.size = size
+        self.durable = size
+        # Accepted but not yet written entries, by offset: reads and idempotent re-adds are
+        # served from here until the sync thread has written them.
+        self.mem: dict[int, bytes] = {}
+        self.fenced = False
+        self.fence_durable = False
+        self.fencing = None  # asyncio.Future of a fence being made durable
+        self.limbo: LimboRecord | None = None
+        self.fd: int | None = None
+
+    @property
+    def pinned(self) -> bool:
+        """Its fd may be in use by the sync thread, so it must not be closed."""
+        return self.durable != self.size
+
+    def info(self) -> SegmentInfo:
+        return SegmentInfo(
+            log_id=self.log_id,
+            segment_seq=self.seq,
+            entries=self.index.count,
+            last_entry_id=self.index.last_id,
+            lac=self.lac,
+            fenced=self.fenced,
+            limbo=self.limbo is not None,
+            size_bytes=self.size,
+        )
+
+
+class FdCache:
+    """Keeps at most ``capacity`` replica files open (an agent can hold many thousands).
+
+    Segments with unwritten data are never evicted, so the cache may exceed its capacity
+    while many segments are being written at once.
+    """
+
+    def __init__(self, capacity: int = 512) -> None:
+        self.capacity = max(1, capacity)
+        self._open: OrderedDict[Segment, None] = OrderedDict()
+
+    def get(self, seg: Segment) -> int:
+        fd = seg.fd
+        if fd is not None:
+            self._open.move_to_end(seg)
+            return fd
+        fd = os.open(seg.path, os.O_RDWR | os.O_CLOEXEC)
+        seg.fd = fd
+        self._open[seg] = None
+        if len(self._open) > self.capacity:
+            self._evict(keep=seg)
+        return fd
+
+    def _evict(self, keep: Segment) -> None:
+        excess = len(self._open) - self.capacity
+        for victim in list(self._open):
+            if excess <= 0:
+                break
+            if victim.pinned or victim is keep:
+                continue
+            self.close(victim)
+            excess -= 1
+
+    def close(self, seg: Segment) -> None:
+        self._open.pop(seg, None)
+        if seg.fd is not None:
+            fd, seg.fd = seg.fd, None
+            os.close(fd)
+
+    def close_all(self) -> None:
+        for seg in list(self._open):
+            self.close(seg)

@@ -1,0 +1,750 @@
+"""SegmentStore: the agent's durable segment replicas (the "bookie" role).
+
+Runs inside the agent's event loop. The loop thread validates, indexes and queues entries and
+serves reads (one pread each); every write and fsync happens on the sync thread (sync.py), so
+a slow disk never stalls the loop. Layout on disk: see layout.py.
+
+What is made durable when:
+- an add: its bytes, by the group-commit fdatasync of the batch it joined (mode "always");
+- a new segment: the empty .log file, then its directory (and segments/ if the log
+  directory is new), before the first add to it is queued;
+- a fence: every entry accepted before it (their batch), then the .fenced marker file and
+  its directory, before fence() returns;
+- limbo: the .limbo marker file and its directory, when the corruption is found;
+- a cut tail: ftruncate + fsync of the file during open(), before anything is served;
+- a delete: unlink of the files, then an fsync of the directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import struct
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from dlctl.log.errors import (
+    AgentIOError,
+    BadRequestError,
+    FencedError,
+    LimboError,
+    NoSuchEntryError,
+    NoSuchSegmentError,
+)
+from dlctl.log.format import FORMAT_VERSION, HEADER_SIZE, KNOWN_FLAGS, MAGIC, MAX_PAYLOAD, CorruptEntry, crc32c, decode_header
+
+from . import layout
+from .layout import FENCED_SUFFIX, LIMBO_SUFFIX, LOG_SUFFIX, DirLock, Key, check_entry_id, check_segment_ids
+from .recovery import HEADER_STRUCT as _HDR
+from .recovery import inspect_segment
+from .segment import FdCache, Segment
+from .sync import GroupCommitter
+from .types import Digest, FenceResult, LimboRecord, RecoveryReport, SegmentInfo, SyncPolicy, TailCut
+
+log = logging.getLogger("dlagent.storage")
+
+_CRC_COVERED = HEADER_SIZE - 4
+_DIGEST_ITEM = struct.Struct(">qI")
+
+
+def digest_of(pairs: Iterable[tuple[int, int]]) -> str:
+    """The digest of ordered (entry id, CRC-32C) pairs: SHA-256 over each pair packed as
+    big-endian i64 + u32 (12 bytes), hex. Anyone holding the entries can recompute it."""
+    h = hashlib.sha256()
+    pack = _DIGEST_ITEM.pack
+    for entry_id, crc in pairs:
+        h.update(pack(entry_id, crc))
+    return h.hexdigest()
+
+
+class _SyncFailed(Exception):
+    """An fsync of metadata failed on the sync thread: fatal, like a failed data fdatasync."""
+
+
+def _seg_name(key: Key) -> str:
+    return f"segment {key[1]} of log {key[0]}"
+
+
+class SegmentStore:
+    """Durable segment replicas under one data directory, for one event loop."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        sync: SyncPolicy = SyncPolicy(),
+        *,
+        fdatasync: Callable[[int], None] = os.fdatasync,
+        fsync: Callable[[int], None] = os.fsync,
+        max_open_files: int = 512,
+    ) -> None:
+        """``fdatasync`` syncs entry data (group commit); ``fsync`` syncs new files,
+        directories and markers. Both are injectable so tests can count calls and fail them."""
+        self.data_dir = Path(data_dir)
+        self.sync = sync
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self._fsync = fsync
+        self._fds = FdCache(max_open_files)
+        self._committer = GroupCommitter(sync, self._fatal, fdatasync)
+        self._lock = DirLock(self.data_dir)
+        self._segments: dict[Key, Segment] = {}
+        self._creating: dict[Key, asyncio.Task] = {}
+        self._deleting: dict[Key, asyncio.Task] = {}
+        self._lac_waiters: dict[Key, list[tuple[int, asyncio.Future]]] = {}
+        self._background: set[asyncio.Task] = set()
+        self._state = "new"  # new -> open -> closing -> closed
+        self._serving = False
+        self._failure: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    def _check(self) -> None:
+        if self._serving:
+            return
+        if self._failure is not None:
+            raise AgentIOError(
+                f"storage in {self.data_dir} failed ({self._failure}); this agent no longer serves",
+                hint="check the disk and the agent log, then restart the agent (startup recovery checks every replica)",
+            )
+        raise AgentIOError(f"segment store {self.data_dir} is {self._state}, not open")
+
+    async def open(self) -> RecoveryReport:
+        if self._state != "new":
+            raise AgentIOError(f"segment store {self.data_dir} was already opened")
+        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self._make_data_dir)
+        self._lock.acquire_exclusive()
+        try:
+            segments, report = await asyncio.to_thread(self._recover)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._segments = segments
+        self._committer.start()
+        self._state = "open"
+        self._serving = True
+        log.info(
+            "opened %s: %d segments, %d entries, %d tails cut, %d in limbo",
+            self.data_dir, report.segments, report.entries, len(report.tails_cut), len(report.limbo),
+        )
+        return report
+
+    def _make_data_dir(self) -> None:
+        root = layout.segments_root(self.data_dir)
+        if root.is_dir():
+            return
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            root.mkdir(exist_ok=True)
+            layout.fsync_path(self.data_dir, self._fsync)
+            layout.fsync_path(self.data_dir.parent, self._fsync)
+        except OSError as exc:
+            raise AgentIOError(f"cannot create data directory {root}: {exc}") from exc
+
+    async def close(self) -> None:
+        """Flush what is pending, stop the sync thread, release the lock. Idempotent."""
+        if self._state in ("new", "closed"):
+            self._state = "closed"
+            return
+        if self._state == "closing":
+            return
+        self._state = "closing"
+        self._serving = False
+        try:
+            if self._failure is None:
+                try:
+                    await self._committer.flush()
+                except AgentIOError:
+                    pass  # already fatal; the waiters got the error
+            for task in list(self._creating.values()) + list(self._deleting.values()) + list(self._background):
+                try:
+                    await asyncio.shield(task)
+                except BaseException:  # noqa: BLE001 - their callers saw the error
+                    pass
+            await self._committer.stop()
+        finally:
+            self._fds.close_all()
+            self._wake_all_lac_waiters(AgentIOError(f"segment store {self.data_dir} closed"))
+            self._lock.release()
+            self._state = "closed"
+
+    def _fatal(self, exc: BaseException) -> None:
+        if self._failure is not None:
+            return
+        self._failure = exc
+        self._serving = False
+        log.critical("storage in %s failed, refusing all further requests: %s", self.data_dir, exc)
+        if self._committer.failure is None:
+            self._committer.fail(exc)
+        self._wake_all_lac_waiters(AgentIOError(f"storage failed: {exc}"))
+        callback = self.on_failure
+        if callback is not None:
+            try:
+                callback(exc)
+            except Exception:  # noqa: BLE001 - the failure must stay recorded whatever the callback does
+                log.exception("on_failure callback raised")
+
+    # ------------------------------------------------------------------ recovery (sync thread)
+
+    def _recover(self) -> tuple[dict[Key, Segment], RecoveryReport]:
+        root = layout.segments_root(self.data_dir)
+        segments: dict[Key, Segment] = {}
+        tails: list[TailCut] = []
+        limbo: list[LimboRecord] = []
+        entries = 0
+        found, ignored = layout.discover(self.data_dir)
+        for key, files in found:
+            try:
+                seg = self._recover_segment(key, files, tails, limbo)
+            except _SyncFailed as exc:
+                raise AgentIOError(f"startup recovery of {_seg_name(key)}: {exc}") from exc
+            segments[key] = seg
+            entries += seg.index.count
+        if ignored:
+            log.warning("ignoring %d files in %s that are not segment replicas: %s", len(ignored), root, ignored[:5])
+        return segments, RecoveryReport(len(segments), entries, tails, limbo, ignored)
+
+    def _recover_segment(
+        self, key: Key, files: set[str], tails: list[TailCut], limbo: list[LimboRecord]
+    ) -> Segment:
+        check = inspect_segment(self.data_dir, key, files)
+        if not check.has_log and check.marker is None:
+            # A fenced marker alone: fenced before any entry arrived (or a delete cut short
+            # after the log went). Either way an empty, fenced replica; give it its file.
+            self._create_files(key, fenced=False, exist_ok=True)
+        scan = check.scan
+        seg = Segment(key, check.path, scan.index if scan else None, size=scan.file_size if scan else 0, lac=scan.lac if scan else -1)
+        seg.fenced = seg.fence_durable = check.fenced
+        record = check.marker
+        if record is None and check.corruption is not None:
+            record = check.corruption
+            self._write_limbo_marker(record)
+            log.error("%s in limbo: %s at offset %d (valid entry at %d)", check.path, record.reason, record.offset, record.next_valid_offset)
+        if record is not None:
+            seg.limbo = record
+            limbo.append(record)
+            return seg
+        torn = check.torn_tail
+        if torn is not None:
+            offset, nbytes, reason = torn
+            self._cut(check.path, offset)
+            seg.size = seg.durable = offset
+            tails.append(TailCut(key[0], key[1], str(check.path), offset, nbytes, reason))
+            log.warning("%s: cut %d-byte torn tail at offset %d (%s)", check.path, nbytes, offset, reason)
+        return seg
+
+    def _cut(self, path: Path, length: int) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, length)
+            self._fsync(fd)
+        except OSError as exc:
+            raise AgentIOError(f"cannot cut the torn tail of {path} at offset {length}: {exc}") from exc
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ blocking helpers (sync thread)
+
+    def _sync_fd(self, fd: int, what: object) -> None:
+        try:
+            self._fsync(fd)
+        except OSError as exc:
+            raise _SyncFailed(f"fsync of {what} failed: {exc}") from exc
+
+    def _sync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self._sync_fd(fd, path)
+        finally:
+            os.close(fd)
+
+    def _create_files(self, key: Key, fenced: bool, exist_ok: bool = False) -> Path:
+        ldir = layout.log_dir(self.data_dir, key[0])
+        new_dir = False
+        if not ldir.is_dir():
+            try:
+                ldir.mkdir()
+                new_dir = True
+            except FileExistsError:
+                pass
+        path = layout.segment_path(self.data_dir, key, LOG_SUFFIX)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            # Left by a creation that failed after open (say ENOSPC on fsync of the dir):
+            # reusable only if it holds nothing.
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            if os.fstat(fd).st_size and not exist_ok:
+                os.close(fd)
+                raise OSError(errno.EEXIST, f"{path} exists with data but is not a known segment") from None
+        try:
+            self._sync_fd(fd, path)
+        finally:
+            os.close(fd)
+        if fenced:
+            self._write_marker(layout.segment_path(self.data_dir, key, FENCED_SUFFIX), b"fenced\n", sync_dir=False)
+        self._sync_dir(ldir)
+        if new_dir:
+            self._sync_dir(ldir.parent)
+        return path
+
+    def _write_marker(self, path: Path, content: bytes, sync_dir: bool = True) -> None:
+        # Existence is what counts; the content is for people. A crash mid-write leaves an
+        # existing (maybe empty) marker, which still means fenced/limbo: the safe side.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view) :]
+            self._sync_fd(fd, path)
+        finally:
+            os.close(fd)
+        if sync_dir:
+            self._sync_dir(path.parent)
+
+    def _write_limbo_marker(self, record: LimboRecord) -> None:
+        doc = record.to_dict() | {"detected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        path = layout.segment_path(self.data_dir, (record.log_id, record.segment_seq), LIMBO_SUFFIX)
+        try:
+            self._write_marker(path, (json.dumps(doc, sort_keys=True) + "\n").encode())
+        except OSError as exc:  # a failed fsync (_SyncFailed) is fatal instead
+            raise AgentIOError(f"cannot persist limbo state of {path}: {exc}") from exc
+
+    def _remove_files(self, key: Key) -> bool:
+        existed = False
+        # The log first: a delete cut short leaves markers alone, which read back as an
+        # empty fenced replica or a limbo one — both refuse writes, neither serves stale data.
+        for suffix in (LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX):
+            try:
+                os.unlink(layout.segment_path(self.data_dir, key, suffix))
+                existed = True
+            except FileNotFoundError:
+                pass
+        ldir = layout.log_dir(self.data_dir, key[0])
+        if existed:
+            self._sync_dir(ldir)
+        try:
+            ldir.rmdir()
+        except OSError:
+            pass  # not empty (other segments of the log) or already gone
+        else:
+            self._sync_dir(ldir.parent)
+        return existed
+
+    async def _blocking(self, what: str, fn: Callable, *args):
+        """Run a metadata job on the sync thread; a failed fsync there is fatal."""
+        try:
+            return await self._committer.run_blocking(fn, *args)
+        except _SyncFailed as exc:
+            self._fatal(exc)
+            raise AgentIOError(f"{what}: {exc}") from exc
+        except AgentIOError:
+            raise
+        except OSError as exc:
+            raise AgentIOError(f"{what}: {exc}") from exc
+
+    # ------------------------------------------------------------------ segments
+
+    async def _segment_for_write(self, key: Key, *, fenced: bool) -> Segment:
+        """The segment, created durably if new (one creation however many adds race for it)."""
+        while True:
+            seg = self._segments.get(key)
+            if seg is not None:
+                return seg
+            deleting = self._deleting.get(key)
+            if deleting is not None:
+                try:
+                    await asyncio.shield(deleting)
+                except Exception:  # noqa: BLE001 - the deleter reports it; we re-check
+                    pass
+                self._check()
+                continue
+            creating = self._creating.get(key)
+            if creating is None:
+                creating = self._loop.create_task(self._create(key, fenced))  # type: ignore[union-attr]
+                self._creating[key] = creating
+            await asyncio.shield(creating)
+            self._check()
+
+    async def _create(self, key: Key, fenced: bool) -> Segment:
+        try:
+            path = await self._blocking(f"cannot create {_seg_name(key)}", self._create_files, key, fenced)
+            seg = Segment(key, path)
+            seg.fenced = seg.fence_durable = fenced
+            self._segments[key] = seg
+            return seg
+        finally:
+            self._creating.pop(key, None)
+
+    def _segment(self, log_id: object, segment_seq: object) -> Segment:
+        self._check()
+        key = check_segment_ids(log_id, segment_seq)
+        seg = self._segments.get(key)
+        if seg is None:
+            raise NoSuchSegmentError(f"this agent has no replica of {_seg_name(key)}")
+        if seg.limbo is not None:
+            raise LimboError(
+                f"replica of {_seg_name(key)} is in limbo ({seg.limbo.reason} at offset {seg.limbo.offset} of {seg.path})",
+                hint="re-replicate it from its peers (dlctl recover), which deletes and rewrites this replica",
+            )
+        return seg
+
+    # ------------------------------------------------------------------ adds
+
+    async def add(self, encoded: bytes, *, recovery: bool = False) -> None:
+        """Store one encoded entry durably. Pass ``bytes`` (others are copied once)."""
+        self._check()
+        if type(encoded) is not bytes:
+            if not isinstance(encoded, (bytearray, memoryview)):
+                raise BadRequestError(f"entry must be bytes, not {type(encoded).__name__}")
+            encoded = bytes(encoded)
+        n = len(encoded)
+        if n < HEADER_SIZE:
+            raise BadRequestError(f"entry of {n} bytes is shorter than the {HEADER_SIZE}-byte header")
+        magic, version, flags, reserved, log_id, seq, entry_id, lac, length, crc = _HDR.unpack_from(encoded)
+        if (
+            magic != MAGIC or version != FORMAT_VERSION or flags & ~KNOWN_FLAGS or reserved
+            or length != n - HEADER_SIZE or length > MAX_PAYLOAD
+            or not log_id or not seq or entry_id < 0 or not -1 <= lac < entry_id
+        ):
+            raise BadRequestError(_header_problem(encoded, n))
+        view = memoryview(encoded)
+        if crc32c(view[HEADER_SIZE:], crc32c(view[:_CRC_COVERED])) != crc:
+            raise BadRequestError(
+                f"CRC-32C mismatch in entry {entry_id} of {_seg_name((log_id, seq))}: refused, nothing stored"
+            )
+        key = (log_id, seq)
+        seg = self._segments.get(key)
+        if seg is None:
+            seg = await self._segment_for_write(key, fenced=False)
+        if seg.limbo is not None:
+            raise LimboError(f"replica of {_seg_name(key)} is in limbo; adds refused until it is re-replicated")
+        if seg.fenced and not recovery:
+            raise FencedError(f"{_seg_name(key)} is fenced: a newer writer owns the log; add of entry {entry_id} refused")
+        known = seg.index.get(entry_id)
+        if known is not None:
+            off = known[0]
+            if known[1] != length or known[2] != crc or self._stored(seg, off, n) != encoded:
+                raise BadRequestError(
+                    f"entry {entry_id} of {_seg_name(key)} is already stored (offset {off} of {seg.path}) "
+                    "with different contents; refusing to overwrite"
+                )
+            fut = self._committer.wait(seg, off + n)
+            if fut is not None:
+                await fut
+            return
+        if seg.fd is None:
+            try:
+                self._fds.get(seg)
+            except OSError as exc:
+                raise AgentIOError(f"cannot open {seg.path}: {exc}") from exc
+        off = self._committer.append(seg, encoded)
+        seg.index.add(entry_id, off, length, crc)
+        if lac > seg.lac:
+            self._raise_lac(seg, lac)
+        fut = self._committer.wait(seg, off + n)
+        if fut is not None:
+            await fut
+
+    def _stored(self, seg: Segment, off: int, n: int) -> bytes:
+        buf = seg.mem.get(off)
+        if buf is not None:
+            return buf
+        try:
+            return os.pread(self._fds.get(seg), n, off)
+        except OSError as exc:
+            raise AgentIOError(f"cannot read {seg.path} at offset {off}: {exc}") from exc
+
+    # ------------------------------------------------------------------ reads
+
+    def read(self, log_id: int, segment_seq: int, entry_id: int) -> bytes:
+        """The encoded entry, CRC re-verified (a mismatch puts the replica in limbo).
+
+        An entry accepted but not yet durable is served from memory, as BookKeeper does:
+        readers stop at LAC anyway, and recovery re-writes whatever it reads to a quorum.
+        """
+        seg = self._segment(log_id, segment_seq)
+        check_entry_id(entry_id)
+        loc = seg.index.get(entry_id)
+        if loc is None:
+            raise NoSuchEntryError(f"entry {entry_id} of {_seg_name(seg.key)} is not on this agent")
+        off, length, crc = loc
+        n = HEADER_SIZE + length
+        buf = seg.mem.get(off)
+        if buf is not None:
+            return buf
+        try:
+            buf = os.pread(self._fds.get(seg), n, off)
+        except OSError as exc:
+            self._to_limbo(seg, off, f"read of entry {entry_id} failed: {exc}")
+            raise LimboError(f"replica of {_seg_name(seg.key)} is unreadable at offset {off} of {seg.path}: {exc}") from exc
+        problem = _verify(buf, n, seg.key, entry_id, crc)
+        if problem is not None:
+            self._to_limbo(seg, off, problem)
+            raise LimboError(f"replica of {_seg_name(seg.key)} is corrupt at offset {off} of {seg.path}: {problem}")
+        return buf
+
+    def _to_limbo(self, seg: Segment, offset: int, reason: str) -> None:
+        if seg.limbo is not None:
+            return
+        record = LimboRecord(seg.log_id, seg.seq, str(seg.path), offset, reason)
+        seg.limbo = record
+        log.error("%s in limbo: %s at offset %d", seg.path, reason, offset)
+        task = self._loop.create_task(self._persist_limbo(record))  # type: ignore[union-attr]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _persist_limbo(self, record: LimboRecord) -> None:
+        try:
+            await self._blocking(f"cannot persist limbo of {record.path}", self._write_limbo_marker, record)
+        except AgentIOError as exc:
+            # Still in limbo for this run. Without the marker a restart re-checks the file:
+            # rot is found again by the scan, a transient read error may clear.
+            log.error("%s", exc)
+
+    def lac(self, log_id: int, segment_seq: int) -> int:
+        return self._segment(log_id, segment_seq).lac
+
+    def last_entry_id(self, log_id: int, segment_seq: int) -> int:
+        return self._segment(log_id, segment_seq).index.last_id
+
+    def learn_lac(self, log_id: int, segment_seq: int, lac: int) -> int:
+        """Raise the replica's LAC to ``lac`` if higher (not persisted: entries carry it). Returns it."""
+        seg = self._segment(log_id, segment_seq)
+        if not isinstance(lac, int) or isinstance(lac, bool) or not -1 <= lac < 2**63:
+            raise BadRequestError(f"LAC {lac!r} out of range (-1..2^63-1)")
+        if lac > seg.lac:
+            self._raise_lac(seg, lac)
+        return seg.lac
+
+    def _raise_lac(self, seg: Segment, lac: int) -> None:
+        seg.lac = lac
+        waiters = self._lac_waiters.get(seg.key)
+        if not waiters:
+            return
+        keep = []
+        for item in waiters:
+            above, fut = item
+            if lac > above:
+                if not fut.done():
+                    fut.set_result(lac)
+            else:
+                keep.append(item)
+        waiters[:] = keep
+
+    def _wake_all_lac_waiters(self, exc: BaseException) -> None:
+        for waiters in self._lac_waiters.values():
+            for _above, fut in waiters:
+                if not fut.done():
+                    fut.set_exception(exc)
+        self._lac_waiters.clear()
+
+    async def wait_lac(self, log_id: int, segment_seq: int, above: int, timeout: float) -> int:
+        """The replica's LAC as soon as it exceeds ``above``; at ``timeout`` the current LAC (-1 if
+        the segment still does not exist). Woken by add(), never polls."""
+        self._check()
+        key = check_segment_ids(log_id, segment_seq)
+        if not isinstance(above, int) or isinstance(above, bool) or not -1 <= above < 2**63:
+            raise BadRequestError(f"LAC to wait above {above!r} out of range (-1..2^63-1)")
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) or timeout < 0:
+            raise BadRequestError(f"timeout {timeout!r} must be a finite number of seconds >= 0")
+        seg = self._segments.get(key)
+        if seg is not None:
+            if seg.limbo is not None:
+                self._segment(log_id, segment_seq)  # raises LimboError
+            if seg.lac > above:
+                return seg.lac
+        if timeout > 0:
+            loop = self._loop
+            fut = loop.create_future()  # type: ignore[union-attr]
+            item = (above, fut)
+            self._lac_waiters.setdefault(key, []).append(item)
+            handle = loop.call_later(timeout, _resolve_none, fut)  # type: ignore[union-attr]
+            try:
+                result = await fut
+            finally:
+                handle.cancel()
+                waiters = self._lac_waiters.get(key)
+                if waiters is not None:
+                    try:
+                        waiters.remove(item)
+                    except ValueError:
+                        pass
+                    if not waiters:
+                        del self._lac_waiters[key]
+            if result is not None:
+                return result
+        self._check()
+        seg = self._segments.get(key)
+        if seg is None:
+            return -1
+        return self._segment(log_id, segment_seq).lac
+
+    # ------------------------------------------------------------------ fencing
+
+    async def fence(self, log_id: int, segment_seq: int) -> FenceResult:
+        """Fence durably (creating an empty fenced replica if unknown); idempotent."""
+        self._check()
+        key = check_segment_ids(log_id, segment_seq)
+        seg = self._segments.get(key)
+        if seg is None:
+            seg = await self._segment_for_write(key, fenced=True)
+        seg = self._segment(log_id, segment_seq)  # limbo check, also after the await
+        if not seg.fence_durable:
+            seg.fenced = True  # from here on normal adds are refused
+            if seg.fencing is None:
+                seg.fencing = self._loop.create_task(self._persist_fence(seg))  # type: ignore[union-attr]
+                self._background.add(seg.fencing)
+                seg.fencing.add_done_callback(self._background.discard)
+            await asyncio.shield(seg.fencing)
+        self._check()
+        return FenceResult(seg.index.last_id, seg.lac)
+
+    async def _persist_fence(self, seg: Segment) -> None:
+        try:
+            # Entries accepted before the fence become durable first, so the result is stable.
+            fut = self._committer.wait(seg, seg.size)
+            if fut is not None:
+                await fut
+            path = layout.segment_path(self.data_dir, seg.key, FENCED_SUFFIX)
+            await self._blocking(f"cannot persist fence of {_seg_name(seg.key)}", self._write_marker, path, b"fenced\n")
+            seg.fence_durable = True
+        finally:
+            seg.fencing = None
+
+    def is_fenced(self, log_id: int, segment_seq: int) -> bool:
+        self._check()
+        seg = self._segments.get(check_segment_ids(log_id, segment_seq))
+        return seg is not None and seg.fenced
+
+    # ------------------------------------------------------------------ digest, listing, stats
+
+    def digest(self, log_id: int, segment_seq: int, first: int = 0, last: int | None = None) -> Digest:
+        """Digest (see ``digest_of``) of the entries with ids in [first, last] (last: the last stored)."""
+        seg = self._segment(log_id, segment_seq)
+        check_entry_id(first, "first entry id")
+        if last is not None:
+            check_entry_id(last, "last entry id")
+        h = hashlib.sha256()
+        pack = _DIGEST_ITEM.pack
+        count = nbytes = 0
+        first_id = last_id = -1
+        for entry_id, _off, length, crc in seg.index.items(first, last):
+            h.update(pack(entry_id, crc))
+            if first_id < 0:
+                first_id = entry_id
+            last_id = entry_id
+            count += 1
+            nbytes += HEADER_SIZE + length
+        return Digest(log_id, segment_seq, count, first_id, last_id, seg.lac, nbytes, h.hexdigest())
+
+    def list_segments(self) -> list[SegmentInfo]:
+        self._check()
+        return [self._segments[k].info() for k in sorted(self._segments)]
+
+    def stat(self) -> dict:
+        """Disk and store counters; works after a failure too (it reports it)."""
+        try:
+            usage = shutil.disk_usage(self.data_dir)
+            total, free = usage.total, usage.free
+        except OSError:
+            total = free = -1
+        segs = self._segments.values()
+        c = self._committer
+        return {
+            "data_dir": str(self.data_dir),
+            "disk_total_bytes": total,
+            "disk_free_bytes": free,
+            "segments": len(self._segments),
+            "entries": sum(s.index.count for s in segs),
+            "bytes": sum(s.size for s in segs),
+            "limbo": sum(1 for s in segs if s.limbo is not None),
+            "fenced": sum(1 for s in segs if s.fenced),
+            "sync_mode": self.sync.mode,
+            "failed": self._failure is not None,
+            "failure": None if self._failure is None else str(self._failure),
+            "adds": c.adds,
+            "batches": c.batches,
+            "fdatasyncs": c.fdatasyncs,
+            "bytes_written": c.bytes_written,
+            "pending_bytes": c.pending_bytes,
+        }
+
+    # ------------------------------------------------------------------ delete
+
+    async def delete(self, log_id: int, segment_seq: int) -> bool:
+        """Remove the replica's files durably; True if it existed. Idempotent."""
+        self._check()
+        key = check_segment_ids(log_id, segment_seq)
+        while key in self._deleting:
+            try:
+                await asyncio.shield(self._deleting[key])
+            except Exception:  # noqa: BLE001 - retried below
+                pass
+        creating = self._creating.get(key)
+        if creating is not None:
+            try:
+                await asyncio.shield(creating)
+            except Exception:  # noqa: BLE001 - a failed create leaves at most an empty file
+                pass
+        self._check()
+        task = self._loop.create_task(self._delete(key))  # type: ignore[union-attr]
+        self._deleting[key] = task
+        return await asyncio.shield(task)
+
+    async def _delete(self, key: Key) -> bool:
+        try:
+            seg = self._segments.pop(key, None)
+            if seg is not None:
+                # Let queued writes land before the fd goes (the sync thread may be using it).
+                fut = self._committer.wait(seg, seg.size)
+                if fut is not None:
+                    await fut
+                if seg.fencing is not None:
+                    try:
+                        await asyncio.shield(seg.fencing)
+                    except Exception:  # noqa: BLE001
+                        pass
+                self._fds.close(seg)
+            removed = await self._blocking(f"cannot delete {_seg_name(key)}", self._remove_files, key)
+            return seg is not None or removed
+        finally:
+            self._deleting.pop(key, None)
+
+
+def _resolve_none(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _header_problem(encoded: bytes, n: int) -> str:
+    try:
+        header = decode_header(encoded)
+    except CorruptEntry as exc:
+        return f"bad entry header: {exc.reason}"
+    if header.total_size != n:
+        return f"entry is {n} bytes but its header says {header.total_size} ({HEADER_SIZE} + payload {header.length})"
+    return "bad entry header"
+
+
+def _verify(buf: bytes, n: int, key: Key, entry_id: int, crc: int) -> str | None:
+    if len(buf) != n:
+        return f"entry {entry_id}: short read ({len(buf)} of {n} bytes)"
+    magic, _v, _f, _r, h_log, h_seq, h_entry, _lac, length, h_crc = _HDR.unpack_from(buf)
+    if magic != MAGIC or (h_log, h_seq, h_entry) != (key[0], key[1], entry_id) or h_crc != crc or length != n - HEADER_SIZE:
+        return f"entry {entry_id}: stored header does not match the index"
+    view = memoryview(buf)
+    if crc32c(view[HEADER_SIZE:], crc32c(view[:_CRC_COVERED])) != crc:
+        return f"entry {entry_id}: CRC-32C mismatch on read"
+    return None

@@ -1,0 +1,122 @@
+"""Value types of the segment store's interface (policy in, results out)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SYNC_MODES = ("always", "never")
+
+
+@dataclass(frozen=True)
+class SyncPolicy:
+    """When an add counts as durable.
+
+    ``mode="always"`` (the default): an add is acknowledged only after the bytes are written
+    and ``fdatasync``-ed. Adds arriving close together share one fdatasync (group commit):
+    a batch is flushed once no new add arrived during one event-loop turn, or once its oldest
+    add has waited ``window_ms``, or once ``window_bytes`` are pending; while one fdatasync is
+    in flight the next batch accumulates.
+
+    ``mode="never"``: an add is acknowledged once the bytes are in the kernel's page cache,
+    without fdatasync. This survives a crash of the agent process (SIGKILL included) but
+    **not** a power loss or kernel crash: acknowledged entries can then vanish from this
+    replica, or come back torn. It is only safe when the entry is also durable elsewhere
+    (ack quorum spread over independent failure domains) and a replica that lost data is
+    re-replicated; if every replica of an entry sits in the same power domain, an
+    acknowledged entry can be lost for good. New files, directories, fence markers and limbo
+    markers are still fsynced in this mode. Never the default.
+    """
+
+    mode: str = "always"
+    window_ms: float = 2.0
+    window_bytes: int = 512 * 1024
+
+    def __post_init__(self) -> None:
+        if self.mode not in SYNC_MODES:
+            raise ValueError(f"sync mode {self.mode!r} is not one of {', '.join(SYNC_MODES)}")
+        if not 0 <= self.window_ms <= 1000:
+            raise ValueError(f"sync window_ms {self.window_ms} out of range (0..1000)")
+        if not 0 < self.window_bytes <= 1 << 30:
+            raise ValueError(f"sync window_bytes {self.window_bytes} out of range (1..1 GiB)")
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    log_id: int
+    segment_seq: int
+    entries: int
+    last_entry_id: int
+    lac: int
+    fenced: bool
+    limbo: bool
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class FenceResult:
+    last_entry_id: int
+    lac: int
+
+
+@dataclass(frozen=True)
+class Digest:
+    """A replica's content over an entry-id range; equal digests mean equal (entry id, CRC) lists."""
+
+    log_id: int
+    segment_seq: int
+    entries: int
+    first_entry_id: int
+    last_entry_id: int
+    lac: int
+    bytes: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class TailCut:
+    """An invalid tail after the last valid entry, cut (or, from fsck, that would be cut)."""
+
+    log_id: int
+    segment_seq: int
+    path: str
+    offset: int  # new file length: where the valid data ends
+    bytes_cut: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class LimboRecord:
+    """Corruption followed by valid data: the replica is kept untouched and never served."""
+
+    log_id: int
+    segment_seq: int
+    path: str
+    offset: int  # first invalid byte; -1 when unknown (marker written by an older run)
+    reason: str
+    next_valid_offset: int = -1  # the later valid entry that proves this is not a torn tail
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    segments: int
+    entries: int
+    tails_cut: list[TailCut] = field(default_factory=list)
+    limbo: list[LimboRecord] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # files in segments/ that are not ours
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "segments": self.segments,
+            "entries": self.entries,
+            "tails_cut": [t.to_dict() for t in self.tails_cut],
+            "limbo": [r.to_dict() for r in self.limbo],
+            "ignored": list(self.ignored),
+        }
