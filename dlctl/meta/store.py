@@ -174,6 +174,24 @@ class MetaStore:
         except NoNodeError:
             pass  # already gone: deletion is idempotent
 
+    # -- agents -----------------------------------------------------------------------------
+
+    def available_nodes(self) -> dict[str, dict]:
+        """Live agents (ephemeral ``available/<id>`` records): node id -> region, rack, address, ..."""
+        parent = paths.available(self.cluster)
+        try:
+            children = self.client.get_children(parent)
+        except NoNodeError:
+            return {}
+        out = {}
+        for node_id in sorted(children):
+            try:
+                data, _ = self.client.get(f"{parent}/{node_id}")
+            except NoNodeError:
+                continue  # went away between the listing and the read
+            out[node_id] = _decode_node(data, f"{parent}/{node_id}")
+        return out
+
     # -- errors -----------------------------------------------------------------------------
 
     def _conflict(self, path: str, version: int) -> ConflictError:
@@ -197,3 +215,15 @@ class MetaStore:
         if isinstance(failure, (BadVersionError, NotEmptyError)):
             raise ConflictError(f"aborted: {what}: metadata changed concurrently", hint="nothing was changed; retry")
         raise failure
+
+
+def _decode_node(data: bytes, where: str) -> dict:
+    import json
+
+    try:
+        info = json.loads(data)
+    except ValueError:
+        raise ValueError(f"{where}: availability record is not JSON") from None
+    if not isinstance(info, dict) or not isinstance(info.get("address"), str):
+        raise ValueError(f"{where}: availability record has no address")
+    return info

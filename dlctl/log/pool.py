@@ -1,0 +1,59 @@
+"""Clients of a cluster's agents, by node id.
+
+Addresses come from the agents' availability records in ZooKeeper; one ``AgentClient`` per
+node is kept and shared (requests are pipelined over it), and refreshed when an agent
+re-registers at another address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+from ..meta.store import MetaStore
+from .client import AgentClient
+from .errors import AgentUnavailableError
+
+
+class AgentPool:
+    def __init__(self, meta: MetaStore, secret: bytes, *, ssl_context: ssl.SSLContext | None = None, request_timeout: float = 10.0) -> None:
+        self.meta = meta
+        self._secret = secret
+        self._ssl = ssl_context
+        self.request_timeout = request_timeout
+        self._clients: dict[str, AgentClient] = {}
+        self._nodes: dict[str, dict] = {}
+
+    def __repr__(self) -> str:
+        return f"AgentPool(cluster={self.meta.cluster!r}, clients={len(self._clients)})"
+
+    async def refresh(self) -> dict[str, dict]:
+        """Re-read the availability records (kazoo blocks, so off the event loop)."""
+        self._nodes = await asyncio.get_running_loop().run_in_executor(None, self.meta.available_nodes)
+        return dict(self._nodes)
+
+    @property
+    def nodes(self) -> dict[str, dict]:
+        """The availability records as of the last ``refresh``."""
+        return dict(self._nodes)
+
+    async def client(self, node_id: str) -> AgentClient:
+        info = self._nodes.get(node_id)
+        if info is None:
+            await self.refresh()
+            info = self._nodes.get(node_id)
+            if info is None:
+                raise AgentUnavailableError(f"agent {node_id!r} is not available in cluster {self.meta.cluster!r}")
+        host, _, port = info["address"].rpartition(":")
+        current = self._clients.get(node_id)
+        if current is not None and current.address == f"{host}:{port}":
+            return current
+        if current is not None:
+            await current.close()
+        client = AgentClient(host, int(port), self._secret, ssl_context=self._ssl, request_timeout=self.request_timeout)
+        self._clients[node_id] = client
+        return client
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
