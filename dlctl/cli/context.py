@@ -22,9 +22,11 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from .. import output
+from .. import inventory, output
 from ..config import ConfigLocation, locate_config, select_cluster
 from ..errors import RefusedError
+from ..inventory import Inventory
+from ..ops.session import ClusterSession
 from ..plan import Plan, PlanResult, Step, apply
 
 
@@ -37,6 +39,7 @@ class AppContext:
     assume_yes: bool = False
     stdout: Console = field(default_factory=lambda: Console(file=sys.stdout))
     stderr: Console = field(default_factory=lambda: Console(file=sys.stderr, stderr=True))
+    _session: ClusterSession | None = field(default=None, repr=False)
 
     @property
     def config(self) -> ConfigLocation:
@@ -45,6 +48,21 @@ class AppContext:
     @property
     def cluster(self) -> str | None:
         return select_cluster(self.cluster_option)
+
+    def inventory(self) -> Inventory:
+        return inventory.load(self.config)
+
+    def session(self) -> ClusterSession:
+        """The selected cluster's session, opened once per command and closed when it ends."""
+        if self._session is None:
+            self._session = ClusterSession(self.inventory().cluster(self.cluster))
+            click.get_current_context().call_on_close(self._close_session)
+        return self._session
+
+    def _close_session(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
     def render(self, data: Any) -> None:
         output.render(data, self.output, console=self.stdout, stream=self.stdout.file)

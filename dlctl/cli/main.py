@@ -12,6 +12,8 @@ from .. import __version__
 from ..errors import DlctlError, ExitCode
 from ..output import FORMATS
 from .context import AppContext
+from .configcmd import config_group
+from .log import log_group
 from .misc import completion_command, version_command
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -66,6 +68,8 @@ def cli(
 
 cli.add_command(version_command)
 cli.add_command(completion_command)
+cli.add_command(config_group)
+cli.add_command(log_group)
 
 
 def _report(app: AppContext, error: DlctlError) -> None:

@@ -1,0 +1,249 @@
+"""The inventory: clusters, their ZooKeeper ensembles and secrets, and regions → racks → nodes.
+
+    default_cluster = "east"
+
+    [clusters.east]
+    zookeeper    = "10.0.0.5:2181,10.0.0.6:2181/prod"   # connect string, optional chroot
+    secret_file  = "secrets/east.secret"                 # cluster secret (0600), for agents
+    zk_auth_file = "secrets/east.zk-auth"                # optional 'user:password' (0600)
+
+    [clusters.east.defaults]            # per-node settings, overridable on each node
+    ssh_user = "dlctl"
+    ssh_port = 22
+    identity_file = "~/.ssh/id_ed25519"
+    data_dir = "/var/lib/dlagent"
+    python = "/opt/dlctl/bin/python"
+    agent_port = 3181
+
+    [[clusters.east.regions.us-east.racks.r1.nodes]]
+    id   = "use-1"
+    host = "10.0.1.1"                  # SSH host (or an alias in ~/.ssh/config)
+    listen = "10.0.1.1:3181"           # optional; default host:agent_port
+
+Relative paths are relative to the inventory file. Errors name the file, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigLocation
+from .errors import ConfigError, NotFoundError
+from .names import validate_name
+
+_CLUSTER_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "defaults", "regions"}
+_NODE_KEYS = {"id", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python", "agent_port"}
+_DEFAULT_KEYS = _NODE_KEYS - {"id", "host", "listen"}
+_NODE_DEFAULTS: dict[str, Any] = {"ssh_user": None, "ssh_port": 22, "identity_file": None, "data_dir": "/var/lib/dlagent", "python": "python3", "agent_port": 3181}
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    cluster: str
+    region: str
+    rack: str
+    host: str
+    listen: str
+    ssh_user: str | None
+    ssh_port: int
+    identity_file: str | None
+    data_dir: str
+    python: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("id", "region", "rack", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python")}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    zookeeper: str
+    secret_file: Path | None
+    zk_auth_file: Path | None
+    nodes: tuple[Node, ...] = ()
+
+    def regions(self) -> dict[str, dict[str, list[Node]]]:
+        """region → rack → nodes, in inventory order."""
+        out: dict[str, dict[str, list[Node]]] = {}
+        for node in self.nodes:
+            out.setdefault(node.region, {}).setdefault(node.rack, []).append(node)
+        return out
+
+    def node(self, node_id: str) -> Node:
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise NotFoundError(f"node {node_id!r} is not in cluster {self.name!r}", hint="list nodes with `dlctl config show`")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "zookeeper": self.zookeeper,
+            "secret_file": str(self.secret_file) if self.secret_file else None,
+            "zk_auth_file": str(self.zk_auth_file) if self.zk_auth_file else None,
+            "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path | None
+    clusters: Mapping[str, Cluster] = field(default_factory=dict)
+    default_cluster: str | None = None
+
+    def cluster(self, name: str | None) -> Cluster:
+        chosen = name or self.default_cluster or (next(iter(self.clusters)) if len(self.clusters) == 1 else None)
+        if chosen is None:
+            if not self.clusters:
+                raise ConfigError(
+                    "no cluster is configured" + (f" in {self.path}" if self.path else " (no configuration file found)"),
+                    hint="pass --config FILE or set DLCTL_CONFIG (see README: Configuration)",
+                )
+            raise ConfigError(f"several clusters are configured ({', '.join(self.clusters)}); choose one with --cluster or DLCTL_CLUSTER")
+        try:
+            return self.clusters[chosen]
+        except KeyError:
+            raise ConfigError(f"cluster {chosen!r} is not in {self.path}", hint=f"known clusters: {', '.join(self.clusters) or 'none'}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path) if self.path else None, "default_cluster": self.default_cluster, "clusters": [c.to_dict() for c in self.clusters.values()]}
+
+
+def load(location: ConfigLocation) -> Inventory:
+    if location.path is None:
+        return Inventory(None)
+    path = location.path.expanduser()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {path} (from {location.source}) does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse(raw, path)
+
+
+def parse(raw: dict[str, Any], path: Path) -> Inventory:
+    unknown = set(raw) - {"default_cluster", "clusters"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level key(s): {', '.join(sorted(unknown))}")
+    clusters_raw = raw.get("clusters", {})
+    if not isinstance(clusters_raw, dict):
+        raise ConfigError(f"{path}: 'clusters' must be a table of [clusters.NAME]")
+    clusters = {name: _cluster(name, body, path) for name, body in clusters_raw.items()}
+    default = raw.get("default_cluster")
+    if default is not None and default not in clusters:
+        raise ConfigError(f"{path}: default_cluster {default!r} is not one of the clusters ({', '.join(clusters) or 'none'})")
+    seen: dict[str, str] = {}
+    for cluster in clusters.values():
+        for node in cluster.nodes:
+            for key in (node.listen,):
+                if key in seen:
+                    raise ConfigError(f"{path}: node {node.id!r} of cluster {cluster.name!r} listens on {key}, already used by {seen[key]}")
+                seen[key] = f"node {node.id!r} of cluster {cluster.name!r}"
+    return Inventory(path, clusters, default)
+
+
+def _where(path: Path, *keys: str) -> str:
+    return f"{path}: [{'.'.join(keys)}]"
+
+
+def _cluster(name: str, body: Any, path: Path) -> Cluster:
+    try:
+        validate_name("cluster", name)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    where = _where(path, "clusters", name)
+    if not isinstance(body, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = set(body) - _CLUSTER_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s): {', '.join(sorted(unknown))}", hint=f"allowed: {', '.join(sorted(_CLUSTER_KEYS))}")
+    if not isinstance(body.get("zookeeper"), str) or not body["zookeeper"]:
+        raise ConfigError(f"{where}: 'zookeeper' (the connect string, e.g. \"10.0.0.5:2181\") is required")
+    defaults = {**_NODE_DEFAULTS, **_table(body.get("defaults", {}), f"{where}.defaults", _DEFAULT_KEYS)}
+    nodes: list[Node] = []
+    for region, region_body in _table(body.get("regions", {}), f"{where}.regions", None).items():
+        racks = _table(region_body, f"{where}.regions.{region}", {"racks"}).get("racks", {})
+        for rack, rack_body in _table(racks, f"{where}.regions.{region}.racks", None).items():
+            node_list = _table(rack_body, f"{where}.regions.{region}.racks.{rack}", {"nodes"}).get("nodes", [])
+            if not isinstance(node_list, list):
+                raise ConfigError(f"{where}.regions.{region}.racks.{rack}: 'nodes' must be an array of tables ([[...nodes]])")
+            for i, node_body in enumerate(node_list):
+                nodes.append(_node(name, region, rack, node_body, defaults, f"{where}.regions.{region}.racks.{rack}.nodes[{i}]"))
+    ids = [n.id for n in nodes]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ConfigError(f"{where}: duplicate node id(s): {', '.join(duplicates)}")
+    return Cluster(
+        name=name,
+        zookeeper=body["zookeeper"],
+        secret_file=_path(body.get("secret_file"), path, f"{where}.secret_file"),
+        zk_auth_file=_path(body.get("zk_auth_file"), path, f"{where}.zk_auth_file"),
+        nodes=tuple(nodes),
+    )
+
+
+def _table(value: Any, where: str, allowed: set[str] | None) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a table")
+    if allowed is not None:
+        unknown = set(value) - allowed
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s): {', '.join(sorted(unknown))}", hint=f"allowed: {', '.join(sorted(allowed))}")
+    return value
+
+
+def _node(cluster: str, region: str, rack: str, body: Any, defaults: dict[str, Any], where: str) -> Node:
+    settings = {**defaults, **_table(body, where, _NODE_KEYS)}
+    try:
+        node_id = validate_name("node", settings.get("id"))
+        validate_name("region", region)
+        validate_name("rack", rack)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    host = settings.get("host")
+    if not isinstance(host, str) or not host or host.startswith("-") or any(c.isspace() for c in host):
+        raise ConfigError(f"{where}: 'host' must be a host name or address (got {host!r})")
+    for key in ("ssh_port", "agent_port"):
+        if not isinstance(settings[key], int) or not 0 < settings[key] < 65536:
+            raise ConfigError(f"{where}: '{key}' must be a port number, got {settings[key]!r}")
+    listen = settings.get("listen") or f"{host}:{settings['agent_port']}"
+    _, sep, port = str(listen).rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"{where}: 'listen' must be host:port, got {listen!r}")
+    for key in ("ssh_user", "identity_file", "data_dir", "python"):
+        if settings[key] is not None and (not isinstance(settings[key], str) or not settings[key]):
+            raise ConfigError(f"{where}: '{key}' must be a non-empty string")
+    return Node(
+        id=node_id,
+        cluster=cluster,
+        region=region,
+        rack=rack,
+        host=host,
+        listen=listen,
+        ssh_user=settings["ssh_user"],
+        ssh_port=settings["ssh_port"],
+        identity_file=settings["identity_file"],
+        data_dir=settings["data_dir"],
+        python=settings["python"],
+    )
+
+
+def _path(value: Any, base: Path, where: str) -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where} must be a path")
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base.parent / p)
+
+
+def iter_nodes(cluster: Cluster, region: str | None = None) -> Iterator[Node]:
+    for node in cluster.nodes:
+        if region is None or node.region == region:
+            yield node

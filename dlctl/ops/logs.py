@@ -1,0 +1,117 @@
+"""Log metadata operations: create, list, show, delete."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConflictError, NotFoundError, RefusedError
+from ..meta import paths
+from ..meta.records import LogConfig
+from ..names import validate_name
+from ..plan import Plan, Step
+from .session import ClusterSession
+
+
+def create_log_plan(session: ClusterSession, name: str, config: LogConfig) -> Plan:
+    validate_name("log", name)
+    if name in session.meta.list_logs():
+        raise ConflictError(f"log {name!r} already exists in cluster {session.cluster.name!r}")
+    return Plan.of(
+        "log create",
+        [
+            Step(
+                "create-log",
+                f"{session.cluster.name}/{name}",
+                f"create log {name} (E={config.ensemble_size}, W={config.write_quorum}, A={config.ack_quorum})",
+                params={"config": _config_dict(config)},
+                run=lambda: {"log_id": session.meta.create_log(name, config).log_id},
+            )
+        ],
+    )
+
+
+def _config_dict(config: LogConfig) -> dict[str, Any]:
+    return {
+        "ensemble_size": config.ensemble_size,
+        "write_quorum": config.write_quorum,
+        "ack_quorum": config.ack_quorum,
+        "roll_bytes": config.roll_bytes,
+        "roll_seconds": config.roll_seconds,
+    }
+
+
+def owner_of(session: ClusterSession, name: str) -> str | None:
+    try:
+        data, _ = session.meta.client.get(paths.log_owner(session.cluster.name, name))
+    except Exception:  # noqa: BLE001 - NoNode: no owner
+        return None
+    return data.decode(errors="replace") or None
+
+
+def list_logs(session: ClusterSession) -> list[dict[str, Any]]:
+    rows = []
+    for name in session.meta.list_logs():
+        try:
+            log = session.meta.get_log(name).value
+            segments = session.meta.segments(name)
+        except NotFoundError:
+            continue  # deleted while listing
+        rows.append(
+            {
+                "name": name,
+                "log_id": log.log_id,
+                "segments": len(segments),
+                "records": sum(s.value.records for s in segments),
+                "bytes": sum(s.value.bytes for s in segments),
+                "last_state": segments[-1].value.state.value if segments else None,
+                "owner": owner_of(session, name),
+            }
+        )
+    return rows
+
+
+def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
+    log = session.meta.get_log(name)
+    segments = session.meta.segments(name)
+    return {
+        "name": name,
+        "log_id": log.value.log_id,
+        "created": log.value.created,
+        "config": _config_dict(log.value.config),
+        "owner": owner_of(session, name),
+        "segments": [
+            {
+                "seq": s.value.seq,
+                "state": s.value.state.value,
+                "ensemble": ",".join(s.value.ensembles[-1].nodes),
+                "ensemble_changes": len(s.value.ensembles) - 1,
+                "last_entry_id": s.value.last_entry_id,
+                "first_txid": s.value.first_txid,
+                "last_txid": s.value.last_txid,
+                "records": s.value.records,
+                "bytes": s.value.bytes,
+            }
+            for s in segments
+        ],
+    }
+
+
+def delete_log_plan(session: ClusterSession, name: str) -> Plan:
+    log = session.meta.get_log(name)
+    owner = owner_of(session, name)
+    if owner:
+        raise RefusedError(f"log {name!r} is owned by {owner}", hint="stop its writer (or release it) before deleting")
+    segments = session.meta.segments(name)
+    return Plan.of(
+        "log delete",
+        [
+            Step(
+                "delete-log",
+                f"{session.cluster.name}/{name}",
+                f"delete log {name} and its {len(segments)} segment record(s)",
+                params={"version": log.version},
+                run=lambda: session.meta.delete_log(name, log.version),
+            )
+        ],
+        notes=[f"{sum(s.value.records for s in segments)} record(s) become unreachable; agents reclaim their files at the next gc"],
+    )

@@ -1,0 +1,46 @@
+"""A connection to one cluster: its metadata store, secrets and agent pool, opened lazily."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from types import TracebackType
+
+from ..errors import ConfigError
+from ..inventory import Cluster
+from ..meta.store import MetaStore
+from ..meta.zk import ZkAuth, connect
+from ..secrets import read_secret_file
+
+
+class ClusterSession:
+    def __init__(self, cluster: Cluster, *, zk_timeout: float = 10.0) -> None:
+        self.cluster = cluster
+        self.zk_timeout = zk_timeout
+        self._client = None
+
+    @cached_property
+    def zk_auth(self) -> ZkAuth | None:
+        return ZkAuth.from_file(self.cluster.zk_auth_file) if self.cluster.zk_auth_file else None
+
+    @cached_property
+    def meta(self) -> MetaStore:
+        self._client = connect(self.cluster.zookeeper, self.zk_auth, timeout=self.zk_timeout)
+        return MetaStore(self._client, self.cluster.name, self.zk_auth)
+
+    @cached_property
+    def secret(self) -> bytes:
+        if self.cluster.secret_file is None:
+            raise ConfigError(f"cluster {self.cluster.name!r} has no secret_file; it is needed to talk to agents")
+        return read_secret_file(self.cluster.secret_file)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.stop()
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> ClusterSession:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
