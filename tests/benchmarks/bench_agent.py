@@ -148,7 +148,8 @@ async def read_all(client: AgentClient, log_id: int, seg: int, count: int, in_fl
         while next_id < count:
             eid = next_id
             next_id += 1
-            total += len(await client.read(log_id, seg, eid))
+            n = len(await client.read(log_id, seg, eid))
+            total += n
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(in_flight)))

@@ -1,0 +1,561 @@
+"""The agent's protocol server: authenticated, pipelined access to the segment store over TCP/TLS.
+
+Per connection: the agent sends HELLO with a challenge; the first request must be AUTH
+(anything else, or a wrong proof, gets UNAUTHORIZED and the connection is closed). After that
+requests are handled concurrently: reads that the store answers synchronously are answered
+inline, everything that waits (adds behind group commit, fences, long polls, deletes) runs in a
+task of its own, so a slow fsync or a long poll never holds up later requests. Responses are
+written as they complete, coalesced into one write per event-loop turn. Requests in flight per
+connection are bounded (count and bytes); past the bound the server stops reading from that
+socket, which pushes back on the client through TCP.
+
+Hostile input costs a typed error or a closed connection: frames are bounds-checked before
+anything is buffered, ids are validated before the store sees them, partial frames, silent
+handshakes and idle connections are timed out. When the store reports a failed fsync the server
+stops accepting and drops every connection — it never acknowledges what may be lost — and
+``failure`` / ``wait_stopped`` let the caller exit non-zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dlctl.log import protocol as p
+from dlctl.log.auth import DEFAULT_CONTEXT, ServerHandshake
+from dlctl.log.errors import (
+    AgentError,
+    AgentIOError,
+    AgentUnavailableError,
+    BadRequestError,
+    NoSuchEntryError,
+    UnauthorizedError,
+)
+from dlctl.log.format import HEADER_SIZE as ENTRY_HEADER_SIZE
+from dlctl.log.format import NO_ENTRY, CorruptEntry, decode_header, validate_ids
+
+log = logging.getLogger(__name__)
+
+_I64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_connections: int = 1024
+    max_in_flight: int = 256  # requests per connection being handled at once
+    max_in_flight_bytes: int = 64 * 1024 * 1024  # request bytes per connection being handled at once
+    handshake_timeout: float = 10.0  # from accept to a verified AUTH
+    idle_timeout: float = 600.0  # no bytes received and nothing in flight
+    frame_timeout: float = 60.0  # a frame whose first bytes arrived must complete within this (slowloris)
+    max_long_poll: float = 120.0  # longer long-poll timeouts are cut to this
+    max_frame: int = p.MAX_FRAME
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_in_flight", "max_in_flight_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"server limit {name} must be at least 1")
+        for name in ("handshake_timeout", "idle_timeout", "frame_timeout", "max_long_poll"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"server limit {name} must be positive")
+        if not p.FRAME_HEADER_SIZE < self.max_frame <= p.MAX_FRAME:
+            raise ValueError(f"server limit max_frame must be in {p.FRAME_HEADER_SIZE + 1}..{p.MAX_FRAME}")
+
+
+def _bad(exc: ValueError) -> BadRequestError:
+    return BadRequestError(exc.reason if isinstance(exc, CorruptEntry) else str(exc))
+
+
+_ENTRY_FIELDS = struct.Struct(">4sBBHQQqqI")
+
+
+def _check_entry(entry: bytes) -> None:
+    """Ids and length of an entry to add, before the store sees it (the store verifies the CRC)."""
+    _, _, _, _, log_id, seg, entry_id, lac, length = _ENTRY_FIELDS.unpack_from(entry, 0)
+    # Inline fast path for the hottest request; decode_header gives the precise complaint.
+    ok_ids = log_id > 0 and seg > 0 and 0 <= entry_id and NO_ENTRY <= lac < entry_id
+    if not (ok_ids and length == len(entry) - ENTRY_HEADER_SIZE):
+        try:
+            header = decode_header(entry)
+        except CorruptEntry as exc:
+            raise BadRequestError(f"ADD_ENTRY: {exc.reason}") from None
+        raise BadRequestError(f"ADD_ENTRY body is {len(entry)} bytes, entry header says {header.total_size}")
+
+
+class AgentServer:
+    """Serves one ``SegmentStore`` (``dlagent.storage``) on ``host:port`` (port 0: any free port)."""
+
+    def __init__(
+        self,
+        store: Any,
+        secret: bytes,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+        limits: ServerLimits = ServerLimits(),
+        *,
+        auth_context: bytes = DEFAULT_CONTEXT,
+    ) -> None:
+        ServerHandshake(secret, auth_context)  # fail at construction on an unusable secret
+        self.store = store
+        self._secret = secret
+        self._auth_context = auth_context
+        self.host = host
+        self.port = port
+        self.ssl_context = ssl_context
+        self.limits = limits
+        self.failure: BaseException | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conns: set[_Conn] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._prev_on_failure: Callable[[BaseException], None] | None = None
+        self.counters = {"connections": 0, "requests": 0, "auth_failures": 0, "bad_requests": 0, "internal_errors": 0}
+
+    def __repr__(self) -> str:
+        return f"AgentServer({self.host}:{self.port}, connections={len(self._conns)})"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); valid after ``start``."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("the agent server is not listening")
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def start(self) -> None:
+        if self.store.failed:
+            raise AgentIOError("the segment store has failed; refusing to serve it")
+        self._loop = asyncio.get_running_loop()
+        self._stopped.clear()
+        self._prev_on_failure = self.store.on_failure
+        self.store.on_failure = self._on_store_failure
+        self._server = await self._loop.create_server(
+            self._new_conn,
+            self.host,
+            self.port,
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=self.limits.handshake_timeout if self.ssl_context else None,
+            reuse_address=True,
+            backlog=512,
+        )
+        self._reaper = self._loop.create_task(self._reap(), name="agent-server-reaper")
+        log.info("agent protocol server listening on %s:%d%s", *self.address, " (TLS)" if self.ssl_context else "")
+
+    async def stop(self) -> None:
+        """Stop accepting, close every connection, and wait for the requests in flight to end."""
+        if self._server is None:
+            return
+        tasks = [t for c in self._conns for t in c.tasks]
+        self._shutdown(reason="agent shutting down")
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        server, self._server = self._server, None
+        await server.wait_closed()
+        if self.store.on_failure == self._on_store_failure:
+            self.store.on_failure = self._prev_on_failure
+
+    async def wait_stopped(self) -> BaseException | None:
+        """Wait until the server stopped (``stop`` or a store failure); returns the failure, if any."""
+        await self._stopped.wait()
+        return self.failure
+
+    def _shutdown(self, reason: str, *, abort: bool = False) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        for conn in list(self._conns):
+            conn.close(reason, abort=abort)
+        self._stopped.set()
+
+    def _on_store_failure(self, exc: BaseException) -> None:
+        # The store may report from a worker thread; act on the loop's thread.
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._fail, exc)
+        if self._prev_on_failure is not None:
+            self._prev_on_failure(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is not None:
+            return
+        self.failure = exc
+        log.critical("segment store failed (%s); the agent stops serving", exc)
+        # abort, not close: nothing still buffered may reach a client once durability is in doubt
+        self._shutdown(reason="segment store failed", abort=True)
+
+    def _new_conn(self) -> asyncio.Protocol:
+        return _Conn(self)
+
+    async def _reap(self) -> None:
+        lim = self.limits
+        interval = max(0.05, min(1.0, lim.handshake_timeout / 4, lim.frame_timeout / 4, lim.idle_timeout / 4))
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self._conns):
+                conn.check_deadlines(now)
+
+    def stat(self) -> dict[str, Any]:
+        return {**self.counters, "open_connections": len(self._conns)}
+
+    # Request handlers -------------------------------------------------------------------------
+    # Each returns the result body; typed AgentErrors become error responses.
+
+    def read_entry(self, log_id: int, seg: int, entry_id: int) -> bytes:
+        self._ids(log_id, seg, entry_id)
+        return self.store.read(log_id, seg, entry_id)
+
+    async def read_entry_fencing(self, log_id: int, seg: int, entry_id: int) -> bytes:
+        self._ids(log_id, seg, entry_id)
+        await self.store.fence(log_id, seg)  # durable before the read is answered
+        return self.store.read(log_id, seg, entry_id)
+
+    def read_lac(self, log_id: int, seg: int) -> bytes:
+        self._ids(log_id, seg)
+        return p.encode_lac(self.store.lac(log_id, seg))
+
+    async def long_poll(self, log_id: int, seg: int, previous: int, timeout_ms: int) -> bytes:
+        self._ids(log_id, seg)
+        if not NO_ENTRY <= previous < _I64_MAX:
+            raise BadRequestError(f"previous LAC {previous} out of range (-1..2^63-2)")
+        timeout = min(timeout_ms / 1000.0, self.limits.max_long_poll)
+        lac = await self.store.wait_lac(log_id, seg, previous, timeout)
+        entry = None
+        if lac > previous:
+            try:
+                entry = self.store.read(log_id, seg, previous + 1)
+            except NoSuchEntryError:
+                pass  # striped ensembles: this replica need not hold every entry
+        return p.encode_long_poll_result(lac, entry)
+
+    async def fence(self, log_id: int, seg: int) -> bytes:
+        self._ids(log_id, seg)
+        result = await self.store.fence(log_id, seg)
+        return p.encode_fence_result(result.last_entry_id, result.lac)
+
+    def digest(self, log_id: int, seg: int, first: int, last: int | None) -> bytes:
+        self._ids(log_id, seg, first)
+        if last is not None and last < first:
+            raise BadRequestError(f"digest range {first}..{last} is empty")
+        return p.encode_digest(self.store.digest(log_id, seg, first, last))
+
+    def list_segments(self) -> bytes:
+        return p.encode_segments(self.store.list_segments())
+
+    async def delete_segment(self, log_id: int, seg: int) -> bytes:
+        self._ids(log_id, seg)
+        return p.encode_deleted(await self.store.delete(log_id, seg))
+
+    def stat_all(self) -> bytes:
+        return p.encode_stat({**self.store.stat(), "server": self.stat()})
+
+    @staticmethod
+    def _ids(log_id: int, seg: int, entry_id: int | None = None) -> None:
+        try:
+            validate_ids(log_id, seg, entry_id)
+        except ValueError as exc:
+            raise BadRequestError(str(exc)) from None
+
+
+class _Conn(asyncio.Protocol):
+    """One client connection: handshake, frame parsing, dispatch, coalesced responses."""
+
+    def __init__(self, server: AgentServer) -> None:
+        self.server = server
+        self.store = server.store
+        self.limits = server.limits
+        self.loop = server._loop
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.decoder = p.FrameDecoder(server.limits.max_frame)
+        self.handshake: ServerHandshake | None = None
+        self.authed = False
+        self.closing = False
+        self.eof = False
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.in_flight = 0
+        self.in_flight_bytes = 0
+        self.write_paused = False
+        self.read_paused = False
+        self._out: list[bytes] = []
+        now = time.monotonic()
+        self.created = now
+        self.last_activity = now
+        self.partial_since: float | None = None
+
+    # asyncio.Protocol -----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        server = self.server
+        if server.failure is not None or server._server is None:
+            transport.abort()
+            return
+        if len(server._conns) >= self.limits.max_connections:
+            log.warning("refusing connection from %s: %d connections open", self.peer, len(server._conns))
+            self.closing = True
+            transport.write(p.error_response(p.Op.HELLO, 0, AgentUnavailableError.status, "too many connections"))
+            transport.close()
+            return
+        server._conns.add(self)
+        server.counters["connections"] += 1
+        self.handshake = ServerHandshake(server._secret, server._auth_context)
+        transport.write(p.hello_frame(self.handshake.challenge))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.server._conns.discard(self)
+        self._out.clear()
+        for task in self.tasks:
+            # Long polls are pure waits; adds, fences and deletes run to completion so the store
+            # never sees an operation abandoned half-way.
+            if task.get_name() == "long-poll":
+                task.cancel()
+
+    def eof_received(self) -> bool:
+        # A half-close still gets the answers to what it sent; the connection ends after them.
+        self.eof = True
+        self._finish_if_done()
+        return True
+
+    def _finish_if_done(self) -> None:
+        if self.eof and not self.in_flight and not self.closing:
+            self.close("the client closed its side")
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._update_reading()
+        self._process()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        now = time.monotonic()
+        self.last_activity = now
+        try:
+            self.decoder.feed(data)
+        except p.ProtocolError as exc:  # pragma: no cover - feed does not validate
+            self._protocol_failure(exc)
+            return
+        self._process()
+
+    # Parsing and dispatch ------------------------------------------------------------------------
+    @property
+    def blocked(self) -> bool:
+        return (
+            self.write_paused
+            or self.in_flight >= self.limits.max_in_flight
+            or self.in_flight_bytes >= self.limits.max_in_flight_bytes
+        )
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        if self.blocked and not self.read_paused:
+            self.read_paused = True
+            transport.pause_reading()
+        elif not self.blocked and self.read_paused:
+            self.read_paused = False
+            transport.resume_reading()
+
+    def _process(self) -> None:
+        decoder = self.decoder
+        progressed = False
+        while not self.closing and not self.blocked:
+            try:
+                frame = decoder.next_frame()
+            except p.ProtocolError as exc:
+                self._protocol_failure(exc)
+                return
+            if frame is None:
+                break
+            progressed = True
+            self._handle(frame)
+        # The slowloris clock runs from the first byte of the oldest incomplete frame; trickling
+        # more bytes of the same frame does not reset it, completing a frame does.
+        if not decoder.buffered:
+            self.partial_since = None
+        elif progressed or self.partial_since is None:
+            self.partial_since = time.monotonic()
+        self._update_reading()
+
+    def _protocol_failure(self, exc: p.ProtocolError) -> None:
+        self.server.counters["bad_requests"] += 1
+        log.info("closing connection from %s: %s", self.peer, exc)
+        self.close(str(exc), error=p.error_response(p.Op.HELLO, 0, BadRequestError.status, str(exc)))
+
+    def _handle(self, frame: p.Frame) -> None:
+        server = self.server
+        server.counters["requests"] += 1
+        try:
+            req = p.decode_request(frame)
+        except p.ProtocolError as exc:
+            if not self.authed:
+                self._reject_unauthenticated(frame.opcode & 0x7F, frame.request_id, f"bad frame before authentication: {exc}")
+                return
+            server.counters["bad_requests"] += 1
+            self.send(p.error_response(frame.opcode & 0x7F, frame.request_id, BadRequestError.status, str(exc)))
+            return
+        op, flags, rid, args = req
+        if not self.authed:
+            if op is p.Op.AUTH:
+                self._authenticate(rid, *args)
+            else:
+                self._reject_unauthenticated(op, rid, f"{op.name} before authentication")
+            return
+        if op is p.Op.ADD_ENTRY:
+            self._spawn(self._add(rid, args[0], flags & p.FLAG_RECOVERY), len(frame.body))
+        elif op is p.Op.READ_ENTRY:
+            if flags & p.FLAG_FENCE:
+                self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args)), 0)
+            else:
+                self._run_sync(op, rid, server.read_entry, args)
+        elif op is p.Op.READ_LAC:
+            self._run_sync(op, rid, server.read_lac, args)
+        elif op is p.Op.LONG_POLL:
+            self._spawn(self._run_async(op, rid, server.long_poll(*args)), 0, name="long-poll")
+        elif op is p.Op.FENCE:
+            self._spawn(self._run_async(op, rid, server.fence(*args)), 0)
+        elif op is p.Op.DIGEST:
+            self._run_sync(op, rid, server.digest, args)
+        elif op is p.Op.LIST_SEGMENTS:
+            self._run_sync(op, rid, server.list_segments, args)
+        elif op is p.Op.DELETE_SEGMENT:
+            self._spawn(self._run_async(op, rid, server.delete_segment(*args)), 0)
+        elif op is p.Op.STAT:
+            self._run_sync(op, rid, server.stat_all, args)
+        else:  # AUTH again
+            self.send(p.error_response(op, rid, BadRequestError.status, "already authenticated"))
+
+    def _authenticate(self, rid: int, client_nonce: bytes, proof: bytes) -> None:
+        assert self.handshake is not None
+        try:
+            server_proof = self.handshake.verify(client_nonce, proof)
+        except UnauthorizedError as exc:
+            self.server.counters["auth_failures"] += 1
+            log.warning("authentication of %s failed: %s", self.peer, exc.message)
+            self.close("authentication failed", error=p.error_response(p.Op.AUTH, rid, exc.status, exc.message))
+            return
+        self.authed = True
+        self.handshake = None
+        self.send(p.ok_response(p.Op.AUTH, rid, server_proof))
+
+    def _reject_unauthenticated(self, op: int, rid: int, why: str) -> None:
+        self.server.counters["auth_failures"] += 1
+        log.warning("closing connection from %s: %s", self.peer, why)
+        self.close(why, error=p.error_response(op, rid, UnauthorizedError.status, f"authenticate first ({why})"))
+
+    # Execution ------------------------------------------------------------------------------------
+    def _run_sync(self, op: int, rid: int, handler: Callable[..., bytes], args: tuple[Any, ...]) -> None:
+        try:
+            self.send(p.ok_response(op, rid, handler(*args)))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a response
+            self.send(self._error(op, rid, exc))
+
+    def _spawn(self, coro: Awaitable[None], size: int, name: str | None = None) -> None:
+        self.in_flight += 1
+        self.in_flight_bytes += size
+        task = self.loop.create_task(coro, name=name)  # type: ignore[union-attr, arg-type]
+        self.tasks.add(task)
+        task.add_done_callback(lambda t, size=size: self._task_done(t, size))
+
+    def _task_done(self, task: asyncio.Task[None], size: int) -> None:
+        self.tasks.discard(task)
+        self.in_flight -= 1
+        self.in_flight_bytes -= size
+        if not self.closing and (self.read_paused or self.decoder.buffered):
+            self._process()
+        if self.eof:
+            self._finish_if_done()
+
+    async def _add(self, rid: int, entry: bytes, recovery: int) -> None:
+        try:
+            _check_entry(entry)
+            await self.store.add(entry, recovery=bool(recovery))
+        except Exception as exc:  # noqa: BLE001
+            self.send(self._error(p.Op.ADD_ENTRY, rid, exc))
+        else:
+            self.send(p.add_ok_response(rid))
+
+    async def _run_async(self, op: int, rid: int, work: Awaitable[bytes]) -> None:
+        try:
+            result = await work
+        except Exception as exc:  # noqa: BLE001
+            self.send(self._error(op, rid, exc))
+        else:
+            self.send(p.ok_response(op, rid, result))
+
+    def _error(self, op: int, rid: int, exc: Exception) -> bytes:
+        if isinstance(exc, CorruptEntry):
+            exc = _bad(exc)
+        if isinstance(exc, AgentError):
+            if isinstance(exc, BadRequestError):
+                self.server.counters["bad_requests"] += 1
+            elif isinstance(exc, AgentIOError) and self.store.failed:
+                self.server._fail(exc)
+            return p.response_for_error(op, rid, exc)
+        self.server.counters["internal_errors"] += 1
+        log.error("internal error in %s request %d from %s", p.Op(op).name, rid, self.peer, exc_info=exc)
+        return p.error_response(op, rid, p.STATUS_INTERNAL, f"internal error in the agent: {type(exc).__name__}")
+
+    # Output -------------------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        if self.closing:
+            return
+        if not self._out:
+            # Responses finishing in the same loop turn (a group commit releases many) go out in one write.
+            self.loop.call_soon(self._flush)  # type: ignore[union-attr]
+        self._out.append(data)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and not self.closing and self.transport is not None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def close(self, reason: str, *, error: bytes | None = None, abort: bool = False) -> None:
+        if self.closing:
+            return
+        transport = self.transport
+        if transport is None:
+            return
+        if abort:
+            self._out.clear()
+        else:
+            self._flush()
+        self.closing = True
+        self.server._conns.discard(self)
+        log.debug("closing connection from %s: %s", self.peer, reason)
+        if abort:
+            transport.abort()
+            return
+        if error is not None:
+            transport.write(error)
+        if self.read_paused:
+            transport.resume_reading()  # let close() see EOF/RST normally
+        transport.close()
+
+    def check_deadlines(self, now: float) -> None:
+        lim = self.limits
+        if not self.authed and now - self.created > lim.handshake_timeout:
+            error = p.error_response(p.Op.AUTH, 0, UnauthorizedError.status, "handshake timed out")
+            self.close("handshake timeout", error=error)
+        elif self.partial_since is not None and not self.blocked and now - self.partial_since > lim.frame_timeout:
+            error = p.error_response(p.Op.HELLO, 0, BadRequestError.status, "incomplete frame timed out")
+            self.close("frame timeout", error=error)
+        elif not self.in_flight and now - self.last_activity > lim.idle_timeout:
+            self.close("idle timeout")

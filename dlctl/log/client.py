@@ -1,0 +1,439 @@
+"""Client of one agent: an authenticated, pipelined connection with per-request timeouts.
+
+Any number of coroutines may issue requests concurrently on one ``AgentClient``; they share one
+connection, their frames are coalesced into few writes, and a reader (the protocol callback)
+hands each response to its request by id. When the connection drops, every request in flight
+fails with ``AgentUnavailableError`` and the next call reconnects. Entries read back are
+verified with their writer's CRC-32C and checked to be the entry asked for (end to end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import ssl
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from . import protocol as p
+from .auth import DEFAULT_CONTEXT, ClientHandshake
+from .errors import AgentError, AgentIOError, AgentUnavailableError, BadRequestError
+from .format import CorruptEntry, Entry, decode
+
+
+T = TypeVar("T")
+
+
+class _Timeout(AgentUnavailableError):
+    """A request's deadline passed (the public error names the op and the timeout)."""
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP/TLS connection: frame parsing, response dispatch, coalesced writes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, where: str) -> None:
+        self.loop = loop
+        self.where = where
+        self.transport: asyncio.Transport | None = None
+        self.decoder = p.FrameDecoder()
+        self.pending: dict[int, asyncio.Future[p.Frame]] = {}
+        # Deadlines are swept by one timer per connection rather than one timer per request:
+        # arming and cancelling a TimerHandle per request costs more than the request itself.
+        self.deadlines: dict[int, float] = {}
+        self._sweep_at: float | None = None
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self.hello: asyncio.Future[p.Frame] = loop.create_future()
+        self.ready = False  # authenticated and not lost
+        self.lost = False
+        self._out: list[bytes] = []
+        self._writable: asyncio.Future[None] | None = None
+
+    # asyncio.Protocol -----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.decoder.feed(data)
+        try:
+            while (frame := self.decoder.next_frame()) is not None:
+                self._dispatch(frame)
+        except p.ProtocolError as exc:
+            self.abort(f"agent {self.where} sent an invalid frame: {exc}")
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f"connection to agent {self.where} lost" + (f": {exc}" if exc else "")
+        self._fail_all(reason)
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None:
+            if not self._writable.done():
+                self._writable.set_result(None)
+            self._writable = None
+
+    # -------------------------------------------------------------------------------------------
+    def _dispatch(self, frame: p.Frame) -> None:
+        if not frame.opcode & p.RESPONSE:
+            raise p.ProtocolError(f"request frame (opcode {frame.opcode}) from the agent", fatal=True)
+        if frame.request_id == 0:
+            if not self.hello.done():
+                self.hello.set_result(frame)
+                return
+            # A connection-level error (the agent could not frame our bytes, or is shutting down).
+            try:
+                p.decode_response(frame)
+                message = "unexpected frame with request id 0"
+            except AgentError as exc:
+                message = exc.message
+            self.abort(f"agent {self.where} closed the connection: {message}")
+            return
+        fut = self.pending.pop(frame.request_id, None)
+        if fut is not None:  # absent: it timed out or was cancelled
+            self.deadlines.pop(frame.request_id, None)
+            if not fut.done():
+                fut.set_result(frame)
+
+    def _fail_all(self, reason: str) -> None:
+        self.ready = False
+        self.lost = True
+        pending, self.pending = self.pending, {}
+        self.deadlines.clear()
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        for fut in itertools.chain(pending.values(), (self.hello,)):
+            if not fut.done():
+                fut.set_exception(AgentUnavailableError(reason))
+        self.resume_writing()
+
+    def abort(self, reason: str) -> None:
+        self._fail_all(reason)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def send(self, data: bytes) -> None:
+        if not self._out:
+            # Coalesce every frame queued in this loop iteration into one write.
+            self.loop.call_soon(self._flush)
+        self._out.append(data)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.lost or self.transport is None or not out:
+            return
+        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    async def writable(self) -> None:
+        if self._writable is not None:
+            await asyncio.shield(self._writable)
+
+    def track(self, request_id: int, fut: asyncio.Future[p.Frame], timeout: float) -> None:
+        deadline = self.loop.time() + timeout
+        self.pending[request_id] = fut
+        self.deadlines[request_id] = deadline
+        if self._sweep_at is None or deadline < self._sweep_at:
+            self._arm(deadline)
+
+    def forget(self, request_id: int) -> None:
+        self.pending.pop(request_id, None)
+        self.deadlines.pop(request_id, None)
+
+    def _arm(self, when: float) -> None:
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+        self._sweep_at = when
+        self._sweep_handle = self.loop.call_at(when, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweep_at = self._sweep_handle = None
+        now = self.loop.time()
+        later = None
+        for rid, deadline in list(self.deadlines.items()):
+            if deadline <= now:
+                del self.deadlines[rid]
+                fut = self.pending.pop(rid, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(_Timeout(f"request {rid} to agent {self.where} timed out"))
+            elif later is None or deadline < later:
+                later = deadline
+        if later is not None and not self.lost:
+            self._arm(later)
+
+
+class AgentClient:
+    """An asyncio client of one agent (see the module docstring).
+
+    ``secret`` is the cluster secret (bytes); ``ssl_context`` enables TLS (``server_hostname``
+    defaults to ``host``). ``request_timeout`` bounds every request except long polls, which get
+    their own timeout plus ``request_timeout``.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        secret: bytes,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        connect_timeout: float = 5.0,
+        request_timeout: float = 30.0,
+        auth_context: bytes = DEFAULT_CONTEXT,
+    ) -> None:
+        ClientHandshake(secret, auth_context)  # fail early on an unusable secret
+        self.host = host
+        self.port = port
+        self._secret = secret
+        self._ssl = ssl_context
+        self._server_hostname = server_hostname
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self._auth_context = auth_context
+        self._conn: _Connection | None = None
+        self._connecting: asyncio.Future[_Connection] | None = None
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    def __repr__(self) -> str:  # the secret stays out of reprs and logs
+        return f"AgentClient({self.host}:{self.port}, connected={self.connected})"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and self._conn.ready
+
+    async def __aenter__(self) -> AgentClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # Connection ---------------------------------------------------------------------------------
+    async def connect(self) -> None:
+        """Connect and authenticate now (otherwise the first request does it)."""
+        await self._connection()
+
+    async def _connection(self) -> _Connection:
+        conn = self._conn
+        if conn is not None and conn.ready:
+            return conn
+        if self._closed:
+            raise AgentUnavailableError(f"client of agent {self.address} is closed")
+        # Concurrent callers share one attempt instead of racing to open several connections.
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._open())
+            self._connecting.add_done_callback(self._connect_done)
+        return await asyncio.shield(self._connecting)
+
+    def _connect_done(self, fut: asyncio.Future[_Connection]) -> None:
+        self._connecting = None
+        if not fut.cancelled() and fut.exception() is None:
+            conn = fut.result()
+            if self._closed:  # close() ran while the handshake was under way
+                conn.abort(f"client of agent {self.address} closed")
+            else:
+                self._conn = conn
+
+    async def _open(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        where = self.address
+        conn: _Connection | None = None
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop, where),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=(self._server_hostname or self.host) if self._ssl else None,
+                )
+                hello = await conn.hello
+                if hello.opcode != p.Op.HELLO | p.RESPONSE:
+                    raise p.ProtocolError(f"the first frame has opcode {hello.opcode}, not HELLO")
+                server_nonce = p.decode_response(hello)
+                handshake = ClientHandshake(self._secret, self._auth_context)
+                nonce, proof = handshake.respond(server_nonce)
+                rid = next(self._ids)
+                fut: asyncio.Future[p.Frame] = loop.create_future()
+                conn.pending[rid] = fut
+                conn.send(p.auth_request(rid, nonce, proof))
+                reply = await fut
+                handshake.verify_server(p.decode_response(reply))
+        except TimeoutError:
+            if conn is not None:
+                conn.abort("handshake timed out")
+            raise AgentUnavailableError(f"connecting to agent {where} timed out after {self.connect_timeout:g}s") from None
+        except OSError as exc:
+            raise AgentUnavailableError(f"cannot connect to agent {where}: {exc.strerror or exc}") from None
+        except BaseException as exc:
+            if conn is not None:
+                conn.abort(f"handshake failed: {exc}")
+            if isinstance(exc, p.ProtocolError):
+                raise AgentUnavailableError(f"agent {where} answered the handshake with an invalid frame: {exc}") from None
+            if isinstance(exc, AgentError) and not isinstance(exc, AgentUnavailableError):
+                exc.message = f"agent {where}: {exc.message}"
+                exc.args = (exc.message,)
+            raise
+        conn.ready = not conn.lost
+        if not conn.ready:
+            raise AgentUnavailableError(f"connection to agent {where} lost during the handshake")
+        return conn
+
+    async def close(self) -> None:
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None and conn.transport is not None:
+            conn._fail_all(f"client of agent {self.address} closed")
+            conn.transport.close()
+
+    # Requests -----------------------------------------------------------------------------------
+    async def _call(self, op: int, build: Any, *args: Any, timeout: float | None = None) -> bytes:
+        conn = self._conn
+        if conn is None or not conn.ready:
+            conn = await self._connection()
+        await conn.writable()
+        if conn.lost:
+            raise AgentUnavailableError(f"connection to agent {self.address} lost")
+        rid = next(self._ids)
+        try:
+            frame = build(rid, *args)
+        except ValueError as exc:  # ids that do not even fit the wire format
+            raise BadRequestError(f"{p.Op(op).name} request not sent: {exc}") from None
+        loop = conn.loop
+        fut: asyncio.Future[p.Frame] = loop.create_future()
+        limit = self.request_timeout if timeout is None else timeout
+        conn.track(rid, fut, limit)
+        conn.send(frame)
+        try:
+            reply = await fut
+        except _Timeout:
+            name = p.Op(op).name
+            raise AgentUnavailableError(f"{name} request to agent {self.address} timed out after {limit:g}s") from None
+        except BaseException:
+            conn.forget(rid)  # cancelled: a late response is dropped
+            raise
+        try:
+            if reply.opcode != op | p.RESPONSE:
+                raise p.ProtocolError(f"response to request {rid} has opcode {reply.opcode}, expected {op | p.RESPONSE}")
+            return p.decode_response(reply)
+        except p.ProtocolError as exc:
+            conn.abort(f"agent {self.address} sent an invalid response: {exc}")
+            raise AgentUnavailableError(f"agent {self.address} sent an invalid response: {exc}") from None
+
+    def _verify_entry(self, data: bytes, log_id: int, segment_seq: int, entry_id: int) -> Entry:
+        where = f"entry {log_id}/{segment_seq}/{entry_id} from agent {self.address}"
+        try:
+            entry = decode(data)
+        except CorruptEntry as exc:
+            raise AgentIOError(f"{where} is corrupt: {exc.reason}") from None
+        if (entry.log_id, entry.segment_seq, entry.entry_id) != (log_id, segment_seq, entry_id):
+            raise AgentIOError(
+                f"{where}: the agent returned entry {entry.log_id}/{entry.segment_seq}/{entry.entry_id} instead"
+            )
+        return entry
+
+    async def add(self, encoded: bytes, recovery: bool = False) -> None:
+        """Store an encoded entry durably on the agent; ``recovery`` is accepted on a fenced replica."""
+        await self._call(p.Op.ADD_ENTRY, p.add_entry_request, encoded, recovery)
+
+    async def read(self, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> bytes:
+        """The encoded entry, CRC-verified. ``fence``: a recovery read that fences the replica first."""
+        data = await self._call(p.Op.READ_ENTRY, p.read_entry_request, log_id, segment_seq, entry_id, fence)
+        self._verify_entry(data, log_id, segment_seq, entry_id)
+        return data
+
+    async def read_entry(self, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> Entry:
+        """Like ``read`` but decoded."""
+        data = await self._call(p.Op.READ_ENTRY, p.read_entry_request, log_id, segment_seq, entry_id, fence)
+        return self._verify_entry(data, log_id, segment_seq, entry_id)
+
+    async def read_lac(self, log_id: int, segment_seq: int) -> int:
+        return p.decode_lac(await self._call(p.Op.READ_LAC, p.read_lac_request, log_id, segment_seq))
+
+    async def long_poll(
+        self, log_id: int, segment_seq: int, previous_lac: int, timeout: float
+    ) -> tuple[int, bytes | None]:
+        """Wait up to ``timeout`` s for LAC > ``previous_lac``; returns (LAC, entry previous+1 or None)."""
+        timeout_ms = max(0, int(timeout * 1000))
+        result = await self._call(
+            p.Op.LONG_POLL, p.long_poll_request, log_id, segment_seq, previous_lac, timeout_ms,
+            timeout=timeout + self.request_timeout,
+        )
+        lac, entry = p.decode_long_poll_result(result)
+        if entry is not None:
+            self._verify_entry(entry, log_id, segment_seq, previous_lac + 1)
+        return lac, entry
+
+    async def fence(self, log_id: int, segment_seq: int) -> p.FenceResult:
+        """Fence the replica (durable before this returns); returns (last entry id, LAC)."""
+        return p.decode_fence_result(await self._call(p.Op.FENCE, p.fence_request, log_id, segment_seq))
+
+    async def digest(self, log_id: int, segment_seq: int, first: int = 0, last: int | None = None) -> p.SegmentDigest:
+        return p.decode_digest(await self._call(p.Op.DIGEST, p.digest_request, log_id, segment_seq, first, last))
+
+    async def list_segments(self) -> list[p.SegmentInfo]:
+        return p.decode_segments(await self._call(p.Op.LIST_SEGMENTS, p.list_segments_request))
+
+    async def delete_segment(self, log_id: int, segment_seq: int) -> bool:
+        return p.decode_deleted(await self._call(p.Op.DELETE_SEGMENT, p.delete_segment_request, log_id, segment_seq))
+
+    async def stat(self) -> dict[str, Any]:
+        return p.decode_stat(await self._call(p.Op.STAT, p.stat_request))
+
+
+class SyncAgentClient:
+    """A blocking facade over ``AgentClient`` for the CLI and synchronous tests.
+
+    It runs a private event loop in a daemon thread; each method blocks until its request ends.
+    """
+
+    def __init__(self, host: str, port: int, secret: bytes, **options: Any) -> None:
+        self._client = AgentClient(host, port, secret, **options)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"agent-client-{host}:{port}", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> SyncAgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Exactly the request methods of AgentClient, each run to completion on the private loop.
+        if name not in _SYNC_METHODS:
+            raise AttributeError(name)
+        method = getattr(self._client, name)
+        return lambda *args, **kwargs: self._run(method(*args, **kwargs))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+
+_SYNC_METHODS = frozenset(
+    {
+        "connect", "add", "read", "read_entry", "read_lac", "long_poll",
+        "fence", "digest", "list_segments", "delete_segment", "stat",
+    }
+)

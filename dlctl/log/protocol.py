@@ -1,0 +1,529 @@
+"""The agent wire protocol: a binary frame codec (pure functions, no I/O). This docstring is the spec.
+
+Transport: one TCP (optionally TLS) connection carries a stream of frames in both directions.
+Requests are pipelined; the agent may answer them in any order and the client matches each
+response to its request by the request id. All integers are big-endian.
+
+Frame (every frame, both directions)::
+
+    offset size field
+    0      4    length       u32: bytes after this field (16-byte header minus 4, plus body);
+                             12 <= length <= MAX_FRAME - 4, otherwise the stream is unusable
+    4      1    version      PROTOCOL_VERSION (1); anything else closes the connection
+    5      1    opcode       Op value; bit 7 (RESPONSE) is set on responses
+    6      2    flags        per-op bits (below); unknown bits are a bad request
+    8      8    request id   u64 chosen by the client, echoed in the response; 0 for HELLO
+    16     ...  body
+
+Response body (every response)::
+
+    0      1    status       0 = ok, else the typed error's status (dlctl.log.errors)
+    1      2    msg length   u16
+    3      n    message      UTF-8, empty when ok
+    3+n    ...  result       op-specific (below) when ok; for NOT_OWNER the owner's address (UTF-8),
+                             otherwise empty on error
+
+Handshake (mutual challenge/response, see dlctl.log.auth). Before it completes any other request
+is answered UNAUTHORIZED and the connection is closed::
+
+    agent -> client  HELLO response (opcode 0x80, request id 0): result = server nonce (32 bytes)
+    client -> agent  AUTH request: body = client nonce (32) | client proof (32)
+    agent -> client  AUTH response: result = server proof (32); on a wrong proof UNAUTHORIZED, then close
+
+Operations (request body -> result on success)::
+
+    op  name            flags                      request body            result
+    1   AUTH            -                          nonce 32, proof 32      server proof 32
+    2   ADD_ENTRY       RECOVERY (0x1)             encoded entry           -
+    3   READ_ENTRY      FENCE (0x1): fence first   log u64, seg u64,       encoded entry
+                        (recovery read)            entry i64
+    4   READ_LAC        -                          log u64, seg u64        LAC i64
+    5   LONG_POLL       -                          log u64, seg u64,       LAC i64, then the encoded
+                                                   previous LAC i64,       entry previous+1 when LAC >
+                                                   timeout ms u32          previous and this replica has it
+    6   FENCE           -                          log u64, seg u64        last entry id i64, LAC i64
+    7   DIGEST          -                          log u64, seg u64,       log u64, seg u64, entries u64,
+                                                   first i64, last i64     first i64, last i64, LAC i64,
+                                                   (last < 0: to the end)  bytes u64, digest (ASCII, rest)
+    8   LIST_SEGMENTS   -                          -                       JSON array of objects with the
+                                                                           SegmentInfo fields
+    9   DELETE_SEGMENT  -                          log u64, seg u64        deleted u8 (0/1)
+    10  STAT            -                          -                       JSON object
+
+Entries travel in the dlctl.log.format encoding, CRC-32C included, so the checksum the writer
+computed is verified by the agent on add and by the client on read (end to end).
+
+Connection-level errors: a response with request id 0 and an error status (HELLO refused
+because the agent is at its connection limit, a frame that could not be delimited, a handshake
+or partial frame that timed out) is the agent's last frame before it closes the connection.
+
+Decoding never trusts the network: every length is bounds-checked and every failure raises
+``ProtocolError``. ``ProtocolError.fatal`` is true when the byte stream itself can no longer be
+framed (bad length or version): the connection must be closed. Otherwise the frame was well
+delimited and only its content was bad, so a BAD_REQUEST response keeps the connection usable.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+from .auth import NONCE_SIZE, PROOF_SIZE
+from .errors import AgentError, BadRequestError, NotOwnerError, error_for_status
+from .format import HEADER_SIZE as ENTRY_HEADER_SIZE
+from .format import MAX_PAYLOAD
+
+PROTOCOL_VERSION = 1
+RESPONSE = 0x80
+
+FRAME_HEADER = struct.Struct(">IBBHQ")  # length, version, opcode, flags, request id
+FRAME_HEADER_SIZE = FRAME_HEADER.size  # 16
+_LENGTH = struct.Struct(">I")
+# The largest request is an ADD of a maximal entry; 64 KiB of room covers every fixed body and
+# the response preamble, and stays small enough that a hostile length cannot make us buffer much.
+MAX_FRAME = FRAME_HEADER_SIZE + ENTRY_HEADER_SIZE + MAX_PAYLOAD + 64 * 1024
+MAX_MESSAGE = 4096  # error messages are truncated to this many bytes on the wire
+
+FLAG_RECOVERY = 0x1  # ADD_ENTRY: recovery add from the fencing writer; accepted on a fenced replica
+FLAG_FENCE = 0x1  # READ_ENTRY: fence the replica (durably) before reading
+
+STATUS_OK = 0
+STATUS_INTERNAL = 255
+
+
+class Op(IntEnum):
+    HELLO = 0  # server -> client only, as a response with request id 0
+    AUTH = 1
+    ADD_ENTRY = 2
+    READ_ENTRY = 3
+    READ_LAC = 4
+    LONG_POLL = 5
+    FENCE = 6
+    DIGEST = 7
+    LIST_SEGMENTS = 8
+    DELETE_SEGMENT = 9
+    STAT = 10
+
+
+_ALLOWED_FLAGS: dict[int, int] = {int(op): 0 for op in Op}
+_ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY
+_ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE
+
+
+class ProtocolError(BadRequestError):
+    """Bytes that do not form a valid frame or body. ``fatal``: the stream cannot be re-synchronized."""
+
+    def __init__(self, message: str, *, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+
+
+class Frame(NamedTuple):
+    opcode: int  # with the RESPONSE bit
+    flags: int
+    request_id: int
+    body: bytes
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.opcode & RESPONSE)
+
+    @property
+    def op(self) -> int:
+        return self.opcode & ~RESPONSE
+
+
+# --------------------------------------------------------------------------------------------
+# Framing
+
+
+def encode_frame(opcode: int, flags: int, request_id: int, body: bytes | bytearray | memoryview = b"") -> bytes:
+    length = FRAME_HEADER_SIZE - 4 + len(body)
+    if length + 4 > MAX_FRAME:
+        raise ValueError(f"frame of {length + 4} bytes exceeds the {MAX_FRAME}-byte maximum")
+    header = FRAME_HEADER.pack(length, PROTOCOL_VERSION, opcode, flags, request_id)
+    return header + body if body else header
+
+
+class FrameDecoder:
+    """Incremental frame parser: ``feed`` bytes as they arrive, take frames with ``next_frame``.
+
+    Frames are pulled one at a time so a server can stop parsing (back-pressure) while keeping
+    the unparsed bytes. A fatal ``ProtocolError`` leaves the decoder unusable.
+    """
+
+    __slots__ = ("_buf", "_pos", "max_frame")
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self.max_frame = max_frame
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos and self._pos >= len(self._buf) // 2:
+            # Compact only when the consumed prefix dominates, so each byte is moved O(1) times.
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames (non-zero: a frame is partially read)."""
+        return len(self._buf) - self._pos
+
+    def next_frame(self) -> Frame | None:
+        buf, pos = self._buf, self._pos
+        avail = len(buf) - pos
+        if avail < 4:
+            return None
+        (length,) = _LENGTH.unpack_from(buf, pos)
+        if length < FRAME_HEADER_SIZE - 4 or length + 4 > self.max_frame:
+            raise ProtocolError(
+                f"frame length {length} outside {FRAME_HEADER_SIZE - 4}..{self.max_frame - 4}", fatal=True
+            )
+        if avail < 5:
+            return None
+        version = buf[pos + 4]
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"unsupported protocol version {version} (expected {PROTOCOL_VERSION})", fatal=True)
+        end = pos + 4 + length
+        if len(buf) < end:
+            return None
+        _, _, opcode, flags, request_id = FRAME_HEADER.unpack_from(buf, pos)
+        with memoryview(buf) as view:  # one copy out of the buffer (a bytearray slice would be two)
+            body = bytes(view[pos + FRAME_HEADER_SIZE : end])
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        else:
+            self._pos = end
+        return Frame(opcode, flags, request_id, body)
+
+
+def decode_frames(data: bytes) -> list[Frame]:
+    """Every complete frame in ``data`` (a convenience for tests and tools)."""
+    decoder = FrameDecoder()
+    decoder.feed(data)
+    frames = []
+    while (frame := decoder.next_frame()) is not None:
+        frames.append(frame)
+    return frames
+
+
+# --------------------------------------------------------------------------------------------
+# Requests
+
+_SEG = struct.Struct(">QQ")
+_ENTRY_REF = struct.Struct(">QQq")
+_LONG_POLL = struct.Struct(">QQqI")
+_DIGEST_REQ = struct.Struct(">QQqq")
+_I64 = struct.Struct(">q")
+_FENCE_RES = struct.Struct(">qq")
+_DIGEST_RES = struct.Struct(">QQQqqqQ")
+_ERR = struct.Struct(">BH")
+_OK_PREAMBLE = _ERR.pack(STATUS_OK, 0)
+MAX_LONG_POLL_MS = 2**32 - 1
+
+
+def _pack(st: struct.Struct, *values: int) -> bytes:
+    try:
+        return st.pack(*values)
+    except struct.error:
+        raise ValueError(f"ids {values} do not fit the wire format (u64 log/segment, i64 entry/LAC)") from None
+
+
+def auth_request(request_id: int, client_nonce: bytes, proof: bytes) -> bytes:
+    if len(client_nonce) != NONCE_SIZE or len(proof) != PROOF_SIZE:
+        raise ValueError(f"AUTH needs a {NONCE_SIZE}-byte nonce and a {PROOF_SIZE}-byte proof")
+    return encode_frame(Op.AUTH, 0, request_id, client_nonce + proof)
+
+
+def add_entry_request(request_id: int, entry: bytes | memoryview, recovery: bool = False) -> bytes:
+    return encode_frame(Op.ADD_ENTRY, FLAG_RECOVERY if recovery else 0, request_id, entry)
+
+
+def read_entry_request(request_id: int, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> bytes:
+    return encode_frame(Op.READ_ENTRY, FLAG_FENCE if fence else 0, request_id, _pack(_ENTRY_REF, log_id, segment_seq, entry_id))
+
+
+def read_lac_request(request_id: int, log_id: int, segment_seq: int) -> bytes:
+    return encode_frame(Op.READ_LAC, 0, request_id, _pack(_SEG, log_id, segment_seq))
+
+
+def long_poll_request(request_id: int, log_id: int, segment_seq: int, previous_lac: int, timeout_ms: int) -> bytes:
+    timeout_ms = max(0, min(int(timeout_ms), MAX_LONG_POLL_MS))
+    return encode_frame(Op.LONG_POLL, 0, request_id, _pack(_LONG_POLL, log_id, segment_seq, previous_lac, timeout_ms))
+
+
+def fence_request(request_id: int, log_id: int, segment_seq: int) -> bytes:
+    return encode_frame(Op.FENCE, 0, request_id, _pack(_SEG, log_id, segment_seq))
+
+
+def digest_request(request_id: int, log_id: int, segment_seq: int, first: int = 0, last: int | None = None) -> bytes:
+    return encode_frame(Op.DIGEST, 0, request_id, _pack(_DIGEST_REQ, log_id, segment_seq, first, -1 if last is None else last))
+
+
+def list_segments_request(request_id: int) -> bytes:
+    return encode_frame(Op.LIST_SEGMENTS, 0, request_id)
+
+
+def delete_segment_request(request_id: int, log_id: int, segment_seq: int) -> bytes:
+    return encode_frame(Op.DELETE_SEGMENT, 0, request_id, _pack(_SEG, log_id, segment_seq))
+
+
+def stat_request(request_id: int) -> bytes:
+    return encode_frame(Op.STAT, 0, request_id)
+
+
+class Request(NamedTuple):
+    """A decoded request; ``args`` are the op's fields in request-body order (see the table)."""
+
+    op: Op
+    flags: int
+    request_id: int
+    args: tuple[Any, ...]
+
+
+def _unpack_exact(st: struct.Struct, body: bytes, what: str) -> tuple[Any, ...]:
+    if len(body) != st.size:
+        raise ProtocolError(f"{what} body is {len(body)} bytes, expected {st.size}")
+    return st.unpack(body)
+
+
+def decode_request(frame: Frame) -> Request:
+    """Validate a request frame's opcode, flags and body layout (not the id ranges: see format.validate_ids)."""
+    opcode, flags, request_id, body = frame
+    if opcode & RESPONSE:
+        raise ProtocolError(f"request {request_id} has the response bit set (opcode {opcode:#x})")
+    try:
+        op = Op(opcode)
+    except ValueError:
+        raise ProtocolError(f"unknown opcode {opcode} in request {request_id}") from None
+    if op is Op.HELLO:
+        raise ProtocolError(f"HELLO is sent by the agent, not a request (request {request_id})")
+    if flags & ~_ALLOWED_FLAGS[op]:
+        raise ProtocolError(f"unknown flags {flags:#x} for {op.name} in request {request_id}")
+    args: tuple[Any, ...]
+    if op is Op.ADD_ENTRY:
+        if len(body) < ENTRY_HEADER_SIZE:
+            raise ProtocolError(f"ADD_ENTRY body of {len(body)} bytes is shorter than an entry header")
+        args = (body,)
+    elif op is Op.READ_ENTRY:
+        args = _unpack_exact(_ENTRY_REF, body, op.name)
+    elif op in (Op.READ_LAC, Op.FENCE, Op.DELETE_SEGMENT):
+        args = _unpack_exact(_SEG, body, op.name)
+    elif op is Op.LONG_POLL:
+        args = _unpack_exact(_LONG_POLL, body, op.name)
+    elif op is Op.DIGEST:
+        log_id, seg, first, last = _unpack_exact(_DIGEST_REQ, body, op.name)
+        args = (log_id, seg, first, None if last < 0 else last)
+    elif op is Op.AUTH:
+        if len(body) != NONCE_SIZE + PROOF_SIZE:
+            raise ProtocolError(f"AUTH body is {len(body)} bytes, expected {NONCE_SIZE + PROOF_SIZE}")
+        args = (body[:NONCE_SIZE], body[NONCE_SIZE:])
+    else:  # LIST_SEGMENTS, STAT
+        if body:
+            raise ProtocolError(f"{op.name} takes no body, got {len(body)} bytes")
+        args = ()
+    return Request(op, flags, request_id, args)
+
+
+# --------------------------------------------------------------------------------------------
+# Responses
+
+
+def ok_response(op: int, request_id: int, result: bytes | bytearray | memoryview = b"") -> bytes:
+    return encode_frame(op | RESPONSE, 0, request_id, _OK_PREAMBLE + result if result else _OK_PREAMBLE)
+
+
+def add_ok_response(request_id: int) -> bytes:
+    """The hottest response, packed without intermediate objects."""
+    return FRAME_HEADER.pack(FRAME_HEADER_SIZE - 4 + 3, PROTOCOL_VERSION, Op.ADD_ENTRY | RESPONSE, 0, request_id) + _OK_PREAMBLE
+
+
+def error_response(op: int, request_id: int, status: int, message: str, owner: str | None = None) -> bytes:
+    if not 0 < status <= 255:
+        raise ValueError(f"error status {status} out of range 1..255")
+    msg = message.encode("utf-8", "replace")[:MAX_MESSAGE]
+    extra = owner.encode("utf-8", "replace")[:MAX_MESSAGE] if owner else b""
+    return encode_frame(op | RESPONSE, 0, request_id, _ERR.pack(status, len(msg)) + msg + extra)
+
+
+def response_for_error(op: int, request_id: int, exc: AgentError) -> bytes:
+    owner = exc.owner if isinstance(exc, NotOwnerError) else None
+    return error_response(op, request_id, exc.status, exc.message, owner)
+
+
+def hello_frame(server_nonce: bytes) -> bytes:
+    return ok_response(Op.HELLO, 0, server_nonce)
+
+
+def decode_response(frame: Frame) -> bytes:
+    """The op-specific result of a successful response; raises the typed error of a failed one."""
+    body = frame.body
+    if len(body) < 3:
+        raise ProtocolError(f"response {frame.request_id} body of {len(body)} bytes is shorter than its status")
+    status, msg_len = _ERR.unpack_from(body, 0)
+    if status == STATUS_OK:
+        if msg_len:
+            raise ProtocolError(f"ok response {frame.request_id} carries a message")
+        return body[3:]
+    end = 3 + msg_len
+    if len(body) < end:
+        raise ProtocolError(f"response {frame.request_id} message of {msg_len} bytes overruns the frame")
+    message = body[3:end].decode("utf-8", "replace")
+    if status == NotOwnerError.status:
+        raise NotOwnerError(message, owner=body[end:].decode("utf-8", "replace") or None)
+    raise error_for_status(status, message)
+
+
+# Result bodies -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentDigest:
+    """A replica's summary of a range of a segment, for comparing replicas (mirrors storage's Digest)."""
+
+    log_id: int
+    segment_seq: int
+    entries: int
+    first_entry_id: int
+    last_entry_id: int
+    lac: int
+    bytes: int
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """One segment replica held by an agent (mirrors storage's SegmentInfo)."""
+
+    log_id: int
+    segment_seq: int
+    entries: int
+    last_entry_id: int
+    lac: int
+    fenced: bool
+    limbo: bool
+    size_bytes: int
+
+
+class FenceResult(NamedTuple):
+    last_entry_id: int
+    lac: int
+
+
+def encode_lac(lac: int) -> bytes:
+    return _I64.pack(lac)
+
+
+def decode_lac(result: bytes) -> int:
+    return _unpack_exact(_I64, result, "READ_LAC result")[0]
+
+
+def encode_long_poll_result(lac: int, entry: bytes | None) -> bytes:
+    return _I64.pack(lac) + entry if entry else _I64.pack(lac)
+
+
+def decode_long_poll_result(result: bytes) -> tuple[int, bytes | None]:
+    if len(result) < _I64.size:
+        raise ProtocolError(f"LONG_POLL result of {len(result)} bytes is shorter than a LAC")
+    (lac,) = _I64.unpack_from(result, 0)
+    return lac, (result[_I64.size :] or None)
+
+
+def encode_fence_result(last_entry_id: int, lac: int) -> bytes:
+    return _FENCE_RES.pack(last_entry_id, lac)
+
+
+def decode_fence_result(result: bytes) -> FenceResult:
+    return FenceResult(*_unpack_exact(_FENCE_RES, result, "FENCE result"))
+
+
+def encode_digest(d: Any) -> bytes:
+    """Accepts anything with SegmentDigest's attributes (storage's Digest included)."""
+    digest = str(d.digest).encode("ascii")
+    return _DIGEST_RES.pack(d.log_id, d.segment_seq, d.entries, d.first_entry_id, d.last_entry_id, d.lac, d.bytes) + digest
+
+
+def decode_digest(result: bytes) -> SegmentDigest:
+    if len(result) < _DIGEST_RES.size:
+        raise ProtocolError(f"DIGEST result of {len(result)} bytes is shorter than {_DIGEST_RES.size}")
+    fields = _DIGEST_RES.unpack_from(result, 0)
+    try:
+        digest = result[_DIGEST_RES.size :].decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError("DIGEST result digest is not ASCII") from None
+    return SegmentDigest(*fields, digest)
+
+
+def encode_deleted(deleted: bool) -> bytes:
+    return b"\x01" if deleted else b"\x00"
+
+
+def decode_deleted(result: bytes) -> bool:
+    if result not in (b"\x00", b"\x01"):
+        raise ProtocolError(f"DELETE_SEGMENT result {result[:8]!r} is not a 0/1 byte")
+    return result == b"\x01"
+
+
+def _json_dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), default=str).encode("utf-8")
+
+
+def _json_loads(result: bytes, what: str) -> Any:
+    try:
+        return json.loads(result)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"{what} result is not valid JSON: {exc}") from None
+
+
+_SEGMENT_INFO_TYPES: dict[str, type] = {
+    "log_id": int,
+    "segment_seq": int,
+    "entries": int,
+    "last_entry_id": int,
+    "lac": int,
+    "fenced": bool,
+    "limbo": bool,
+    "size_bytes": int,
+}
+
+
+def encode_segments(segments: list[Any]) -> bytes:
+    """Accepts SegmentInfo-like objects (storage's SegmentInfo included)."""
+    return _json_dumps([{name: getattr(s, name) for name in _SEGMENT_INFO_TYPES} for s in segments])
+
+
+def decode_segments(result: bytes) -> list[SegmentInfo]:
+    data = _json_loads(result, "LIST_SEGMENTS")
+    if not isinstance(data, list):
+        raise ProtocolError("LIST_SEGMENTS result is not a JSON array")
+    out = []
+    for item in data:
+        if not isinstance(item, dict):
+            raise ProtocolError("LIST_SEGMENTS item is not a JSON object")
+        try:
+            values = {name: item[name] for name in _SEGMENT_INFO_TYPES}
+        except KeyError as exc:
+            raise ProtocolError(f"LIST_SEGMENTS item lacks {exc}") from None
+        for name, typ in _SEGMENT_INFO_TYPES.items():
+            # bool is an int subclass; keep the two apart so a fenced flag cannot pass as a count
+            if type(values[name]) is not typ:
+                raise ProtocolError(f"LIST_SEGMENTS item field {name} is not {typ.__name__}")
+        out.append(SegmentInfo(**values))
+    return out
+
+
+def encode_stat(stat: dict[str, Any]) -> bytes:
+    return _json_dumps(stat)
+
+
+def decode_stat(result: bytes) -> dict[str, Any]:
+    data = _json_loads(result, "STAT")
+    if not isinstance(data, dict):
+        raise ProtocolError("STAT result is not a JSON object")
+    return data
