@@ -326,6 +326,43 @@ class ManagedProcess:
 _REGISTRIES: weakref.WeakSet[ProcessRegistry] = weakref.WeakSet()
 
 
+class ProcessBacked:
+    """Lifecycle controls for a server object that runs as one ``ManagedProcess`` (``self.proc``).
+
+    Subclasses name themselves in ``self.name`` and start ``self.proc`` their own way.
+    """
+
+    proc: ManagedProcess | None
+    name: str
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.running
+
+    @property
+    def paused(self) -> bool:
+        return self.proc is not None and self.proc.paused
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Terminate (escalating to SIGKILL): the server shutting down."""
+        if self.proc is not None:
+            self.proc.terminate(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the process tree: the machine crashing."""
+        if self.proc is not None:
+            self.proc.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP: connections hang instead of failing (a hung node)."""
+        assert self.proc is not None, f"{self.name} was never started"
+        self.proc.pause()
+
+    def resume(self) -> None:
+        assert self.proc is not None, f"{self.name} was never started"
+        self.proc.resume()
+
+
 class ProcessRegistry:
     """Owns processes so that one ``close()`` (fixture teardown) ends all of them."""
 

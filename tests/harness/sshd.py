@@ -22,7 +22,7 @@ from pathlib import Path
 
 import paramiko
 
-from .procs import TAG_VAR, ManagedProcess, ProcessRegistry, free_port, new_tag, wait_until
+from .procs import TAG_VAR, ManagedProcess, ProcessBacked, ProcessRegistry, free_port, new_tag, wait_until
 
 SSHD = "/usr/sbin/sshd"  # sshd re-executes itself, so it must be started by absolute path
 START_TIMEOUT = 15.0
@@ -79,7 +79,7 @@ class ClientIdentity:
         return cls(user=getpass.getuser(), key_path=key)
 
 
-class SshdNode:
+class SshdNode(ProcessBacked):
     """One ``sshd -D -e`` on ``address:port``; log at ``log_path``."""
 
     def __init__(
@@ -202,33 +202,6 @@ class SshdNode:
             watch=self.proc,
             ignore=(OSError,),
         )
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.running
-
-    @property
-    def paused(self) -> bool:
-        return self.proc is not None and self.proc.paused
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop sshd and every session it serves (a node shutting down)."""
-        if self.proc is not None:
-            self.proc.terminate(timeout)
-
-    def kill(self) -> None:
-        """SIGKILL sshd and everything started over SSH on it, daemons too (a node crashing)."""
-        if self.proc is not None:
-            self.proc.kill()
-
-    def pause(self) -> None:
-        """Freeze sshd and its sessions: connections hang instead of failing (a hung node)."""
-        assert self.proc is not None, f"{self.name} was never started"
-        self.proc.pause()
-
-    def resume(self) -> None:
-        assert self.proc is not None, f"{self.name} was never started"
-        self.proc.resume()
 
     def restart(self, timeout: float = START_TIMEOUT) -> None:
         self.stop()

@@ -34,7 +34,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 
-from .procs import ManagedProcess, ProcessRegistry, free_port, wait_until
+from .procs import ManagedProcess, ProcessBacked, ProcessRegistry, free_port, wait_until
 
 TICK_MS = 200
 MIN_SESSION_TIMEOUT_MS = 2 * TICK_MS
@@ -120,7 +120,7 @@ class _Peer:
         )
 
 
-class ZooKeeperServer:
+class ZooKeeperServer(ProcessBacked):
     """One ZooKeeper JVM: standalone (``ZooKeeperServerMain``) or an ensemble member.
 
     Data and logs live in ``workdir``; ``restart()`` keeps both and the ports, so znodes and
@@ -286,30 +286,6 @@ class ZooKeeperServer:
                 f"{self.address} is served by another ZooKeeper (its conf: {conf[:300]!r});"
                 f" ours is {self.proc.describe()}"
             )
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.running
-
-    @property
-    def paused(self) -> bool:
-        return self.proc is not None and self.proc.paused
-
-    def stop(self, timeout: float = 5.0) -> None:
-        if self.proc is not None:
-            self.proc.terminate(timeout)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-
-    def pause(self) -> None:
-        assert self.proc is not None, f"{self.name} was never started"
-        self.proc.pause()
-
-    def resume(self) -> None:
-        assert self.proc is not None, f"{self.name} was never started"
-        self.proc.resume()
 
     def restart(self, *, wait: bool = True, timeout: float = START_TIMEOUT) -> None:
         self.stop()
