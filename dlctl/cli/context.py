@@ -40,6 +40,7 @@ class AppContext:
     stdout: Console = field(default_factory=lambda: Console(file=sys.stdout))
     stderr: Console = field(default_factory=lambda: Console(file=sys.stderr, stderr=True))
     _session: ClusterSession | None = field(default=None, repr=False)
+    _saved_logging: tuple[list[logging.Handler], int] | None = field(default=None, repr=False)
 
     @property
     def config(self) -> ConfigLocation:
@@ -68,10 +69,22 @@ class AppContext:
         output.render(data, self.output, console=self.stdout, stream=self.stdout.file)
 
     def configure_logging(self) -> None:
+        """Route log records to stderr for this invocation; ``restore_logging`` undoes it."""
         level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(self.verbosity, logging.DEBUG)
         root = logging.getLogger()
+        if self._saved_logging is None:
+            self._saved_logging = (list(root.handlers), root.level)
         root.handlers[:] = [RichHandler(console=self.stderr, show_path=False, rich_tracebacks=self.verbosity >= 2)]
         root.setLevel(level)
+
+    def restore_logging(self) -> None:
+        # Background threads (kazoo's) may log after the command returns; they must not write
+        # to a console whose stream the caller has closed (embedding, tests).
+        if self._saved_logging is not None:
+            root = logging.getLogger()
+            root.handlers[:], level = self._saved_logging
+            root.setLevel(level)
+            self._saved_logging = None
 
     @contextmanager
     def progress(self, transient: bool = True) -> Iterator[Progress]:

@@ -109,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(ExitCode.FAILED)
     else:
         code = int(rv) if isinstance(rv, int) else int(ExitCode.OK)
+    finally:
+        app.restore_logging()
     return code
 
 

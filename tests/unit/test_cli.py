@@ -210,3 +210,11 @@ def test_quiet_and_verbose_set_verbosity(extra_command, capsys):
     assert seen["v"] == -1
     main(["-vv", "probe"])
     assert seen["v"] == 2
+
+
+def test_logging_is_restored_after_the_command(capsys):
+    import logging
+
+    before = list(logging.getLogger().handlers)
+    main(["-v", "version"])
+    assert logging.getLogger().handlers == before
