@@ -1,0 +1,561 @@
+"""The log reader: records in DLSN order, never past LAC, from whichever replica answers first.
+
+Two halves share one event loop:
+
+- A **fetcher** (one task, whose decisions are synchronous so its state is never seen half
+  updated) walks the segments in order and keeps up to ``ReadAhead`` entries requested ahead of
+  the consumer, each a speculative read (``ReplicaReader``). It never requests an entry past the
+  readable end: a closed segment's ``last_entry_id``, or an in-progress segment's LAC as learned
+  from the replicas. Caught up with an in-progress segment, it long-polls the replicas for
+  LAC > the LAC it knows, one outstanding poll per replica, re-armed as each returns; a poll
+  that returns carries the next entry, which then needs no read. A segment moves on only once
+  the metadata says it is closed (ZooKeeper watches tell), so a roll leaves no gap.
+- The **consumer** (``read_next`` / ``tail``) takes entries off the head of the buffer in order,
+  decodes their records, drops control records and anything before the start position, and
+  hands out ``ReadRecord`` objects.
+
+Every entry is CRC-verified by the client; a corrupt answer is that replica failing. An entry no
+replica could serve surfaces from ``read_next`` as ``EntryReadError``; reading again retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+from ..errors import DlctlError, UsageError
+from ..meta.records import SegmentRecord, SegmentState
+from ..meta.store import MetaStore
+from .dlsn import DLSN
+from .errors import AgentError
+from .format import HEADER_SIZE, Entry, decode
+from .pool import AgentPool
+from .readpolicy import (
+    AdaptiveTimeout,
+    ReadAhead,
+    bisect_first,
+    entry_max_txid,
+    live_segments,
+    poll_targets,
+    readable_end,
+    segment_index_for_txid,
+    start_for_dlsn,
+    start_of_log,
+)
+from .records import CorruptRecords, Record, decode_records
+from .segwatch import SegmentWatcher
+from .speculative import EntryReadError, ReplicaReader
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EntryReadError", "LogReader", "ReadAhead", "ReadRecord", "ReaderClosedError", "ReaderStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRecord:
+    dlsn: DLSN
+    txid: int
+    payload: bytes
+    key: bytes = b""
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+
+
+class ReaderClosedError(DlctlError):
+    """The reader was closed (by ``close``, or it failed for good)."""
+
+
+@dataclass
+class ReaderStats:
+    entries_fetched: int = 0  # read from replicas or taken from long polls
+    entries_from_polls: int = 0
+    long_polls: int = 0
+    buffered_entries: int = 0  # requested ahead of the consumer (in flight included)
+    buffered_bytes: int = 0  # of those already arrived
+    max_buffered_entries: int = 0
+    max_buffered_bytes: int = 0
+    metadata_reads: int = 0
+
+
+class _Fetch:
+    """One entry requested ahead of the consumer."""
+
+    __slots__ = ("seq", "entry_id", "future", "size", "dropped")
+
+    def __init__(self, seq: int, entry_id: int, future: asyncio.Future[Entry]) -> None:
+        self.seq, self.entry_id, self.future = seq, entry_id, future
+        self.size = 0
+        self.dropped = False
+
+
+class LogReader:
+    """Reads log ``name`` from ``start_dlsn`` or ``start_txid`` (default: its beginning).
+
+    ``region``/``rack`` say where the reader runs (closer replicas are asked first).
+    ``read_ahead`` bounds the prefetch buffer; ``speculative_timeout`` tunes when a slow replica
+    gets company; ``long_poll_timeout`` is how long one long poll may wait at an agent.
+    Use ``async with LogReader(...) as reader`` or ``await reader.open()`` / ``await reader.close()``.
+    """
+
+    def __init__(
+        self,
+        meta: MetaStore,
+        pool: AgentPool,
+        name: str,
+        *,
+        start_dlsn: DLSN | None = None,
+        start_txid: int | None = None,
+        region: str | None = None,
+        rack: str | None = None,
+        read_ahead: ReadAhead | None = None,
+        speculative_timeout: AdaptiveTimeout | None = None,
+        suspect_seconds: float = 5.0,
+        long_poll_timeout: float = 5.0,
+    ) -> None:
+        if start_dlsn is not None and start_txid is not None:
+            raise UsageError("give the reader a start DLSN or a start txid, not both")
+        if long_poll_timeout <= 0:
+            raise ValueError(f"long_poll_timeout must be > 0 (got {long_poll_timeout})")
+        self.meta, self.pool, self.name = meta, pool, name
+        self._start_dlsn, self._start_txid = start_dlsn, start_txid
+        self.read_ahead = read_ahead or ReadAhead()
+        self.replicas = ReplicaReader(pool, region=region, rack=rack, timeout=speculative_timeout, suspect_seconds=suspect_seconds)
+        self.long_poll_timeout = long_poll_timeout
+        self.stats = ReaderStats()
+        self.log_id = 0
+        self._opened = False
+        self._closed = False
+        self._failure: BaseException | None = None
+        # Consumer side.
+        self._skip_before: DLSN | None = None  # records before the start DLSN are not delivered
+        self._min_txid: int | None = None  # nor, until the first delivery, those below the start txid
+        self._records: list[Record] = []
+        self._record_at = (0, 0)  # (seq, entry id) of self._records
+        self._slot = 0
+        self.position = DLSN(1, 0, 0)  # of the next record to deliver
+        # Fetcher side.
+        self._segments: dict[int, SegmentRecord] = {}
+        self._fetch_seq = 1
+        self._next_entry = 0
+        self._lac = -1  # known LAC of segment _fetch_seq
+        self._buffer: deque[_Fetch] = deque()
+        self._in_flight = 0
+        self._size_estimate = 0
+        self._polls: dict[str, asyncio.Task[tuple[int, bytes | None]]] = {}
+        self._poll_backoff: dict[str, tuple[float, float]] = {}  # node -> (retry at, last delay)
+        self._polled: dict[int, bytes] = {}  # entry id -> entry carried by a long poll
+        self._poll_timer: asyncio.TimerHandle | None = None  # wakes the fetcher to retry a failed poll
+        self._retry_paused = False  # an entry failed; fetch again when the consumer asks
+        self._wake = asyncio.Event()
+        self._arrived = asyncio.Event()
+        self._fetcher: asyncio.Task[None] | None = None
+        self._watcher: SegmentWatcher | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._refresh_again = False
+        self._refresh_delay = 0.0  # backoff after a failed metadata read
+        self._last_safety_refresh = 0.0
+
+    def __repr__(self) -> str:
+        return f"LogReader({self.name!r}, position={self.position}, lac={self._lac})"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> LogReader:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> LogReader:
+        """Find the start position (reading entries for a txid) and start prefetching."""
+        if self._opened:
+            return self
+        self._opened = True
+        loop = asyncio.get_running_loop()
+        try:
+            record = await loop.run_in_executor(None, self.meta.get_log, self.name)
+            self.log_id = record.value.log_id
+            await self.pool.refresh()
+            self._watcher = SegmentWatcher(self.meta, self.name, self._metadata_changed)
+            segments = await self._watcher.segments()
+            self.stats.metadata_reads += 1
+            live = live_segments(segments)
+            if self._start_dlsn is not None:
+                start = start_for_dlsn(live, self._start_dlsn)
+                self._skip_before = start
+            elif self._start_txid is not None:
+                start = await self._locate_txid(live, self._start_txid, record.value.max_segment_seq)
+                self._min_txid = self._start_txid
+            else:
+                start = start_of_log(live, record.value.max_segment_seq)
+            self._segments = {s.seq: s for s in segments if s.seq >= start.segment_seq}
+            self.position = start
+            self._fetch_seq, self._next_entry = start.segment_seq, start.entry_id
+            self._fetcher = asyncio.ensure_future(self._run())
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def close(self) -> None:
+        """Stop prefetching and polling; pending and later reads raise ``ReaderClosedError``."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.close()
+        tasks: list[asyncio.Future] = [t for t in (self._fetcher, self._refresh_task) if t is not None]
+        tasks += self._polls.values()
+        tasks += [f.future for f in self._buffer]
+        self._polls.clear()
+        self._drop_buffer()
+        if self._poll_timer is not None:
+            self._poll_timer.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._arrived.set()
+
+    # -- consumer -------------------------------------------------------------------------------
+
+    async def read_next(self, timeout: float | None = None) -> ReadRecord | None:
+        """The next record, waiting up to ``timeout`` seconds (None: for ever); None on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            record = self._next_record()
+            if record is not None:
+                return record
+            fetched = await self._next_entry_from_buffer(deadline)
+            if fetched is None:
+                return None
+            self._load(fetched)
+
+    async def tail(self) -> AsyncIterator[ReadRecord]:
+        """Every record from the position on, waiting at the end for more; ends when closed."""
+        while not self._closed:
+            try:
+                record = await self.read_next()
+            except ReaderClosedError:
+                return
+            if record is not None:
+                yield record
+
+    def __aiter__(self) -> AsyncIterator[ReadRecord]:
+        return self.tail()
+
+    def _next_record(self) -> ReadRecord | None:
+        records = self._records
+        while self._slot < len(records):
+            slot = self._slot
+            record = records[slot]
+            self._slot += 1
+            if record.control:
+                continue
+            seq, entry_id = self._record_at
+            dlsn = DLSN(seq, entry_id, slot)
+            if self._skip_before is not None:
+                if dlsn < self._skip_before:
+                    continue
+                self._skip_before = None
+            if self._min_txid is not None:
+                if record.txid < self._min_txid:
+                    continue
+                self._min_txid = None
+            self.position = DLSN(seq, entry_id, slot + 1)
+            return ReadRecord(dlsn, record.txid, record.payload, record.key, record.headers)
+        return None
+
+    def _load(self, fetched: _Fetch) -> None:
+        entry = fetched.future.result()
+        try:
+            self._records = list(decode_records(entry.payload))
+        except CorruptRecords as exc:
+            # The CRC matched, so the writer wrote this: no other replica can do better, and
+            # skipping the entry would be a silent gap. The reader stops here for good.
+            self._failure = CorruptRecords(
+                f"entry {fetched.entry_id} of segment {fetched.seq} of log {self.name!r} does not parse as records: {exc}"
+            )
+            raise self._failure from None
+        self._record_at = (fetched.seq, fetched.entry_id)
+        self._slot = 0
+        if self.position < DLSN(fetched.seq, fetched.entry_id, 0):
+            self.position = DLSN(fetched.seq, fetched.entry_id, 0)
+
+    async def _next_entry_from_buffer(self, deadline: float | None) -> _Fetch | None:
+        while not self._buffer:
+            self._check_usable()
+            if self._retry_paused:
+                self._retry_paused = False  # this read is the retry
+                self._wake.set()
+            self._arrived.clear()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._arrived.wait()
+            except TimeoutError:
+                return None
+        head = self._buffer[0]
+        if not head.future.done():
+            loop = asyncio.get_running_loop()
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            await asyncio.wait((head.future,), timeout=remaining)
+            if not head.future.done():
+                return None
+        self._check_usable()
+        if head.dropped:  # the buffer was reset while we waited
+            return await self._next_entry_from_buffer(deadline)
+        self._buffer.popleft()
+        self._buffered_bytes_sub(head)
+        self._wake.set()  # room for the fetcher
+        exc = head.future.exception()
+        if exc is not None:
+            # Start over at this entry: the next read_next retries it.
+            self._reset_fetch(head.seq, head.entry_id)
+            raise exc
+        return head
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._closed:
+            raise ReaderClosedError(f"reader of log {self.name!r} is closed")
+        if not self._opened:
+            raise UsageError("open the reader first (await reader.open() or async with)")
+
+    # -- fetcher --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                self._wake.clear()
+                self._pump()
+                await self._wake.wait()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug or the log vanished: make it visible to the consumer
+            log.exception("reader of log %r stopped", self.name)
+            self._failure = exc
+            self._arrived.set()
+
+    def _pump(self) -> None:
+        """Request what may be requested now; synchronous, so no state is seen half updated."""
+        if self._retry_paused:
+            return
+        while True:
+            seg = self._current_segment()
+            if seg is None:
+                return  # the next segment does not exist yet: a metadata watch wakes us
+            end = readable_end(seg, self._lac)
+            if self._next_entry <= end:
+                if not self.read_ahead.allows(len(self._buffer), self.stats.buffered_bytes, self._in_flight, self._size_estimate):
+                    return
+                self._request(seg, self._next_entry)
+                self._next_entry += 1
+                continue
+            if seg.state is SegmentState.INPROGRESS:
+                self._arm_polls(seg)
+                return
+            self._move_to(seg.seq + 1, 0)  # closed and every entry requested
+
+    def _current_segment(self) -> SegmentRecord | None:
+        while True:
+            seg = self._segments.get(self._fetch_seq)
+            if seg is not None and seg.state is not SegmentState.TRUNCATED:
+                if self._next_entry < seg.min_active_entry:
+                    self._next_entry = seg.min_active_entry  # truncated away: start where data is
+                return seg
+            later = [s for s in self._segments if s > self._fetch_seq]
+            if not later:
+                return None
+            # Sequence numbers are allocated one by one, so a missing one below an existing one
+            # was truncated and deleted; nothing of it is left to read.
+            self._move_to(min(later), 0)
+
+    def _move_to(self, seq: int, entry_id: int) -> None:
+        if seq != self._fetch_seq:
+            self._cancel_polls()
+            self._lac = -1
+            self._polled.clear()
+            self._poll_backoff.clear()
+        self._fetch_seq, self._next_entry = seq, entry_id
+
+    def _request(self, seg: SegmentRecord, entry_id: int) -> None:
+        loop = asyncio.get_running_loop()
+        data = self._polled.pop(entry_id, None)
+        if data is not None:
+            future: asyncio.Future[Entry] = loop.create_future()
+            future.set_result(decode(data))  # verified by the client already; cheap to redo
+            self.stats.entries_from_polls += 1
+        else:
+            future = asyncio.ensure_future(self.replicas.read(self.log_id, seg, entry_id))
+        fetched = _Fetch(seg.seq, entry_id, future)
+        self._buffer.append(fetched)
+        self._in_flight += 1
+        self.stats.buffered_entries = len(self._buffer)
+        self.stats.max_buffered_entries = max(self.stats.max_buffered_entries, len(self._buffer))
+        if future.done():
+            self._arrived_entry(fetched)
+        else:
+            future.add_done_callback(lambda _f, fetched=fetched: self._arrived_entry(fetched))
+        self._arrived.set()
+
+    def _arrived_entry(self, fetched: _Fetch) -> None:
+        if fetched.dropped:
+            return
+        self._in_flight -= 1
+        future = fetched.future
+        if not future.cancelled() and future.exception() is None:
+            entry = future.result()
+            fetched.size = HEADER_SIZE + len(entry.payload)
+            self._size_estimate = max(self._size_estimate, fetched.size)
+            self.stats.entries_fetched += 1
+            self.stats.buffered_bytes += fetched.size
+            self.stats.max_buffered_bytes = max(self.stats.max_buffered_bytes, self.stats.buffered_bytes)
+        self._arrived.set()
+        self._wake.set()
+
+    def _buffered_bytes_sub(self, fetched: _Fetch) -> None:
+        self.stats.buffered_bytes -= fetched.size
+        self.stats.buffered_entries = len(self._buffer)
+
+    def _drop_buffer(self) -> None:
+        for fetched in self._buffer:
+            fetched.dropped = True
+            if not fetched.future.done():
+                fetched.future.cancel()
+            elif not fetched.future.cancelled():
+                fetched.future.exception()  # retrieved: a dropped failure is not worth a log line
+        self._buffer.clear()
+        self._in_flight = 0
+        self.stats.buffered_entries = self.stats.buffered_bytes = 0
+
+    def _reset_fetch(self, seq: int, entry_id: int) -> None:
+        # Nothing is fetched again until the consumer reads again: that read is the retry, and
+        # a consumer that gave up does not leave the fetcher hammering dead replicas.
+        self._drop_buffer()
+        self._move_to(seq, entry_id)
+        self._retry_paused = True
+
+    # -- LAC: long polls ------------------------------------------------------------------------
+
+    def _arm_polls(self, seg: SegmentRecord) -> None:
+        """One outstanding long poll per replica that may learn LAC > the known LAC first."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for node in poll_targets(seg, self._lac):
+            if node in self._polls:
+                continue
+            retry_at = self._poll_backoff.get(node, (0.0, 0.0))[0]
+            if retry_at > now:
+                if self._poll_timer is None or self._poll_timer.when() > retry_at or self._poll_timer.when() <= now:
+                    if self._poll_timer is not None:
+                        self._poll_timer.cancel()
+                    self._poll_timer = loop.call_at(retry_at, self._wake.set)
+                continue
+            previous = self._lac
+            task = asyncio.ensure_future(self._long_poll(node, seg.seq, previous))
+            self._polls[node] = task
+            self.stats.long_polls += 1
+            task.add_done_callback(lambda t, node=node, seq=seg.seq, previous=previous: self._poll_done(t, node, seq, previous))
+
+    async def _long_poll(self, node: str, seq: int, previous: int) -> tuple[int, bytes | None]:
+        client = await self.pool.client(node)
+        return await client.long_poll(self.log_id, seq, previous, self.long_poll_timeout)
+
+    def _poll_done(self, task: asyncio.Task[tuple[int, bytes | None]], node: str, seq: int, previous: int) -> None:
+        if self._polls.get(node) is task:
+            del self._polls[node]
+        if task.cancelled() or self._closed or seq != self._fetch_seq:
+            return
+        loop = asyncio.get_running_loop()
+        exc = task.exception()
+        if exc is not None:
+            if not isinstance(exc, AgentError):
+                self._failure = exc
+                self._arrived.set()
+                return
+            # Unreachable or in limbo: other replicas keep polling; retry this one later.
+            delay = min(max(self._poll_backoff.get(node, (0.0, 0.05))[1] * 2, 0.1), 5.0)
+            self._poll_backoff[node] = (loop.time() + delay, delay)
+            log.debug("long poll of %s for segment %d failed (%s); retry in %.2fs", node, seq, exc, delay)
+        else:
+            self._poll_backoff.pop(node, None)
+            lac, data = task.result()
+            if lac > self._lac:
+                nxt = previous + 1
+                # Keep the carried entry only if it is the very one the fetcher wants next: the
+                # buffer stays bounded, and an entry past LAC can never be kept (nxt <= lac).
+                if data is not None and nxt == self._next_entry and nxt <= lac:
+                    self._polled[nxt] = data
+                self._lac = lac
+            elif lac <= previous and loop.time() - self._last_safety_refresh >= self.long_poll_timeout:
+                # A poll ran out with nothing new: re-read the metadata in case a watch was lost
+                # (at the latest, this is how a segment closed while idle is noticed).
+                self._last_safety_refresh = loop.time()
+                self._metadata_changed()
+        self._wake.set()
+
+    def _cancel_polls(self) -> None:
+        polls, self._polls = list(self._polls.values()), {}
+        for task in polls:
+            task.cancel()
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    def _metadata_changed(self) -> None:
+        if self._closed:
+            return
+        if self._refresh_task is not None and not self._refresh_task.done():
+            self._refresh_again = True
+            return
+        self._refresh_task = asyncio.ensure_future(self._refresh())
+
+    async def _refresh(self) -> None:
+        assert self._watcher is not None
+        while True:
+            self._refresh_again = False
+            # From the consumer's segment: a retry after a failed entry may go back to it.
+            since = min(self.position.segment_seq, self._fetch_seq)
+            try:
+                segments = await self._watcher.segments(since)
+            except DlctlError as exc:  # the log was deleted
+                self._failure = exc
+                self._arrived.set()
+                return
+            except Exception as exc:  # ZooKeeper unreachable or the session expired: retry later
+                self._refresh_delay = min(max(self._refresh_delay * 2, 0.1), 5.0)
+                log.warning("reader of log %r cannot re-read its segments (%r); retrying in %.1fs", self.name, exc, self._refresh_delay)
+                asyncio.get_running_loop().call_later(self._refresh_delay, self._metadata_changed)
+                return
+            self._refresh_delay = 0.0
+            self.stats.metadata_reads += 1
+            self._segments = {s.seq: s for s in segments}
+            self._wake.set()
+            if not self._refresh_again or self._closed:
+                return
+
+    # -- positioning by txid ------------------------------------------------------------------
+
+    async def _locate_txid(self, live: list[SegmentRecord], txid: int, max_segment_seq: int) -> DLSN:
+        """The position of the first record with txid >= ``txid``: binary search over segments
+        by their metadata, then over the chosen segment's entries by reading them."""
+        index = segment_index_for_txid(live, txid)
+        if index == len(live):
+            nxt = live[-1].seq + 1 if live else max_segment_seq + 1
+            return DLSN(nxt, 0, 0)
+        seg = live[index]
+        if seg.first_txid >= 0 and seg.first_txid >= txid:
+            return DLSN(seg.seq, seg.min_active_entry, 0)
+        end = seg.last_entry_id if seg.state is not SegmentState.INPROGRESS else await self.replicas.read_lac(self.log_id, seg)
+
+        async def reaches(entry_id: int) -> bool:
+            entry = await self.replicas.read(self.log_id, seg, entry_id)
+            top = entry_max_txid(decode_records(entry.payload))
+            return top is not None and top >= txid
+
+        first = await bisect_first(seg.min_active_entry, end, reaches)
+        if seg.state is SegmentState.INPROGRESS:
+            self._lac = max(self._lac, end)
+        return DLSN(seg.seq, first, 0)

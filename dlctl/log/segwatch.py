@@ -1,0 +1,70 @@
+"""A log's segment list as a reader needs it: read on demand, with ZooKeeper watches that say
+when to read it again.
+
+Every read re-arms one-shot watches on the segment list (a segment created or deleted) and on
+each segment read (completed, truncated); kazoo keeps one registration per path and callback,
+so re-arming never piles up. A session that was lost loses its watches, so a reconnection is
+reported as a change too. Callbacks arrive on kazoo's thread and are handed to the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import KazooState, WatchedEvent
+
+from ..errors import NotFoundError
+from ..meta import paths
+from ..meta.records import SegmentRecord, segment_from_json
+from ..meta.store import MetaStore
+
+
+class SegmentWatcher:
+    def __init__(self, meta: MetaStore, name: str, on_change: Callable[[], None]) -> None:
+        self.meta = meta
+        self.name = name
+        self._on_change = on_change
+        self._loop = asyncio.get_running_loop()
+        self._closed = False
+        self._parent = paths.log_segments(meta.cluster, name)
+        meta.client.add_listener(self._state)
+
+    async def segments(self, from_seq: int = 0) -> list[SegmentRecord]:
+        """Segments with seq >= ``from_seq`` in order, watches armed (kazoo blocks: off the loop)."""
+        return await self._loop.run_in_executor(None, self._read, from_seq)
+
+    def _read(self, from_seq: int) -> list[SegmentRecord]:
+        client = self.meta.client
+        try:
+            children = client.get_children(self._parent, watch=self._fire)
+        except NoNodeError:
+            raise NotFoundError(f"log {self.name!r} does not exist in cluster {self.meta.cluster!r}") from None
+        seqs = sorted(int(c) for c in children if c.isdigit() and int(c) >= from_seq)
+        out = []
+        for seq in seqs:
+            path = paths.segment(self.meta.cluster, self.name, seq)
+            try:
+                # Read after the listing: a segment seen in the list was created after its
+                # predecessor was closed, so the predecessor's data read here shows the close.
+                data, _ = client.get(path, watch=self._fire)
+            except NoNodeError:
+                continue  # truncated and collected between the listing and the read
+            out.append(segment_from_json(data, path))
+        return out
+
+    def _fire(self, event: WatchedEvent | None = None) -> None:
+        if not self._closed:
+            try:
+                self._loop.call_soon_threadsafe(self._on_change)
+            except RuntimeError:
+                pass  # the loop is closed: nobody is listening any more
+
+    def _state(self, state: KazooState) -> None:
+        if state == KazooState.CONNECTED:
+            self._fire()
+
+    def close(self) -> None:
+        self._closed = True
+        self.meta.client.remove_listener(self._state)

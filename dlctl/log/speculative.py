@@ -1,0 +1,172 @@
+"""Reading one entry from whichever replica of its write set answers first and correctly.
+
+Replicas are tried in ``readpolicy.order_replicas`` order. If the current one has not answered
+within the adaptive speculative timeout, the next is asked too and the first good answer wins,
+so a hung replica costs about one timeout rather than a request timeout. A replica that fails
+(unreachable, in limbo, corrupt answer, no such entry) hands over to the next one at once. Only
+when every replica of the write set has failed is the read an error, naming each failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import DlctlError
+from ..meta.records import SegmentRecord
+from .errors import AgentError, AgentUnavailableError, NoSuchEntryError, NoSuchSegmentError
+from .format import Entry
+from .pool import AgentPool
+from .readpolicy import AdaptiveTimeout, SuspectList, order_replicas
+
+
+class EntryReadError(DlctlError):
+    """No replica of an entry's write set could serve it; ``failures`` maps node -> reason."""
+
+    def __init__(self, log_id: int, segment_seq: int, entry_id: int, failures: dict[str, str]) -> None:
+        detail = "; ".join(f"{node}: {reason}" for node, reason in failures.items()) or "no replica in the write set"
+        super().__init__(
+            f"entry {entry_id} of segment {segment_seq} (log id {log_id}) could not be read from any replica: {detail}",
+            hint="check that the agents of the write set are up; a segment left under-replicated needs re-replication",
+            details={"log_id": log_id, "segment": segment_seq, "entry": entry_id, "failures": dict(failures)},
+        )
+        self.failures = dict(failures)
+        self.segment_seq = segment_seq
+        self.entry_id = entry_id
+
+
+@dataclass
+class SpeculationStats:
+    reads: int = 0
+    speculative: int = 0  # extra requests sent because a replica was slower than the timeout
+    replica_failures: int = 0
+
+
+class ReplicaReader:
+    """Speculative, region-aware reads of entries and LACs through an ``AgentPool``."""
+
+    def __init__(
+        self,
+        pool: AgentPool,
+        *,
+        region: str | None = None,
+        rack: str | None = None,
+        timeout: AdaptiveTimeout | None = None,
+        suspect_seconds: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.region, self.rack = region, rack
+        self.timeout = timeout or AdaptiveTimeout()
+        self.suspects = SuspectList(suspect_seconds)
+        self.stats = SpeculationStats()
+        self._clock = clock
+
+    def order(self, nodes: tuple[str, ...]) -> tuple[str, ...]:
+        return order_replicas(nodes, self.pool.nodes, self.region, self.rack, self.suspects.active(self._clock()))
+
+    async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int) -> Entry:
+        client = await self.pool.client(node)
+        return await client.read_entry(log_id, segment_seq, entry_id)
+
+    async def read(self, log_id: int, segment: SegmentRecord, entry_id: int) -> Entry:
+        """Entry ``entry_id`` of ``segment``, CRC-verified (by the client) and from its write set."""
+        self.stats.reads += 1
+        write_set = segment.write_set(entry_id)
+        order = iter(self.order(write_set))
+        remaining = len(write_set)
+        loop = asyncio.get_running_loop()
+        running: dict[asyncio.Task[Entry], tuple[str, float]] = {}
+        failures: dict[str, str] = {}
+
+        def launch() -> None:
+            nonlocal remaining
+            node = next(order, None)
+            if node is None:
+                return
+            remaining -= 1
+            task = asyncio.ensure_future(self._read_one(node, log_id, segment.seq, entry_id))
+            running[task] = (node, loop.time())
+
+        launch()
+        try:
+            while running:
+                wait = self.timeout.current if remaining > 0 else None
+                done, _ = await asyncio.wait(running, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    # Everyone asked so far is slower than the timeout: ask the next replica too,
+                    # keep waiting for the others, and try the slow ones last for a while.
+                    now = self._clock()
+                    for node, _ in running.values():
+                        self.suspects.mark(node, now)
+                    self.stats.speculative += 1
+                    launch()
+                    continue
+                for task in done:
+                    node, started = running.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        self.timeout.observe(loop.time() - started)
+                        self.suspects.clear(node)
+                        return task.result()
+                    failures[node] = _describe(exc)
+                    self.stats.replica_failures += 1
+                    if isinstance(exc, (NoSuchEntryError, NoSuchSegmentError)):
+                        # A real, prompt answer (a lagging or striped replica): its latency counts.
+                        self.timeout.observe(loop.time() - started)
+                    else:
+                        self.suspects.mark(node, self._clock())
+                    if not isinstance(exc, AgentError):
+                        raise exc  # a bug, not a replica failure
+                    launch()
+        finally:
+            for task in running:
+                if task.done():
+                    if not task.cancelled():
+                        task.exception()  # answered too late to matter; retrieved so it is not logged
+                else:
+                    task.cancel()
+        raise EntryReadError(log_id, segment.seq, entry_id, failures)
+
+    async def read_lac(self, log_id: int, segment: SegmentRecord) -> int:
+        """The highest LAC the replicas of the segment's ensembles report (-1 if none answers).
+
+        Any replica's LAC is a lower bound of the true one (the writer piggybacks only what it
+        confirmed), so the maximum is safe. Once one replica has answered, the others get one
+        speculative timeout more: a hung replica must not hold the answer up.
+        """
+        nodes = dict.fromkeys(n for change in segment.ensembles for n in change.nodes)
+
+        async def one(node: str) -> int:
+            client = await self.pool.client(node)
+            return await client.read_lac(log_id, segment.seq)
+
+        tasks = {asyncio.ensure_future(one(n)) for n in nodes}
+        best = -1
+        try:
+            pending = tasks
+            answered = False
+            while pending:
+                done, pending = await asyncio.wait(
+                    pending, timeout=self.timeout.current if answered else None, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    break
+                for task in done:
+                    exc = task.exception()
+                    if exc is None:
+                        best = max(best, task.result())
+                        answered = True
+                    elif not isinstance(exc, AgentError):
+                        raise exc
+        finally:
+            for task in tasks:
+                task.cancel()
+        return best
+
+
+def _describe(exc: BaseException) -> str:
+    kind = "unreachable" if isinstance(exc, AgentUnavailableError) else type(exc).__name__
+    return f"{kind}: {exc}"

@@ -1,0 +1,234 @@
+"""Pure decisions of the log reader (dlctl.log.readpolicy): replica order, the adaptive
+speculative timeout, positioning by txid and DLSN over in-memory segment lists, read-ahead bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from dlctl.log.dlsn import DLSN
+from dlctl.log.readpolicy import (
+    AdaptiveTimeout,
+    ReadAhead,
+    SuspectList,
+    bisect_first,
+    entry_max_txid,
+    live_segments,
+    order_replicas,
+    poll_targets,
+    readable_end,
+    segment_index_for_txid,
+    start_for_dlsn,
+    start_of_log,
+)
+from dlctl.log.records import Record, control_record
+from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
+
+NODES = {
+    "a1": {"region": "east", "rack": "r1"},
+    "a2": {"region": "east", "rack": "r2"},
+    "b1": {"region": "west", "rack": "r1"},
+    "c1": {"region": "south", "rack": "r1"},
+}
+
+
+def seg(seq: int, state: str = "completed", first: int = -1, last: int = -1, last_entry: int = -1, min_active: int = 0,
+        nodes: tuple[str, ...] = ("a1", "b1", "c1"), w: int = 3) -> SegmentRecord:
+    return SegmentRecord(
+        seq=seq, state=SegmentState(state), ensembles=(EnsembleChange(0, nodes),), write_quorum=w, ack_quorum=2,
+        created=0.0, last_entry_id=last_entry, first_txid=first, last_txid=last, min_active_entry=min_active,
+    )
+
+
+# -- replica order -------------------------------------------------------------------------------
+
+
+def test_same_region_replicas_come_first_then_other_regions_in_write_set_order():
+    assert order_replicas(("b1", "c1", "a1"), NODES, region="east") == ("a1", "b1", "c1")
+    assert order_replicas(("c1", "b1", "a2"), NODES, region="west") == ("b1", "c1", "a2")
+
+
+def test_same_rack_beats_same_region_which_beats_another_region():
+    assert order_replicas(("b1", "a2", "a1"), NODES, region="east", rack="r1") == ("a1", "a2", "b1")
+
+
+def test_without_a_region_the_write_set_order_is_kept_so_first_choices_rotate_with_entries():
+    segment = seg(1, nodes=("a1", "b1", "c1"))
+    firsts = [order_replicas(segment.write_set(e), NODES)[0] for e in range(6)]
+    assert firsts == ["a1", "b1", "c1", "a1", "b1", "c1"]
+
+
+def test_suspects_go_last_even_when_close_and_unregistered_agents_after_them():
+    assert order_replicas(("a1", "b1", "zz"), NODES, region="east", suspects={"a1"}) == ("b1", "a1", "zz")
+    assert order_replicas(("zz", "c1", "a1"), NODES) == ("c1", "a1", "zz")
+
+
+def test_suspects_expire():
+    suspects = SuspectList(duration=5.0)
+    suspects.mark("a1", now=100.0)
+    assert suspects.active(104.9) == {"a1"}
+    assert suspects.active(105.0) == frozenset()
+    suspects.mark("b1", now=0.0)
+    suspects.clear("b1")
+    assert suspects.active(1.0) == frozenset()
+
+
+def test_long_polls_cover_the_holders_of_the_next_entry_and_of_the_one_carrying_its_lac():
+    striped = seg(1, state="inprogress", nodes=("n1", "n2", "n3", "n4"), w=2)
+    assert set(poll_targets(striped, lac=4)) == {"n2", "n3", "n4"}  # entry 5 on n2,n3; entry 6 on n3,n4
+    full = seg(1, state="inprogress", nodes=("n1", "n2", "n3"), w=3)
+    assert set(poll_targets(full, lac=-1)) == {"n1", "n2", "n3"}
+
+
+# -- adaptive speculative timeout ----------------------------------------------------------------
+
+
+def test_timeout_starts_at_initial_and_is_clamped_to_floor_and_ceiling():
+    t = AdaptiveTimeout(floor=0.01, ceiling=0.5, initial=0.2)
+    assert t.current == 0.2
+    for _ in range(50):
+        t.observe(0.0001)
+    assert t.current == 0.01
+    for _ in range(50):
+        t.observe(5.0)
+    assert t.current == 0.5
+
+
+def test_timeout_follows_observed_latency_with_a_margin_for_jitter():
+    t = AdaptiveTimeout(floor=0.001, ceiling=10.0)
+    rng = random.Random(7)
+    samples = [0.02 + rng.uniform(-0.005, 0.005) for _ in range(500)]
+    for s in samples:
+        t.observe(s)
+    assert max(samples) < t.current < 0.1  # above nearly every answer, far below a hang
+    steady = t.current
+    for _ in range(200):
+        t.observe(0.2)  # the cluster got slower
+    assert t.current > 0.2 > steady
+
+
+def test_timeout_rejects_bad_bounds_and_ignores_negative_samples():
+    with pytest.raises(ValueError, match="floor <= ceiling"):
+        AdaptiveTimeout(floor=1.0, ceiling=0.5)
+    t = AdaptiveTimeout(floor=0.01, ceiling=1.0, initial=0.3)
+    t.observe(-1.0)
+    assert t.samples == 0 and t.current == 0.3
+
+
+# -- positioning ---------------------------------------------------------------------------------
+
+# Segments 1..4 closed with txids 1-100, 101-200, (empty), 201-300; 5 in progress from 301.
+LOG = [
+    seg(1, first=1, last=100, last_entry=9),
+    seg(2, first=101, last=200, last_entry=9),
+    seg(3, last_entry=-1),
+    seg(4, first=201, last=300, last_entry=9),
+    seg(5, state="inprogress", first=301),
+]
+
+
+@pytest.mark.parametrize(
+    ("txid", "expected_seq"),
+    [(-5, 1), (1, 1), (100, 1), (101, 2), (150, 2), (200, 2), (201, 4), (300, 4), (301, 5), (10**9, 5)],
+)
+def test_txid_search_picks_the_first_segment_that_can_hold_the_txid(txid, expected_seq):
+    assert LOG[segment_index_for_txid(LOG, txid)].seq == expected_seq
+
+
+def test_txid_beyond_every_closed_segment_with_no_inprogress_one_means_the_next_segment():
+    closed = LOG[:4]
+    assert segment_index_for_txid(closed, 301) == len(closed)
+    assert segment_index_for_txid([], 1) == 0
+
+
+def test_txid_search_over_many_segments_matches_a_linear_scan():
+    rng = random.Random(3)
+    segments, txid = [], 0
+    for seq in range(1, 300):
+        n = rng.choice([0, 0, 1, 5, 50])
+        if n:
+            segments.append(seg(seq, first=txid + 1, last=txid + n, last_entry=n - 1))
+            txid += n
+        else:
+            segments.append(seg(seq))
+    for target in range(-1, txid + 3):
+        linear = next((i for i, s in enumerate(segments) if s.last_txid >= target), len(segments))
+        assert segment_index_for_txid(segments, target) == linear
+
+
+def test_truncated_segments_are_not_visited():
+    segments = [seg(1, state="truncated", last_entry=9), seg(2, state="partially-truncated", last_entry=9, min_active=4), seg(3)]
+    assert [s.seq for s in live_segments(reversed(segments))] == [2, 3]
+
+
+def test_dlsn_start_respects_truncation():
+    segments = live_segments([seg(1, state="truncated"), seg(2, state="partially-truncated", min_active=4, last_entry=9), seg(3, last_entry=9)])
+    assert start_for_dlsn(segments, DLSN(1, 5, 2)) == DLSN(2, 4, 0)  # segment 1 is gone
+    assert start_for_dlsn(segments, DLSN(2, 1, 3)) == DLSN(2, 4, 0)  # before min active
+    assert start_for_dlsn(segments, DLSN(2, 6, 3)) == DLSN(2, 6, 3)  # exact
+    assert start_for_dlsn(segments, DLSN(3, 0, 1)) == DLSN(3, 0, 1)
+    assert start_for_dlsn(segments, DLSN(9, 2, 0)) == DLSN(9, 2, 0)  # in the future: wait for it
+
+
+def test_start_of_log_is_the_first_active_entry_or_the_next_segment():
+    assert start_of_log(live_segments([seg(2, state="partially-truncated", min_active=3)]), 2) == DLSN(2, 3, 0)
+    assert start_of_log([], 0) == DLSN(1, 0, 0)
+    assert start_of_log([], 7) == DLSN(8, 0, 0)
+
+
+def test_entry_search_over_an_in_memory_segment_finds_the_first_entry_reaching_the_txid():
+    # Entries of 3 records each; entry 4 holds only a control record carrying the last txid.
+    entries: list[list[Record]] = []
+    txid = 0
+    for e in range(10):
+        if e == 4:
+            entries.append([control_record(txid)])
+            continue
+        entries.append([Record(txid=txid + i + 1, payload=b"x") for i in range(3)])
+        txid += 3
+    probes: list[int] = []
+
+    async def reaches_for(target: int):
+        async def reaches(entry_id: int) -> bool:
+            probes.append(entry_id)
+            top = entry_max_txid(entries[entry_id])
+            return top is not None and top >= target
+        return reaches
+
+    async def find(target: int) -> int:
+        return await bisect_first(0, len(entries) - 1, await reaches_for(target))
+
+    for target in range(0, txid + 2):
+        first = asyncio.run(find(target))
+        linear = next((e for e, recs in enumerate(entries) if any(not r.control and r.txid >= target for r in recs)), len(entries))
+        # Never after the first entry holding the txid; at most a control-only entry before it.
+        assert first <= linear and all(all(r.control for r in entries[e]) for e in range(first, linear))
+    probes.clear()
+    asyncio.run(find(20))
+    assert len(probes) <= 4  # log2(10) reads, not a scan
+
+
+def test_readable_end_is_lac_for_inprogress_and_last_entry_for_closed():
+    assert readable_end(seg(1, state="inprogress", last_entry=-1), lac=7) == 7
+    assert readable_end(seg(1, last_entry=12), lac=3) == 12
+    assert readable_end(seg(1, state="partially-truncated", last_entry=12, min_active=5), lac=-1) == 12
+    assert readable_end(seg(1, state="truncated", last_entry=12), lac=-1) == -1
+
+
+# -- read-ahead bounds ---------------------------------------------------------------------------
+
+
+def test_read_ahead_is_bounded_by_count_and_by_bytes():
+    bounds = ReadAhead(max_entries=4, max_bytes=1000)
+    assert bounds.allows(0, 0, 0, 0)  # an empty buffer always takes one entry
+    assert not bounds.allows(1, 0, 1, 0)  # size unknown: one at a time
+    assert bounds.allows(1, 100, 0, 100)
+    assert not bounds.allows(4, 0, 4, 10)  # count bound
+    assert bounds.allows(2, 600, 0, 300)  # 600 + 300 <= 1000
+    assert not bounds.allows(2, 600, 1, 300)  # 600 + 2*300 > 1000
+    assert bounds.allows(0, 0, 0, 5000)  # a huge entry still gets read, alone
+    assert not bounds.allows(1, 5000, 0, 5000)
+    with pytest.raises(ValueError):
+        ReadAhead(max_entries=0)
