@@ -53,6 +53,53 @@ from .fsck import fsck_command  # noqa: E402 - registered after the group exists
 cli.add_command(fsck_command)
 
 
+def _node_verb(name: str, doc: str):
+    """A lifecycle verb over the agent's own config; prints one result object (JSON by default)."""
+
+    def decorate(func):
+        @cli.command(name, help=doc)
+        @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Agent configuration (TOML).")
+        @click.option("-o", "--output", type=click.Choice(["json", "table", "yaml"]), default="json", show_default=True)
+        def command(config_path: Path, output: str) -> None:
+            from dlctl.output import render
+
+            from . import config as agent_config
+
+            try:
+                result = func(agent_config.load(config_path))
+            except DlctlError as exc:
+                click.echo(f"error: {exc.message}", err=True)
+                if exc.hint:
+                    click.echo(f"hint: {exc.hint}", err=True)
+                sys.exit(int(exc.exit_code))
+            render(result, output)
+
+        return command
+
+    return decorate
+
+
+@_node_verb("start", "Start the agent in the background (no-op if it runs). Waits until it listens.")
+def _start(config):
+    from .control import start
+
+    return start(config)
+
+
+@_node_verb("stop", "Stop the agent: SIGTERM, wait for a clean exit, then SIGKILL. No-op if stopped.")
+def _stop(config):
+    from .control import stop
+
+    return stop(config)
+
+
+@_node_verb("status", "Report whether the agent runs, its pid, address, version and disk use.")
+def _status(config):
+    from .control import status
+
+    return status(config)
+
+
 def main() -> None:  # pragma: no cover - console script
     try:
         sys.exit(cli.main(prog_name="dlagent"))

@@ -110,3 +110,20 @@ def render(data: Any, fmt: str, console: Console | None = None, stream: TextIO |
         console.print(table)
         return
     console.print(_cell(plain), markup=False, highlight=False)
+
+
+def render_item(item: Any, fmt: str, stream: TextIO | None = None, columns: Sequence[str] = ()) -> None:
+    """Write one item of a stream (records being read or tailed) as soon as it is known:
+    a tab-separated line (table), one JSON object per line (json), or one YAML document (yaml)."""
+    out = stream or sys.stdout
+    plain = to_plain(item)
+    if fmt == "json":
+        out.write(json.dumps(plain, separators=(",", ":")) + "\n")
+    elif fmt == "yaml":
+        out.write("---\n" + yaml.safe_dump(plain, sort_keys=False, default_flow_style=False))
+    elif isinstance(plain, dict):
+        keys = columns or list(plain)
+        out.write("\t".join(_cell(plain.get(k)) for k in keys) + "\n")
+    else:
+        out.write(_cell(plain) + "\n")
+    out.flush()

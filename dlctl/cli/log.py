@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import click
 
+from ..log.dlsn import DLSN
 from ..meta.records import LogConfig
-from ..ops import logs
+from ..ops import logio, logs
+from ..output import render_item
 from ..plan import Plan
 from .context import AppContext, command_options, mutating, pass_app
 
@@ -55,3 +60,63 @@ def log_show(app: AppContext, name: str) -> None:
 def log_delete(app: AppContext, name: str) -> Plan:
     """Delete log NAME (refused while a writer owns it)."""
     return logs.delete_log_plan(app.session(), name)
+
+
+def _start(from_dlsn: str | None, from_txid: int | None) -> dict:
+    if from_dlsn and from_txid is not None:
+        raise click.UsageError("give --from-dlsn or --from-txid, not both")
+    try:
+        return {"start_dlsn": DLSN.parse(from_dlsn) if from_dlsn else None, "start_txid": from_txid}
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--from-dlsn") from None
+
+
+def _stream(app: AppContext, name: str, start: dict, limit: int | None, idle: float | None, region: str | None) -> int:
+    async def go() -> int:
+        count = 0
+        async for record in logio.read_records(app.session(), name, limit=limit, idle_timeout=idle, region=region, **start):
+            render_item(logio.record_view(record), app.output, stream=app.stdout.file, columns=("dlsn", "txid", "payload"))
+            count += 1
+        return count
+
+    return asyncio.run(go())
+
+
+_position = [
+    click.option("--from-dlsn", metavar="SEG/ENTRY/SLOT", help="Start at this DLSN (default: the beginning)."),
+    click.option("--from-txid", type=int, metavar="TXID", help="Start at the first record with txid >= TXID."),
+    click.option("--region", metavar="REGION", help="Where this reader runs: closer replicas are asked first."),
+]
+
+
+def _with_position(func):
+    for option in reversed(_position):
+        func = option(func)
+    return func
+
+
+@log_group.command("read")
+@click.argument("name")
+@_with_position
+@click.option("-n", "--limit", type=click.IntRange(1), help="Stop after this many records.")
+@click.option("--idle-timeout", type=click.FloatRange(min=0.01), default=1.0, show_default=True, help="Stop once no record arrived for this long (caught up).")
+@command_options
+@pass_app
+def log_read(app: AppContext, name: str, from_dlsn: str | None, from_txid: int | None, region: str | None, limit: int | None, idle_timeout: float) -> None:
+    """Print records of NAME (one per line: DLSN, txid, payload; -o json: JSON lines).
+
+    Only confirmed records are printed (never past LAC); control records are skipped.
+    """
+    count = _stream(app, name, _start(from_dlsn, from_txid), limit, idle_timeout, region)
+    logging.getLogger("dlctl.log").info("read %d record(s) from %s", count, name)
+
+
+@log_group.command("tail")
+@click.argument("name")
+@_with_position
+@click.option("-n", "--limit", type=click.IntRange(1), help="Stop after this many records.")
+@command_options
+@pass_app
+def log_tail(app: AppContext, name: str, from_dlsn: str | None, from_txid: int | None, region: str | None, limit: int | None) -> None:
+    """Follow NAME: print records as they are confirmed, until interrupted (Ctrl-C) or --limit."""
+    _stream(app, name, _start(from_dlsn, from_txid), limit, None, region)
