@@ -29,6 +29,7 @@ class Table:
     rows: Sequence[Mapping[str, Any]]
     columns: Sequence[str] | None = None
     title: str | None = None
+    caption: str | None = None
 
 
 def to_plain(value: Any) -> Any:
@@ -56,7 +57,18 @@ def to_plain(value: Any) -> Any:
     return value
 
 
-def _cell(value: Any) -> str:
+def human_bytes(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(value)  # pragma: no cover
+
+
+def _cell(value: Any, column: str = "") -> str:
+    if column.endswith("bytes") and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return human_bytes(value)  # tables are for people; JSON keeps the exact count
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -66,18 +78,19 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _rich_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None, title: str | None) -> RichTable:
+def _rich_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None, title: str | None, caption: str | None = None) -> RichTable:
     if columns is None:
         seen: dict[str, None] = {}
         for row in rows:
             for key in row:
                 seen.setdefault(key, None)
         columns = list(seen)
-    table = RichTable(title=title, show_lines=False, header_style="bold")
+    table = RichTable(title=title, caption=caption, show_lines=False, header_style="bold", caption_justify="left")
     for col in columns:
-        table.add_column(col.replace("_", " "))
+        # Fold rather than truncate: a cell cut to "127.…" hides exactly what the operator needs.
+        table.add_column(col.replace("_", " "), overflow="fold")
     for row in rows:
-        table.add_row(*(_cell(row.get(col)) for col in columns))
+        table.add_row(*(_cell(row.get(col), col) for col in columns))
     return table
 
 
@@ -93,8 +106,13 @@ def render(data: Any, fmt: str, console: Console | None = None, stream: TextIO |
         out.write(yaml.safe_dump(to_plain(data), sort_keys=False, default_flow_style=False))
         return
     console = console or Console(file=out)
+    if hasattr(data, "to_table") and callable(data.to_table):
+        data = data.to_table()
     if isinstance(data, Table):
-        console.print(_rich_table([to_plain(r) for r in data.rows], data.columns, data.title))
+        if not data.rows:
+            console.print("\n".join(t for t in (data.title, data.caption) if t), markup=False, highlight=False)
+            return
+        console.print(_rich_table([to_plain(r) for r in data.rows], data.columns, data.title, data.caption))
         return
     plain = to_plain(data)
     if isinstance(plain, list) and all(isinstance(r, dict) for r in plain):
@@ -103,10 +121,10 @@ def render(data: Any, fmt: str, console: Console | None = None, stream: TextIO |
         return
     if isinstance(plain, dict):
         table = RichTable(show_header=False, box=None, pad_edge=False)
-        table.add_column(style="bold")
-        table.add_column()
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
         for key, value in plain.items():
-            table.add_row(key.replace("_", " "), _cell(value))
+            table.add_row(key.replace("_", " "), _cell(value, key))
         console.print(table)
         return
     console.print(_cell(plain), markup=False, highlight=False)

@@ -71,6 +71,14 @@ class Plan:
     def empty(self) -> bool:
         return not self.steps
 
+    def to_table(self) -> Any:
+        from .output import Table
+
+        rows = [{"step": i + 1, "action": s.action, "target": s.target, "description": s.description} for i, s in enumerate(self.steps)]
+        notes = "\n".join(f"note: {n}" for n in self.notes) or None
+        title = f"{self.operation}: plan (dry run)" if self.steps else f"{self.operation}: nothing to do"
+        return Table(rows, ["step", "action", "target", "description"], title=title, caption=notes)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "operation": self.operation,
@@ -89,6 +97,12 @@ class PlanResult:
     def ok(self) -> bool:
         return all(o.status is StepStatus.DONE for o in self.outcomes)
 
+    def to_table(self) -> Any:
+        from .output import Table
+
+        rows = [{"step": i + 1, "action": o.step.action, "target": o.step.target, "status": o.status.value, "detail": o.error or _summary(o.result)} for i, o in enumerate(self.outcomes)]
+        return Table(rows, ["step", "action", "target", "status", "detail"], title=f"{self.operation}: {'done' if self.ok else 'FAILED'}")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "operation": self.operation,
@@ -96,6 +110,15 @@ class PlanResult:
             "ok": self.ok,
             "steps": [o.to_dict() for o in self.outcomes],
         }
+
+
+def _summary(result: Any) -> Any:
+    """A step result short enough for a table cell (the full result is in -o json)."""
+    if isinstance(result, dict) and len(str(result)) > 120:
+        return ", ".join(f"{k}={v}" for k, v in result.items() if not isinstance(v, (dict, list)))[:120] or "ok"
+    if isinstance(result, list) and len(str(result)) > 120:
+        return f"{len(result)} item(s)"
+    return result
 
 
 class PlanFailed(DlctlError):

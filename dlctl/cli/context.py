@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,7 +38,7 @@ class AppContext:
     output: str = "table"
     verbosity: int = 0  # -1 quiet, 0 default, 1 info, 2 debug
     assume_yes: bool = False
-    stdout: Console = field(default_factory=lambda: Console(file=sys.stdout))
+    stdout: Console = field(default_factory=lambda: _stdout_console())
     stderr: Console = field(default_factory=lambda: Console(file=sys.stderr, stderr=True))
     _session: ClusterSession | None = field(default=None, repr=False)
     _saved_logging: tuple[list[logging.Handler], int] | None = field(default=None, repr=False)
@@ -130,6 +131,13 @@ class AppContext:
             result = apply(plan, on_step=on_step)
             bar.update(task, completed=len(plan.steps))
             return result
+
+
+def _stdout_console() -> Console:
+    # Piped tables keep full cell contents (a pager or file has no 80-column limit);
+    # an explicit COLUMNS still wins.
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(file=sys.stdout, width=200 if wide else None)
 
 
 pass_app = click.make_pass_decorator(AppContext, ensure=True)

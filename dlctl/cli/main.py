@@ -12,9 +12,11 @@ from .. import __version__
 from ..errors import DlctlError, ExitCode
 from ..output import FORMATS
 from .context import AppContext
+from .cluster import cluster_group
 from .configcmd import config_group
 from .log import log_group
 from .misc import completion_command, version_command
+from .sandbox import sandbox_group
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -70,6 +72,8 @@ cli.add_command(version_command)
 cli.add_command(completion_command)
 cli.add_command(config_group)
 cli.add_command(log_group)
+cli.add_command(cluster_group)
+cli.add_command(sandbox_group)
 
 
 def _report(app: AppContext, error: DlctlError) -> None:

@@ -64,3 +64,6 @@ def segment(cluster: str, name: str, seq: int) -> str:
 
 def log_truncation(cluster: str, name: str) -> str:
     return f"{log(cluster, name)}/truncation"
+
+
+CLUSTER_CHILDREN = ("nodes", "available", "logs", "counters", "streams", "pins", "ops")

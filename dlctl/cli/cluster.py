@@ -1,0 +1,33 @@
+"""``dlctl cluster init|status``."""
+
+from __future__ import annotations
+
+import click
+
+from ..ops import cluster as cluster_ops
+from ..output import Table
+from ..plan import Plan
+from .context import AppContext, command_options, mutating, pass_app
+
+
+@click.group("cluster")
+def cluster_group() -> None:
+    """Initialise a cluster and see the state of its nodes."""
+
+
+@cluster_group.command("init")
+@mutating(confirm=False)
+def cluster_init(app: AppContext) -> Plan:
+    """Create the cluster's secrets (0600 files, if missing), its ZooKeeper layout with ACLs,
+    and a record for every node of the inventory. Safe to re-run."""
+    return cluster_ops.init_plan(app.session())
+
+
+@cluster_group.command("status")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=3.0, show_default=True, help="Per-agent timeout for its statistics.")
+@command_options
+@pass_app
+def cluster_status(app: AppContext, timeout: float) -> None:
+    """Nodes by region and rack: up/down, address, version, segments, disk."""
+    rows = cluster_ops.status(app.session(), timeout)
+    app.render(Table(rows, columns=["region", "rack", "node", "address", "up", "version", "segments", "data_bytes", "disk_free_bytes", "limbo"], title=f"cluster {app.session().cluster.name}"))

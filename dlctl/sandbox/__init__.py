@@ -1,0 +1,1 @@
+"""The embedded sandbox: a local multi-region cluster (ZooKeeper + agents on loopback addresses)."""

@@ -1,0 +1,268 @@
+"""``dlctl sandbox up|down|status``: a local multi-region cluster on loopback addresses.
+
+One ZooKeeper (from the pyspark jars) serves every sandbox cluster; each node is a real
+``dlagent`` process on its own loopback address — ``127.<100+cluster>.<region>.<node>`` — so
+regions are address ranges, exactly as on a fleet. ``up`` writes an inventory
+(``<dir>/config.toml``) that every other command uses unchanged; ``down`` stops what ``up``
+started, by pid, and can remove the data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import DlctlError, PartialFailure
+from ..plan import Plan, Step
+from . import zookeeper
+
+STATE_FILE = "sandbox.json"
+CLUSTER_NAMES = ("east", "west", "north", "south", "central")
+AGENT_PORT = 3181
+ZK_PORT = 2181
+
+
+@dataclass(frozen=True)
+class Layout:
+    clusters: int = 1
+    regions: int = 3
+    nodes_per_region: int = 3
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.clusters <= 9 and 1 <= self.regions <= 9 and 1 <= self.nodes_per_region <= 50):
+            raise ValueError("sandbox size: 1-9 clusters, 1-9 regions, 1-50 nodes per region")
+
+    def cluster_names(self) -> list[str]:
+        return [CLUSTER_NAMES[i] if i < len(CLUSTER_NAMES) else f"c{i + 1}" for i in range(self.clusters)]
+
+
+def default_dir() -> Path:
+    if os.environ.get("DLCTL_SANDBOX_DIR"):
+        return Path(os.environ["DLCTL_SANDBOX_DIR"])
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "dlctl" / "sandbox"
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _pick_port(host: str, preferred: int) -> int:
+    if _port_free(host, preferred):
+        return preferred
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def read_state(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise DlctlError(f"{directory / STATE_FILE} is not valid JSON ({exc})", hint="run `dlctl sandbox down --purge` to start over") from None
+
+
+def is_up(state: dict[str, Any] | None) -> bool:
+    return bool(state) and zookeeper.pid_alive(state["zookeeper"]["pid"])
+
+
+def _node_plan(directory: Path, layout: Layout) -> list[dict[str, Any]]:
+    nodes = []
+    for ci, cluster in enumerate(layout.cluster_names(), start=1):
+        for region in range(1, layout.regions + 1):
+            for n in range(1, layout.nodes_per_region + 1):
+                host = f"127.{100 + ci}.{region}.{n}"
+                node_id = f"{cluster}-r{region}-n{n}"
+                nodes.append(
+                    {
+                        "cluster": cluster,
+                        "node_id": node_id,
+                        "region": f"region-{region}",
+                        "rack": f"rack-{(n - 1) % 2 + 1}",
+                        "host": host,
+                        "dir": str(directory / cluster / node_id),
+                    }
+                )
+    return nodes
+
+
+def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path) -> None:
+    node_dir = Path(node["dir"])
+    node_dir.mkdir(parents=True, exist_ok=True)
+    (node_dir / "agent.toml").write_text(
+        "\n".join(
+            [
+                f'node_id = "{node["node_id"]}"',
+                f'cluster = "{node["cluster"]}"',
+                f'region = "{node["region"]}"',
+                f'rack = "{node["rack"]}"',
+                f'data_dir = "{node_dir / "data"}"',
+                f'listen = "{node["host"]}:{node["port"]}"',
+                f'zookeeper = "{zk}"',
+                f'secret_file = "{cluster_dir / "secret"}"',
+                f'zk_auth_file = "{cluster_dir / "zk-auth"}"',
+                "session_timeout = 4.0",
+                "",
+            ]
+        )
+    )
+
+
+def _inventory(directory: Path, layout: Layout, zk: str, nodes: list[dict[str, Any]]) -> str:
+    lines = [f'default_cluster = "{layout.cluster_names()[0]}"', ""]
+    for cluster in layout.cluster_names():
+        lines += [
+            f"[clusters.{cluster}]",
+            f'zookeeper = "{zk}"',
+            f'secret_file = "{directory / cluster / "secret"}"',
+            f'zk_auth_file = "{directory / cluster / "zk-auth"}"',
+            "",
+            f"[clusters.{cluster}.defaults]",
+            f'python = "{sys.executable}"',
+            "",
+        ]
+        for node in (n for n in nodes if n["cluster"] == cluster):
+            lines += [
+                f'[[clusters.{cluster}.regions.{node["region"]}.racks.{node["rack"]}.nodes]]',
+                f'id = "{node["node_id"]}"',
+                f'host = "{node["host"]}"',
+                f'listen = "{node["host"]}:{node["port"]}"',
+                f'data_dir = "{Path(node["dir"]) / "data"}"',
+                "",
+            ]
+    return "\n".join(lines)
+
+
+def _agent_verb(verb: str, node: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    # dlctl never imports the agent: it runs the node-level verb, as it would over SSH.
+    argv = [sys.executable, "-m", "dlagent", verb, "--config", str(Path(node["dir"]) / "agent.toml"), "-o", "json"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise DlctlError(f"{node['node_id']}: dlagent {verb} failed: {result.stderr.strip()}")
+    return json.loads(result.stdout)
+
+
+def _fan_out(verb: str, nodes: list[dict[str, Any]], workers: int = 8) -> list[dict[str, Any]]:
+    def one(node: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return {"node": node["node_id"], "ok": True, **_agent_verb(verb, node)}
+        except (DlctlError, subprocess.TimeoutExpired, ValueError) as exc:
+            return {"node": node["node_id"], "ok": False, "error": str(exc)}
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(one, nodes))
+    failed = [r for r in results if not r["ok"]]
+    if failed and len(failed) == len(results):
+        raise DlctlError(f"dlagent {verb} failed on every node", details=results)
+    if failed:
+        raise PartialFailure(f"dlagent {verb} failed on {len(failed)} of {len(results)} node(s): {', '.join(r['node'] for r in failed)}", details=results)
+    return results
+
+
+def up_plan(directory: Path, layout: Layout, init_cluster) -> Plan:
+    """``init_cluster(inventory_path, cluster_name)`` runs ``cluster init`` (an ops callback, so
+    this module stays below the ops layer)."""
+    state = read_state(directory)
+    if is_up(state):
+        return Plan.of("sandbox up", [], notes=[f"the sandbox in {directory} is already up (ZooKeeper pid {state['zookeeper']['pid']})"])
+    missing = zookeeper.missing_prerequisites()
+    if missing:
+        raise DlctlError("the sandbox needs " + "; ".join(missing))
+    nodes = _node_plan(directory, layout)
+    zk_host = "127.0.0.1"
+    zk_port = _pick_port(zk_host, ZK_PORT)
+    zk = f"{zk_host}:{zk_port}"
+    inventory_path = directory / "config.toml"
+    new_state: dict[str, Any] = {"created": time.time(), "layout": layout.__dict__, "zookeeper": {"address": zk, "pid": None}, "nodes": nodes, "inventory": str(inventory_path)}
+
+    def prepare() -> dict[str, Any]:
+        for node in nodes:
+            node["port"] = _pick_port(node["host"], AGENT_PORT)
+        inventory_path.parent.mkdir(parents=True, exist_ok=True)
+        inventory_path.write_text(_inventory(directory, layout, zk, nodes))
+        for node in nodes:
+            _write_agent_config(node, zk, directory / node["cluster"])
+        return {"inventory": str(inventory_path), "nodes": len(nodes)}
+
+    def start_zookeeper() -> dict[str, Any]:
+        pid = zookeeper.start(zookeeper.ZooKeeperConfig(directory / "zookeeper", zk_host, zk_port))
+        new_state["zookeeper"]["pid"] = pid
+        (directory / STATE_FILE).write_text(json.dumps(new_state, indent=2))
+        return {"pid": pid, "address": zk}
+
+    def start_agents() -> list[dict[str, Any]]:
+        results = _fan_out("start", nodes)
+        (directory / STATE_FILE).write_text(json.dumps(new_state, indent=2))
+        return [{"node": r["node"], "pid": r.get("pid")} for r in results]
+
+    steps = [
+        Step("write-configs", str(directory), f"write the inventory and {len(nodes)} agent configs under {directory}", run=prepare),
+        Step("start-zookeeper", zk, f"start ZooKeeper on {zk}", run=start_zookeeper),
+    ]
+    for cluster in layout.cluster_names():
+        steps.append(Step("cluster-init", cluster, f"initialise cluster {cluster} (secrets, ZooKeeper layout, node records)", run=lambda c=cluster: init_cluster(inventory_path, c)))
+    steps.append(
+        Step(
+            "start-agents",
+            f"{len(nodes)} nodes",
+            f"start {len(nodes)} agents: {layout.clusters} cluster(s) x {layout.regions} region(s) x {layout.nodes_per_region} node(s) on 127.10x.<region>.<node>",
+            run=start_agents,
+        )
+    )
+    return Plan.of("sandbox up", steps, notes=[f"then: export DLCTL_CONFIG={inventory_path}"])
+
+
+def status(directory: Path) -> dict[str, Any]:
+    state = read_state(directory)
+    if state is None:
+        return {"dir": str(directory), "up": False, "zookeeper": None, "nodes": []}
+    nodes = []
+    for node in state["nodes"]:
+        try:
+            info = _agent_verb("status", node)
+            nodes.append({"cluster": node["cluster"], "node": node["node_id"], "region": node["region"], "address": f"{node['host']}:{node.get('port')}", "running": info["running"], "pid": info["pid"]})
+        except DlctlError as exc:
+            nodes.append({"cluster": node["cluster"], "node": node["node_id"], "region": node["region"], "address": None, "running": False, "pid": None, "error": str(exc)})
+    return {
+        "dir": str(directory),
+        "up": is_up(state),
+        "inventory": state["inventory"],
+        "zookeeper": {"address": state["zookeeper"]["address"], "pid": state["zookeeper"]["pid"], "running": is_up(state)},
+        "nodes": nodes,
+    }
+
+
+def down_plan(directory: Path, purge: bool) -> Plan:
+    state = read_state(directory)
+    if state is None:
+        if purge and directory.exists():
+            return Plan.of("sandbox down", [Step("remove-dir", str(directory), f"remove {directory}", run=lambda: shutil.rmtree(directory))])
+        return Plan.of("sandbox down", [], notes=[f"no sandbox in {directory}"])
+    nodes = [n for n in state["nodes"] if (Path(n["dir"]) / "agent.toml").exists()]
+    steps = [
+        Step("stop-agents", f"{len(nodes)} nodes", f"stop {len(nodes)} agents (SIGTERM, then SIGKILL after 20 s)", run=lambda: [{"node": r["node"], "message": r.get("message")} for r in _fan_out("stop", nodes)]),
+    ]
+    zk_pid = state["zookeeper"]["pid"]
+    if zk_pid:
+        steps.append(Step("stop-zookeeper", state["zookeeper"]["address"], f"stop ZooKeeper (pid {zk_pid})", run=lambda: {"killed": zookeeper.stop(zk_pid)}))
+    if purge:
+        steps.append(Step("remove-dir", str(directory), f"remove {directory} and all sandbox data", run=lambda: shutil.rmtree(directory)))
+    else:
+        steps.append(Step("forget-state", str(directory / STATE_FILE), "mark the sandbox as down (data kept)", run=lambda: (directory / STATE_FILE).unlink()))
+    return Plan.of("sandbox down", steps)
