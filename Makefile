@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-unit docs check-docs clean
+.PHONY: install test test-unit demo docs check-docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ install: $(STAMP)
 
 test: install
 	$(PY) -m pytest -q
+
+demo: install
+	bash scripts/demo.sh
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit

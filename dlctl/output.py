@@ -120,12 +120,21 @@ def render(data: Any, fmt: str, console: Console | None = None, stream: TextIO |
             console.print(_rich_table(plain, None, None))
         return
     if isinstance(plain, dict):
+        # Scalars as "key value" lines; lists of records (a log's segments, a plan's steps) as
+        # their own tables below, titled by their key.
+        nested = {k: v for k, v in plain.items() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)}
         table = RichTable(show_header=False, box=None, pad_edge=False)
         table.add_column(style="bold", no_wrap=True)
         table.add_column(overflow="fold")
         for key, value in plain.items():
+            if key in nested:
+                continue
+            if isinstance(value, dict) and all(not isinstance(v, (dict, list)) for v in value.values()):
+                value = ", ".join(f"{k}={_cell(v, k)}" for k, v in value.items())
             table.add_row(key.replace("_", " "), _cell(value, key))
         console.print(table)
+        for key, rows in nested.items():
+            console.print(_rich_table(rows, None, key.replace("_", " ")))
         return
     console.print(_cell(plain), markup=False, highlight=False)
 

@@ -28,6 +28,6 @@ def cluster_init(app: AppContext) -> Plan:
 @command_options
 @pass_app
 def cluster_status(app: AppContext, timeout: float) -> None:
-    """Nodes by region and rack: up/down, address, version, segments, disk."""
+    """Nodes by region and rack: up, down or unreachable; address, version, segments, disk."""
     rows = cluster_ops.status(app.session(), timeout)
-    app.render(Table(rows, columns=["region", "rack", "node", "address", "up", "version", "segments", "data_bytes", "disk_free_bytes", "limbo"], title=f"cluster {app.session().cluster.name}"))
+    app.render(Table(rows, columns=["region", "rack", "node", "address", "state", "version", "segments", "data_bytes", "disk_free_bytes", "limbo"], title=f"cluster {app.session().cluster.name}"))

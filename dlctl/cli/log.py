@@ -11,7 +11,7 @@ from ..log.dlsn import DLSN
 from ..meta.records import LogConfig
 from ..ops import logio, logs
 from ..output import render_item
-from ..plan import Plan
+from ..plan import Plan, Step
 from .context import AppContext, command_options, mutating, pass_app
 
 
@@ -120,3 +120,31 @@ def log_read(app: AppContext, name: str, from_dlsn: str | None, from_txid: int |
 def log_tail(app: AppContext, name: str, from_dlsn: str | None, from_txid: int | None, region: str | None, limit: int | None) -> None:
     """Follow NAME: print records as they are confirmed, until interrupted (Ctrl-C) or --limit."""
     _stream(app, name, _start(from_dlsn, from_txid), limit, None, region)
+
+
+@log_group.command("append")
+@click.argument("name")
+@click.option("--length-delimited", is_flag=True, help="Records on stdin are u32 big-endian length + bytes (default: one per line).")
+@mutating(confirm=False)
+def log_append(app: AppContext, name: str, length_delimited: bool) -> Plan:
+    """Append records read from standard input to NAME (for shell scripts).
+
+    Records are batched into entries and pipelined; the command returns once every record is
+    acknowledged by the ack quorum, and prints the first and last DLSN.
+    """
+    session = app.session()
+    log = session.meta.get_log(name).value  # fails early (exit 1) when the log does not exist
+    framing = "u32-length-prefixed" if length_delimited else "newline-separated"
+
+    def run() -> dict:
+        stdin = click.get_binary_stream("stdin")
+        with app.progress() as bar:
+            task = bar.add_task(f"append to {name}", total=None)
+            return asyncio.run(
+                logio.append_records(session, name, logio.iter_stdin_records(stdin, length_delimited), on_progress=lambda n: bar.update(task, completed=n))
+            )
+
+    return Plan.of(
+        "log append",
+        [Step("append", f"{session.cluster.name}/{name}", f"append {framing} records from stdin to log {name} (log id {log.log_id})", run=run)],
+    )

@@ -138,7 +138,8 @@ def status(session: ClusterSession, timeout: float = 3.0) -> list[dict[str, Any]
             "rack": node.rack,
             "node": node.id,
             "address": info["address"] if info else node.listen,
-            "up": info is not None,
+            # Registered but silent: crashed or hung, its ZooKeeper session not yet expired.
+            "state": "down" if info is None else ("up" if isinstance(stat, dict) else "unreachable"),
             "version": info.get("version") if info else None,
         }
         if isinstance(stat, dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConflictError, NotFoundError, RefusedError
@@ -40,6 +41,10 @@ def _config_dict(config: LogConfig) -> dict[str, Any]:
     }
 
 
+def _iso(epoch: float | None) -> str | None:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds") if epoch else None
+
+
 def owner_of(session: ClusterSession, name: str) -> str | None:
     try:
         data, _ = session.meta.client.get(paths.log_owner(session.cluster.name, name))
@@ -76,7 +81,7 @@ def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
     return {
         "name": name,
         "log_id": log.value.log_id,
-        "created": log.value.created,
+        "created": _iso(log.value.created),
         "config": _config_dict(log.value.config),
         "owner": owner_of(session, name),
         "segments": [
@@ -90,6 +95,7 @@ def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
                 "last_txid": s.value.last_txid,
                 "records": s.value.records,
                 "bytes": s.value.bytes,
+                "completed": _iso(s.value.completed),
             }
             for s in segments
         ],

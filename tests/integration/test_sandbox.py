@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness.procs import pid_alive
+from harness.procs import pid_alive, wait_until
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
 
@@ -55,7 +55,7 @@ def test_sandbox_up_status_and_down_leave_nothing_behind(sandbox):
     assert again["steps"] == [] and "already up" in again["notes"][0]
 
     nodes = json.loads(dlctl("-o", "json", "cluster", "status", env=sandbox).stdout)
-    assert len(nodes) == 4 and all(n["up"] and n["segments"] == 0 for n in nodes)
+    assert len(nodes) == 4 and all(n["state"] == "up" and n["segments"] == 0 for n in nodes)
     assert {n["region"] for n in nodes} == {"region-1", "region-2"}
 
     down = json.loads(dlctl("-o", "json", "--yes", "sandbox", "down", env=sandbox).stdout)
@@ -92,3 +92,38 @@ def test_cluster_init_is_idempotent(sandbox):
     assert steps["ensure-secrets"]["secret_file"] == "kept"
     assert steps["create-layout"]["created"] == []
     assert set(steps["register-nodes"].values()) == {"unchanged"}
+
+
+def test_main_job_survives_an_agent_killed_between_appends(sandbox):
+    """The README demo as a test: write, kill an ensemble member, write more, read everything."""
+    dlctl("--yes", "sandbox", "up", "--regions", "3", "--nodes-per-region", "1", env=sandbox)
+    dlctl("log", "create", "orders", env=sandbox)
+
+    def append(first: int, last: int) -> dict:
+        payload = "".join(f"order-{i}\n" for i in range(first, last + 1))
+        result = subprocess.run(
+            [sys.executable, "-m", "dlctl.cli", "-o", "json", "--yes", "log", "append", "orders"],
+            input=payload, capture_output=True, text=True, timeout=120, env={**os.environ, **sandbox},
+        )
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["steps"][0]["result"]
+
+    assert append(1, 3000)["records"] == 3000
+    ensemble = json.loads(dlctl("-o", "json", "log", "show", "orders", env=sandbox).stdout)["segments"][-1]["ensemble"].split(",")
+    nodes = json.loads(dlctl("-o", "json", "sandbox", "status", env=sandbox).stdout)["nodes"]
+    victim = next(n for n in nodes if n["node"] == ensemble[0])
+    os.kill(victim["pid"], 9)
+
+    # With 3 agents, E=W=3, A=2: the survivors still make the ack quorum.
+    assert append(3001, 6000)["records"] == 3000
+    lines = dlctl("-o", "json", "log", "read", "orders", env=sandbox).stdout.splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["payload"] for r in records] == [f"order-{i}" for i in range(1, 6001)]
+    assert [r["txid"] for r in records] == sorted(r["txid"] for r in records)
+
+    def victim_state() -> str:
+        rows = json.loads(dlctl("-o", "json", "cluster", "status", env=sandbox).stdout)
+        return next(r["state"] for r in rows if r["node"] == victim["node"])
+
+    assert victim_state() in {"unreachable", "down"}
+    wait_until(lambda: victim_state() == "down", 30, message=f"{victim['node']} to be reported down after its session expired")
