@@ -153,6 +153,13 @@ class MetaStore:
         self._commit(tx, f"create segment {segment.seq} of log {name!r}", conflict_path=log_path, version=log.version)
         return Versioned(updated, log.version + 1), Versioned(segment, 0)
 
+    def get_segment(self, name: str, seq: int) -> Versioned[SegmentRecord]:
+        return self._read(
+            paths.segment(self.cluster, name, seq),
+            segment_from_json,
+            f"segment {seq} of log {name!r} does not exist in cluster {self.cluster!r}",
+        )
+
     def update_segment(self, name: str, current: Versioned[SegmentRecord], new: SegmentRecord) -> Versioned[SegmentRecord]:
         path = paths.segment(self.cluster, name, current.value.seq)
         try:
@@ -173,6 +180,42 @@ class MetaStore:
             raise self._conflict(path, current.version) from None
         except NoNodeError:
             pass  # already gone: deletion is idempotent
+
+    # -- ownership --------------------------------------------------------------------------
+
+    def claim_owner(self, name: str, data: bytes) -> int:
+        """Create the log's ephemeral owner znode holding ``data``; returns the session id that owns it.
+
+        Raises ``ConflictError`` when another session owns the log, ``NotFoundError`` when the log
+        does not exist."""
+        path = paths.log_owner(self.cluster, name)
+        try:
+            self.client.create(path, data, acl=self.acl, ephemeral=True)
+        except NodeExistsError:
+            raise ConflictError(f"log {name!r} already has an owner ({path} exists)") from None
+        except NoNodeError:
+            raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
+        return self.client.client_id[0]
+
+    def owner_of(self, name: str) -> tuple[bytes, int] | None:
+        """The owner znode's data and owning session id, or None when the log has no owner."""
+        try:
+            data, stat = self.client.get(paths.log_owner(self.cluster, name))
+        except NoNodeError:
+            return None
+        return data, stat.ephemeralOwner
+
+    def release_owner(self, name: str, session_id: int) -> bool:
+        """Delete the owner znode if session ``session_id`` still owns it; True if deleted."""
+        path = paths.log_owner(self.cluster, name)
+        try:
+            _, stat = self.client.get(path)
+            if stat.ephemeralOwner != session_id:
+                return False
+            self.client.delete(path, version=stat.version)
+        except (NoNodeError, BadVersionError):
+            return False
+        return True
 
     # -- agents -----------------------------------------------------------------------------
 

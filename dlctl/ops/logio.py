@@ -100,7 +100,7 @@ async def append_records(session: ClusterSession, name: str, records: Iterable[b
                 if on_progress is not None and count % 1000 == 0:
                     on_progress(count)
             last = await writer.flush()
-            recovered = getattr(writer, "recovered", None)
+            recovered = [r.to_dict() for r in writer.recovered]
         finally:
             await writer.close()
     finally:
@@ -114,5 +114,5 @@ async def append_records(session: ClusterSession, name: str, records: Iterable[b
         "last_dlsn": str(last) if last and count else None,
         "seconds": round(elapsed, 3),
         "records_per_second": round(count / elapsed) if elapsed > 0 else None,
-        "recovered_previous_owner": recovered.to_dict() if hasattr(recovered, "to_dict") else recovered,
+        "recovered_previous_owner": recovered,
     }

@@ -1,0 +1,551 @@
+"""Fencing and recovery of an in-progress segment (BookKeeper's ledger recovery, DESIGN.md §5).
+
+A new owner (or ``dlctl recover``) makes an in-progress segment final in four steps:
+
+1. **Fence** the segment's (last) ensemble until every write set has W − A + 1 fenced
+   replicas. A fenced replica refuses normal adds, so at most A − 1 replicas of any write set
+   still accept the old writer's adds: it can never reach ack quorum again. The fence
+   responses carry each replica's LAC; their maximum is where reading starts (every entry up
+   to it was acknowledged, and entries before the last ensemble change are too).
+2. **Read forward** from LAC + 1 with fencing reads to every replica of the entry's write set.
+   An entry is recovered as soon as one replica has it; recovery ends at the first entry that
+   W − A + 1 replicas say they do not have (an acknowledged entry is on at least A of W
+   replicas, so at most W − A can lack it). An unreachable or limbo replica is *unknown*,
+   never absent: with too many unknowns recovery waits (retrying) and then fails, it never
+   guesses.
+3. **Re-write** each recovered entry, byte for byte, to its whole write set with recovery adds
+   (accepted by fenced replicas), and wait for A of them, so what the segment now claims is
+   on an ack quorum.
+4. **Close** the segment with a compare-and-set on its metadata: last entry id, last txid,
+   record and byte counts (from the totals record the writer puts at the end of every entry),
+   completion time. Two recoveries racing each other may disagree about an entry that was
+   never acknowledged; the CAS picks one and the loser adopts what the winner wrote.
+
+The decision rules are plain functions at the top of this module, tested exhaustively.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+from ..errors import ConflictError, DlctlError
+from ..meta.records import NO_ENTRY, NO_TXID, SegmentRecord, SegmentState, Versioned
+from ..meta.store import MetaStore
+from .errors import AgentError, AgentUnavailableError, LimboError, NoSuchEntryError, NoSuchSegmentError
+from .format import HEADER_SIZE, decode
+from .records import CorruptRecords, Record, decode_records, encode_records
+
+log = logging.getLogger(__name__)
+
+# -- quorum arithmetic (pure) --------------------------------------------------------------------
+
+
+def fence_quorum(write_quorum: int, ack_quorum: int) -> int:
+    """Replicas of a write set that must be fenced (or say "absent") so that the remaining ones
+    can no longer form an ack quorum: W − A + 1."""
+    return write_quorum - ack_quorum + 1
+
+
+def write_set_of(ensemble: Sequence[str], write_quorum: int, entry_id: int) -> tuple[str, ...]:
+    """The W members storing ``entry_id``: round-robin striping from ``entry_id mod E``."""
+    e = len(ensemble)
+    return tuple(ensemble[(entry_id + i) % e] for i in range(write_quorum))
+
+
+def write_sets(ensemble: Sequence[str], write_quorum: int) -> list[tuple[str, ...]]:
+    """Every distinct write set of an ensemble: one per starting position (E of them; for E = W
+    they are all the same members)."""
+    return [write_set_of(ensemble, write_quorum, start) for start in range(len(ensemble))]
+
+
+def fence_covered(ensemble: Sequence[str], write_quorum: int, ack_quorum: int, fenced: Collection[str]) -> bool:
+    """True when every write set has at least W − A + 1 fenced members."""
+    need = fence_quorum(write_quorum, ack_quorum)
+    return all(sum(member in fenced for member in ws) >= need for ws in write_sets(ensemble, write_quorum))
+
+
+def fence_possible(ensemble: Sequence[str], write_quorum: int, ack_quorum: int, unreachable: Collection[str]) -> bool:
+    """False once some write set has too few reachable members to ever be covered."""
+    need = fence_quorum(write_quorum, ack_quorum)
+    return all(sum(member not in unreachable for member in ws) >= need for ws in write_sets(ensemble, write_quorum))
+
+
+def can_still_ack(acks: int, outstanding: int, ack_quorum: int) -> bool:
+    """Whether an entry with ``acks`` confirmations and ``outstanding`` unanswered adds may still
+    reach its ack quorum."""
+    return acks + outstanding >= ack_quorum
+
+
+class Verdict(Enum):
+    FOUND = "found"  # some replica has it: recover it
+    ABSENT = "absent"  # W − A + 1 replicas lack it: it was never acknowledged; recovery ends before it
+    PENDING = "pending"  # replies outstanding may still decide
+    UNKNOWN = "unknown"  # every reachable replica answered and neither holds: cannot decide now
+
+
+def entry_verdict(write_quorum: int, ack_quorum: int, *, found: bool, absent: int, pending: int) -> Verdict:
+    """The fate of one entry given its write set's answers so far. Failed replicas are neither
+    ``absent`` nor ``pending``: unknown replicas never count towards absence."""
+    if found:
+        return Verdict.FOUND
+    if absent >= fence_quorum(write_quorum, ack_quorum):
+        return Verdict.ABSENT
+    return Verdict.PENDING if pending > 0 else Verdict.UNKNOWN
+
+
+def recovery_end(start: int, verdicts: Sequence[Verdict]) -> int | None:
+    """Last entry id of the segment given verdicts for entries ``start, start+1, ...``, or None
+    while undecided. Recovery ends just before the first ABSENT entry; a PENDING or UNKNOWN entry
+    before it leaves the end undecided (entries after an unknown one cannot be judged yet)."""
+    for offset, verdict in enumerate(verdicts):
+        if verdict is Verdict.ABSENT:
+            return start + offset - 1
+        if verdict is not Verdict.FOUND:
+            return None
+    return None
+
+
+# -- per-entry totals (written by the writer, read here) --------------------------------------
+#
+# The writer ends every entry with a control record whose payload is (data records, bytes) of
+# the segment up to and including this entry; ``bytes`` counts whole encoded entries (header and
+# payload). Closing a recovered segment then needs its last entry only, not a scan.
+
+_TOTALS = struct.Struct(">QQ")
+
+
+def totals_record(txid: int, records: int, nbytes: int) -> Record:
+    return Record(txid=txid, payload=_TOTALS.pack(records, nbytes), control=True)
+
+
+TOTALS_RECORD_SIZE = len(encode_records([totals_record(0, 0, 0)]))
+
+
+@dataclass(frozen=True)
+class EntrySummary:
+    """What the last entry of a segment says about the whole segment."""
+
+    records: int
+    bytes: int
+    last_txid: int  # txid of the entry's last record (the totals record carries the last data txid)
+
+
+def entry_summary(encoded: bytes) -> EntrySummary | None:
+    """The totals stored at the end of an encoded entry, or None when it has none (then the
+    segment must be scanned)."""
+    last: Record | None = None
+    try:
+        for last in decode_records(decode(encoded).payload):
+            pass
+    except (CorruptRecords, ValueError):
+        return None
+    if last is None or not last.control or len(last.payload) != _TOTALS.size:
+        return None
+    records, nbytes = _TOTALS.unpack(last.payload)
+    return EntrySummary(records, nbytes, last.txid)
+
+
+# -- results and errors -----------------------------------------------------------------------
+
+
+class RecoveryError(DlctlError):
+    """Recovery could not decide the end of a segment or could not make it durable."""
+
+
+@dataclass(frozen=True)
+class RecoveryResult:
+    """What recovery of one segment found and decided."""
+
+    segment_seq: int
+    lac: int  # the highest LAC the fenced replicas reported: everything up to it was acknowledged
+    last_entry_id: int  # the end decided (by this recovery or by a concurrent one that won the CAS)
+    recovered_entries: int  # entries past the LAC that this recovery found and re-wrote
+    records: int
+    bytes: int
+    first_txid: int
+    last_txid: int
+    fenced: tuple[str, ...]  # replicas that answered the fence
+    unreachable: tuple[str, ...]  # replicas that did not (down, slow, limbo)
+    closed_by_us: bool  # False: another recovery (or the writer) closed it first; we adopted its end
+    seconds: float
+    segment: Versioned[SegmentRecord]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "segment": self.segment_seq,
+            "lac": self.lac,
+            "last_entry_id": self.last_entry_id,
+            "recovered_entries": self.recovered_entries,
+            "records": self.records,
+            "bytes": self.bytes,
+            "first_txid": self.first_txid,
+            "last_txid": self.last_txid,
+            "fenced": list(self.fenced),
+            "unreachable": list(self.unreachable),
+            "closed_by_us": self.closed_by_us,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(frozen=True)
+class FenceOutcome:
+    lac: int
+    fenced: tuple[str, ...]
+    unreachable: dict[str, str]  # node -> why (so far)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lac": self.lac, "fenced": list(self.fenced), "unreachable": dict(self.unreachable)}
+
+
+# -- the procedure ----------------------------------------------------------------------------
+
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.1, 1.0
+_background: set[asyncio.Task] = set()  # requests left running after a decision (slow replicas)
+
+
+def _keep(task: asyncio.Task) -> None:
+    _background.add(task)
+    task.add_done_callback(_finish_background)
+
+
+def _finish_background(task: asyncio.Task) -> None:
+    _background.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: a slow replica failing later is expected, not an error
+
+
+class _Final(Exception):
+    """A replica's answer that retrying cannot change (limbo, I/O failure)."""
+
+
+class SegmentRecovery:
+    """Fence, recover and close one in-progress segment of log ``name`` (see the module doc)."""
+
+    def __init__(
+        self,
+        meta: MetaStore,
+        pool: Any,  # AgentPool (duck-typed so tests may pass a stand-in)
+        name: str,
+        log_id: int,
+        segment: Versioned[SegmentRecord],
+        *,
+        timeout: float = 30.0,
+        read_ahead: int = 16,
+    ) -> None:
+        self.meta, self.pool, self.name, self.log_id = meta, pool, name, log_id
+        self.segment = segment
+        self.timeout = timeout
+        self.read_ahead = max(1, read_ahead)
+        self._deadline = 0.0
+        self._last_encoded: tuple[int, bytes] | None = None  # the last entry recovery read, if any
+
+    @property
+    def _seg(self) -> SegmentRecord:
+        return self.segment.value
+
+    def _where(self) -> str:
+        return f"segment {self._seg.seq} of log {self.name!r}"
+
+    async def run(self) -> RecoveryResult:
+        started = time.monotonic()
+        for _attempt in range(5):
+            if self._seg.state is not SegmentState.INPROGRESS:
+                return self._adopted(self.segment, NO_ENTRY, (), {}, started)
+            self._deadline = time.monotonic() + self.timeout
+            self._last_encoded = None
+            fence = await self.fence()
+            last, recovered = await self._read_forward(fence.lac)
+            closed = await self._close(last, fence)
+            if closed is not None:
+                return RecoveryResult(
+                    self._seg.seq, fence.lac, last, recovered, closed.value.records, closed.value.bytes,
+                    closed.value.first_txid, closed.value.last_txid, fence.fenced, tuple(sorted(fence.unreachable)),
+                    True, time.monotonic() - started, closed,
+                )
+            # Lost the CAS: whoever won decided; an in-progress segment whose metadata changed
+            # (an ensemble change) is recovered again from its new version.
+            self.segment = await self._zk(self.meta.get_segment, self.name, self._seg.seq)
+            if self._seg.state is not SegmentState.INPROGRESS:
+                return self._adopted(self.segment, fence.lac, fence.fenced, fence.unreachable, started)
+        raise RecoveryError(f"{self._where()} kept changing while it was being recovered", hint="retry")
+
+    def _adopted(self, seg: Versioned[SegmentRecord], lac: int, fenced: tuple[str, ...], unreachable: dict, started: float) -> RecoveryResult:
+        v = seg.value
+        return RecoveryResult(
+            v.seq, lac, v.last_entry_id, 0, v.records, v.bytes, v.first_txid, v.last_txid, tuple(fenced),
+            tuple(sorted(unreachable)), False, time.monotonic() - started, seg,
+        )
+
+    # -- step 1: fence --------------------------------------------------------------------------
+
+    async def fence(self) -> FenceOutcome:
+        """Fence until every write set of the last ensemble has W − A + 1 fenced replicas."""
+        seg = self._seg
+        if not self._deadline:
+            self._deadline = time.monotonic() + self.timeout
+        ensemble = seg.ensembles[-1].nodes
+        w, a = seg.write_quorum, seg.ack_quorum
+        tasks = {asyncio.ensure_future(self._with_retries(node, self._fence_one, node)): node for node in ensemble}
+        fenced: dict[str, int] = {}
+        failed: dict[str, str] = {}
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    node = tasks[task]
+                    try:
+                        fenced[node] = task.result().lac
+                    except (_Final, AgentError) as exc:
+                        failed[node] = str(exc)
+                if fence_covered(ensemble, w, a, fenced):
+                    break
+                if not fence_possible(ensemble, w, a, failed):
+                    raise RecoveryError(
+                        f"cannot fence {self._where()}: every write set needs {fence_quorum(w, a)} fenced replicas "
+                        f"of {w} (E={len(ensemble)}, A={a}); fenced: {', '.join(sorted(fenced)) or 'none'}; "
+                        "unreachable: " + "; ".join(f"{n}: {why}" for n, why in sorted(failed.items())),
+                        hint="bring the unreachable agents back (or re-replicate them), then retry",
+                        details={"fenced": sorted(fenced), "unreachable": failed},
+                    )
+        finally:
+            for task in pending:
+                _keep(task)  # slow replicas get fenced too, whenever they answer
+        unreachable = {tasks[t]: "no answer yet" for t in pending} | failed
+        lac = max([NO_ENTRY, *fenced.values()])
+        # Entries before the last ensemble change were all acknowledged when it was made.
+        lac = max(lac, seg.ensembles[-1].first_entry_id - 1)
+        return FenceOutcome(lac, tuple(sorted(fenced)), unreachable)
+
+    async def _fence_one(self, node: str):
+        client = await self.pool.client(node)
+        return await client.fence(self.log_id, self._seg.seq)
+
+    async def _with_retries(self, node: str, fn: Any, *args: Any) -> Any:
+        """Call ``fn`` until it answers; an unreachable agent is retried with backoff until the
+        deadline, a limbo or failed one is final."""
+        delay = _BACKOFF_FIRST
+        while True:
+            try:
+                return await fn(*args)
+            except (LimboError, NoSuchEntryError, NoSuchSegmentError):
+                raise
+            except AgentUnavailableError as exc:
+                if time.monotonic() + delay > self._deadline:
+                    raise _Final(f"agent {node} unreachable: {exc}") from None
+            except AgentError as exc:
+                raise _Final(f"agent {node}: {exc}") from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _BACKOFF_MAX)
+
+    # -- steps 2 and 3: read forward, re-write -----------------------------------------------
+
+    async def _read_forward(self, lac: int) -> tuple[int, int]:
+        """Recover entries from ``lac`` + 1 on; returns (last entry id, entries recovered)."""
+        start = lac + 1
+        probes: dict[int, asyncio.Task] = {}
+        rewrites: list[asyncio.Task] = []
+        entry_id, launched = start, start
+        try:
+            while True:
+                while launched < entry_id + self.read_ahead:
+                    probes[launched] = asyncio.ensure_future(self._probe(launched))
+                    launched += 1
+                encoded = await probes.pop(entry_id)
+                if encoded is None:
+                    break
+                rewrites.append(asyncio.ensure_future(self._rewrite(entry_id, encoded)))
+                self._last_encoded = (entry_id, encoded)
+                entry_id += 1
+            await asyncio.gather(*rewrites)
+        finally:
+            for task in (*probes.values(), *rewrites):
+                task.cancel()
+            await asyncio.gather(*probes.values(), *rewrites, return_exceptions=True)
+        return entry_id - 1, entry_id - start
+
+    async def _probe(self, entry_id: int) -> bytes | None:
+        """The entry's bytes if any replica has it, None when W − A + 1 replicas lack it."""
+        seg = self._seg
+        w, a = seg.write_quorum, seg.ack_quorum
+        ws = seg.write_set(entry_id)
+        tasks = {asyncio.ensure_future(self._with_retries(n, self._read_one, n, entry_id)): n for n in ws}
+        pending = set(tasks)
+        absent, unknown = 0, {}
+        try:
+            while True:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                found: bytes | None = None
+                for task in done:
+                    try:
+                        found = task.result()
+                    except (NoSuchEntryError, NoSuchSegmentError):
+                        absent += 1
+                    except (_Final, AgentError) as exc:
+                        unknown[tasks[task]] = str(exc)
+                verdict = entry_verdict(w, a, found=found is not None, absent=absent, pending=len(pending))
+                if verdict is Verdict.FOUND:
+                    return found
+                if verdict is Verdict.ABSENT:
+                    return None
+                if verdict is Verdict.UNKNOWN:
+                    raise RecoveryError(
+                        f"cannot recover {self._where()}: entry {entry_id} is missing on {absent} replicas but "
+                        f"{fence_quorum(w, a)} must say so to end the segment there, and the others are unknown: "
+                        + "; ".join(f"{n}: {why}" for n, why in sorted(unknown.items())),
+                        hint="bring those agents back (or re-replicate them), then retry recovery",
+                        details={"entry_id": entry_id, "absent": absent, "unknown": unknown},
+                    )
+        finally:
+            for task in pending:
+                task.cancel()
+
+    async def _read_one(self, node: str, entry_id: int) -> bytes:
+        client = await self.pool.client(node)
+        return await client.read(self.log_id, self._seg.seq, entry_id, fence=True)
+
+    async def _rewrite(self, entry_id: int, encoded: bytes) -> None:
+        """Recovery-add ``encoded`` to the entry's whole write set; return once A replicas have it."""
+        seg = self._seg
+        ws = seg.write_set(entry_id)
+        tasks = {asyncio.ensure_future(self._with_retries(n, self._add_one, n, encoded)): n for n in ws}
+        pending = set(tasks)
+        acks, errors = 0, {}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    try:
+                        task.result()
+                        acks += 1
+                    except (_Final, AgentError) as exc:
+                        errors[tasks[task]] = str(exc)
+                if acks >= seg.ack_quorum:
+                    return
+                if not can_still_ack(acks, len(pending), seg.ack_quorum):
+                    raise RecoveryError(
+                        f"cannot recover {self._where()}: entry {entry_id} was re-written to {acks} replicas, "
+                        f"{seg.ack_quorum} needed: " + "; ".join(f"{n}: {why}" for n, why in sorted(errors.items())),
+                        hint="bring those agents back, then retry recovery",
+                    )
+        finally:
+            for task in pending:
+                _keep(task)  # the rest of the write set gets it whenever it answers
+
+    async def _add_one(self, node: str, encoded: bytes) -> None:
+        client = await self.pool.client(node)
+        await client.add(encoded, recovery=True)
+
+    # -- step 4: close ------------------------------------------------------------------------
+
+    async def _read_any(self, entry_id: int) -> bytes:
+        """A (non-fencing) read of an entry from any replica of its write set: each is tried in
+        turn, rounds repeat with backoff until the deadline (a dead first replica costs one try)."""
+        delay = _BACKOFF_FIRST
+        while True:
+            problems = []
+            for node in self._seg.write_set(entry_id):
+                try:
+                    client = await self.pool.client(node)
+                    return await client.read(self.log_id, self._seg.seq, entry_id)
+                except AgentError as exc:
+                    problems.append(f"{node}: {exc}")
+            if time.monotonic() + delay > self._deadline:
+                raise RecoveryError(
+                    f"cannot read entry {entry_id} of {self._where()} from any replica: " + "; ".join(problems),
+                    hint="bring its agents back, then retry",
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _BACKOFF_MAX)
+
+    async def _summarize(self, last: int) -> tuple[int, int, int, int]:
+        """(records, bytes, first txid, last txid) of entries 0..``last``."""
+        seg = self._seg
+        if last == NO_ENTRY:
+            return 0, 0, seg.first_txid, NO_TXID
+        have = self._last_encoded
+        summary = entry_summary(have[1] if have is not None and have[0] == last else await self._read_any(last))
+        first_txid = seg.first_txid
+        if summary is not None:
+            if first_txid == NO_TXID:
+                first_txid = next((r.txid for r in _records(await self._read_any(0)) if not r.control), NO_TXID)
+            return summary.records, summary.bytes, first_txid, summary.last_txid
+        # Written by something that leaves no totals: count the hard way.
+        records, nbytes, last_txid = 0, 0, NO_TXID
+        for entry_id in range(last + 1):
+            encoded = await self._read_any(entry_id)
+            nbytes += len(encoded)
+            for record in _records(encoded):
+                if not record.control:
+                    records += 1
+                    last_txid = record.txid
+                    if first_txid == NO_TXID:
+                        first_txid = record.txid
+        return records, nbytes, first_txid, last_txid
+
+    async def _close(self, last: int, fence: FenceOutcome) -> Versioned[SegmentRecord] | None:
+        records, nbytes, first_txid, last_txid = await self._summarize(last)
+        closed = replace(self._seg.completed_with(last, last_txid, records, nbytes, time.time()), first_txid=first_txid)
+        try:
+            result = await self._zk(self.meta.update_segment, self.name, self.segment, closed)
+        except ConflictError:
+            return None
+        log.info(
+            "recovered %s: LAC %d, last entry %d, %d records (fenced %s)",
+            self._where(), fence.lac, last, records, ", ".join(fence.fenced),
+        )
+        return result
+
+    async def _zk(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def _records(encoded: bytes) -> list[Record]:
+    return list(decode_records(memoryview(encoded)[HEADER_SIZE:]))
+
+
+async def recover_segment(
+    meta: MetaStore,
+    pool: Any,
+    name: str,
+    log_id: int,
+    segment: Versioned[SegmentRecord],
+    *,
+    timeout: float = 30.0,
+    read_ahead: int = 16,
+) -> RecoveryResult:
+    """Fence, recover and close ``segment`` (see the module docstring). Safe to run concurrently
+    with a live writer (which gets fenced) and with other recoveries (which agree)."""
+    return await SegmentRecovery(meta, pool, name, log_id, segment, timeout=timeout, read_ahead=read_ahead).run()
+
+
+async def recover_log(meta: MetaStore, pool: Any, name: str, *, timeout: float = 30.0) -> list[RecoveryResult]:
+    """Recover every in-progress segment of log ``name`` (normally at most the last one), oldest first."""
+    loop = asyncio.get_running_loop()
+    log_record = await loop.run_in_executor(None, meta.get_log, name)
+    segments = await loop.run_in_executor(None, meta.segments, name)
+    results = []
+    for seg in segments:
+        if seg.value.state is SegmentState.INPROGRESS:
+            results.append(await recover_segment(meta, pool, name, log_record.value.log_id, seg, timeout=timeout))
+    return results
+
+
+async def fence_log(meta: MetaStore, pool: Any, name: str, *, timeout: float = 30.0) -> dict[int, FenceOutcome]:
+    """Fence every in-progress segment of log ``name`` without closing it (``dlctl fence``): its
+    writer can no longer commit anything; the next owner or ``recover_log`` closes the segment."""
+    loop = asyncio.get_running_loop()
+    log_record = await loop.run_in_executor(None, meta.get_log, name)
+    segments = await loop.run_in_executor(None, meta.segments, name)
+    return {
+        seg.value.seq: await SegmentRecovery(meta, pool, name, log_record.value.log_id, seg, timeout=timeout).fence()
+        for seg in segments
+        if seg.value.state is SegmentState.INPROGRESS
+    }

@@ -1,0 +1,932 @@
+"""The log writer: ownership, recovery on open, batching, pipelined replication, rolling.
+
+``LogWriter.open`` takes ownership of a log, fences and recovers its in-progress segment if
+the previous owner left one (``writer.recovered``), and is then the only writer of the log.
+
+Records are batched into entries (cut at ``batch_bytes`` or ``batch_delay`` after the first
+record of a batch, or at once when nothing is in flight, so a lone append is not delayed).
+Entries are pipelined: each goes to its write set as soon as it is cut, many in flight. An
+entry is acknowledged once A replicas of its write set confirm *and* every earlier entry is
+acknowledged; each record's future then gets its DLSN. Every entry carries the LAC; when the
+writer goes idle a control entry carries the final one, so tailing readers see the last data.
+
+Every entry ends with a control record holding the segment's running totals (records and
+bytes up to that entry), so closing a recovered segment needs only its last entry.
+
+Segments are created lazily, when the first entry needs one, with its first txid known, and
+roll by size and time (the old one is completed by compare-and-set after its in-flight entries
+are acknowledged).
+
+**Agent failures.** The writer does not splice replacements into a live segment (no ensemble
+changes); it *rolls*. A failed agent is dropped from the segment's write sets and entries are
+acknowledged by the remaining members while they still form an ack quorum. The writer then
+rolls to a new segment on a fresh ensemble without the failed agent: in-flight entries are
+given the chance to be acknowledged, the segment is completed at its last acknowledged entry,
+and entries that could not reach quorum are re-encoded into the new segment (their DLSNs are
+assigned only then, so nothing acknowledged moves). When no fresh ensemble can be formed (too
+few agents) the writer stays on the degraded segment as long as ack quorum holds and retries
+every ``ensemble_retry`` seconds; if an entry can no longer reach quorum it waits up to
+``stall_timeout`` for agents to come back and then fails. Segments left with fewer than W
+replicas are for re-replication (DESIGN.md §6) to repair.
+
+**Deposition.** A fencing error from any agent, the loss of the ZooKeeper session (or of the
+owner znode), or a lost compare-and-set on our own segment means another writer took over:
+every pending and later append fails with ``WriterDeposedError``; no entry is reported
+acknowledged after that moment, and acknowledgements that arrive later are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.exceptions import ConnectionLoss, OperationTimeoutError
+
+from ..errors import ConflictError, DlctlError, NotFoundError, RefusedError
+from ..meta.records import NO_ENTRY, NO_TXID, EnsembleChange, LogRecord, SegmentRecord, SegmentState, Versioned
+from ..meta.store import MetaStore
+from ..placement import choose_ensemble
+from . import format as fmt
+from .dlsn import DLSN
+from .errors import AgentError, AgentUnavailableError, FencedError
+from .ownership import Ownership
+from .records import Record, encode_records
+from .recovery import TOTALS_RECORD_SIZE, RecoveryResult, can_still_ack, recover_segment, totals_record, write_set_of
+
+log = logging.getLogger(__name__)
+
+# One record without key or headers, encoded without building a Record: size, flags, txid, key
+# length (0), header count (0); then the payload. Same layout as records.encode_records.
+_PLAIN = struct.Struct(">IBqHH")
+_PLAIN_BODY = _PLAIN.size - 4  # bytes counted by the size field before the payload
+_MAX_RECORD = fmt.MAX_PAYLOAD - TOTALS_RECORD_SIZE
+_TXID_MAX = 2**63 - 1
+# ZooKeeper answers lost to a connection blip: the request may or may not have been applied.
+_ZK_BLIPS = (ConnectionLoss, OperationTimeoutError)
+
+
+class WriterError(DlctlError):
+    """The writer stopped: appends pending at that moment and every later one fail with it."""
+
+
+class WriterDeposedError(WriterError):
+    """Another writer took the log over (fenced our segment, or our ownership was lost)."""
+
+
+class WriterClosedError(WriterError):
+    """The writer was closed; open a new one to append."""
+
+
+class TxidOrderError(RefusedError):
+    """An application-given txid does not increase; nothing was appended."""
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    batch_bytes: int = 256 * 1024  # cut an entry once its records reach this size
+    batch_delay: float = 0.002  # ... or this long after its first record
+    flush_when_idle: bool = True  # cut at once when nothing is in flight (low latency when idle)
+    lac_delay: float = 0.002  # idle this long after an ack: write a control entry to publish LAC
+    max_pending_bytes: int = 64 * 1024 * 1024  # append() waits while more are unacknowledged
+    ensemble_retry: float = 1.0  # degraded segment: how often to look for a fresh ensemble
+    stall_timeout: float = 30.0  # how long entries may wait for agents before the writer fails
+    ownership_wait: float = 0.0  # open(): how long to wait for a current owner to go away
+    recovery_timeout: float = 30.0  # open(): bound on recovering the previous owner's segment
+    roll_bytes: int | None = None  # override the log's config
+    roll_seconds: float | None = None  # override the log's config
+
+    def __post_init__(self) -> None:
+        if self.batch_bytes < 1 or self.batch_delay < 0 or self.lac_delay < 0:
+            raise ValueError("batch_bytes must be >= 1 and delays >= 0")
+
+
+class _Batch:
+    """Records cut (or being cut) into one entry; their futures resolve when it is acknowledged."""
+
+    __slots__ = ("parts", "futures", "size", "first_txid", "last_txid", "control")
+
+    def __init__(self, first_txid: int, control: bool = False) -> None:
+        self.parts: list[bytes] = []
+        self.futures: list[asyncio.Future[DLSN]] = []
+        self.size = 0
+        self.first_txid = first_txid
+        self.last_txid = first_txid
+        self.control = control
+
+
+class _Entry:
+    __slots__ = ("batch", "entry_id", "encoded", "body_len", "acks", "outstanding", "acked")
+
+    def __init__(self, batch: _Batch, entry_id: int, encoded: bytes, body_len: int, outstanding: int) -> None:
+        self.batch = batch
+        self.entry_id = entry_id
+        self.encoded = encoded
+        self.body_len = body_len
+        self.acks = 0
+        self.outstanding = outstanding
+        self.acked = False
+
+
+class _Segment:
+    """The in-progress segment being written, and its replication state."""
+
+    def __init__(self, versioned: Versioned[SegmentRecord], clients: dict[str, Any], failed: dict[str, str]) -> None:
+        rec = versioned.value
+        self.versioned = versioned
+        self.seq = rec.seq
+        self.ensemble = rec.ensembles[-1].nodes
+        self.w, self.a = rec.write_quorum, rec.ack_quorum
+        self.clients = clients
+        self.failed = failed  # node -> why; dropped from this segment's write sets
+        self.next_entry_id = 0
+        self.inflight: deque[_Entry] = deque()  # dispatched, not yet acknowledged, in entry order
+        self.lac = NO_ENTRY
+        self.published_lac = NO_ENTRY  # highest LAC carried by a dispatched entry
+        self.last_data_entry = NO_ENTRY  # highest acknowledged entry that holds records
+        self.records = 0  # acknowledged
+        self.bytes = 0
+        self.last_txid = NO_TXID
+        self.sent_records = 0  # dispatched: the totals each new entry carries
+        self.sent_bytes = 0
+        self.sent_txid = NO_TXID
+        self.created = time.monotonic()
+        self.retry_at = 0.0  # degraded: when to look for a fresh ensemble next
+        self.closing = False  # no new entries: a roll or close is under way
+        self.sealed = False  # done: late answers of its agents are ignored
+        self.tasks: set[asyncio.Task] = set()
+        self.waiter: asyncio.Future[None] | None = None
+
+    def notify(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def changed(self, timeout: float) -> None:
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(self.waiter, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self.waiter = None
+
+    def all_ackable(self) -> bool:
+        return all(e.acked or can_still_ack(e.acks, e.outstanding, self.a) for e in self.inflight)
+
+
+class LogWriter:
+    """The single writer of a log; create with ``await LogWriter.open(...)`` (see module doc)."""
+
+    def __init__(self, meta: MetaStore, pool: Any, name: str, owner_id: str | None, options: WriterOptions) -> None:
+        self.meta = meta
+        self.pool = pool
+        self.name = name
+        self.options = options
+        self.ownership = Ownership(meta, name, owner_id)
+        self.recovered: tuple[RecoveryResult, ...] = ()
+        self._loop = asyncio.get_running_loop()
+        self._log: Versioned[LogRecord] | None = None
+        self._segment: _Segment | None = None
+        self._batch: _Batch | None = None
+        self._queue: deque[_Batch] = deque()  # cut, waiting for a segment
+        self._timer: asyncio.Handle | None = None
+        self._lac_timer: asyncio.TimerHandle | None = None
+        self._transition: asyncio.Task | None = None  # opening, rolling or closing a segment
+        self._housekeeper: asyncio.Task | None = None
+        self._last_txid = NO_TXID  # last assigned
+        self._submitted = 0  # records accepted by submit()
+        self._acked = 0  # records acknowledged (always a prefix of the submitted ones)
+        self._flushes: list[tuple[int, asyncio.Future[None]]] = []
+        self._last_dlsn: DLSN | None = None  # last acknowledged record
+        self._pending_bytes = 0
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._error: WriterError | None = None
+        self._avoid: set[str] = set()  # agents that failed the last segment: not in the next one if possible
+        self._closing = False
+        self._closed = False
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        meta: MetaStore,
+        pool: Any,
+        name: str,
+        *,
+        owner_id: str | None = None,
+        options: WriterOptions | None = None,
+        **overrides: Any,
+    ) -> LogWriter:
+        """Own log ``name``, recover what the previous owner left in progress, and get ready to
+        append. ``overrides`` are ``WriterOptions`` fields (e.g. ``batch_delay=0.005``)."""
+        opts = options or WriterOptions()
+        if overrides:
+            opts = WriterOptions(**{**opts.__dict__, **overrides})
+        writer = cls(meta, pool, name, owner_id, opts)
+        await writer._start()
+        return writer
+
+    async def _start(self) -> None:
+        await self.ownership.acquire(wait=self.options.ownership_wait)
+        try:
+            self.ownership.on_lost(self._on_ownership_lost)
+            self._log = await self._zk(self.meta.get_log, self.name)
+            segments = await self._zk(self.meta.segments, self.name)
+            recovered = []
+            for seg in segments:
+                if seg.value.state is SegmentState.INPROGRESS:
+                    recovered.append(
+                        await recover_segment(
+                            self.meta, self.pool, self.name, self._log.value.log_id, seg, timeout=self.options.recovery_timeout
+                        )
+                    )
+            self.recovered = tuple(recovered)
+            if recovered:
+                segments = await self._zk(self.meta.segments, self.name)
+            for seg in reversed(segments):
+                if seg.value.records > 0 and seg.value.last_txid != NO_TXID:
+                    self._last_txid = seg.value.last_txid
+                    break
+            if self.ownership.lost:
+                raise WriterDeposedError(f"lost ownership of log {self.name!r} while opening it: {self.ownership.lost_reason}")
+            self._log = await self._zk(self.meta.get_log, self.name)
+        except BaseException:
+            await self.ownership.release()
+            raise
+        self._housekeeper = asyncio.ensure_future(self._housekeeping())
+
+    # -- public state --------------------------------------------------------------------------
+
+    @property
+    def owner_id(self) -> str:
+        return self.ownership.owner_id
+
+    @property
+    def last_txid(self) -> int:
+        """The last txid assigned (or accepted) by ``submit``; NO_TXID (-1) for an empty log."""
+        return self._last_txid
+
+    @property
+    def last_dlsn(self) -> DLSN | None:
+        """The last acknowledged record's position."""
+        return self._last_dlsn
+
+    @property
+    def segment_seq(self) -> int | None:
+        return self._segment.seq if self._segment is not None else None
+
+    @property
+    def error(self) -> WriterError | None:
+        """Why the writer stopped (deposed, stalled), or None while it is healthy."""
+        return self._error
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    # -- appending -------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        payload: bytes | Record,
+        txid: int | None = None,
+        *,
+        key: bytes = b"",
+        headers: Mapping[str, bytes] | None = None,
+    ) -> asyncio.Future[DLSN]:
+        """Queue one record; the returned future gets its DLSN when it is acknowledged.
+
+        Never blocks (see ``wait_writable`` for backpressure). ``txid``: None assigns the last
+        txid + 1; an application txid must be greater than every earlier one. A ``Record``
+        brings its own txid, key and headers (``txid`` overrides its txid).
+        """
+        if self._error is not None:
+            raise self._error
+        if self._closing:
+            raise WriterClosedError(f"writer of log {self.name!r} is closed", hint="open a new writer to append")
+        if isinstance(payload, Record):
+            if payload.control:
+                raise ValueError("control records are written by the writer itself, not appended")
+            record = payload
+            payload, key, headers = record.payload, record.key, record.headers
+            if txid is None:
+                txid = record.txid
+        if txid is None:
+            txid = self._last_txid + 1
+        elif txid <= self._last_txid:
+            raise TxidOrderError(
+                f"txid {txid} refused for log {self.name!r}: txids must increase and the last one is {self._last_txid}",
+                hint="give a txid greater than the last, or none to let the writer assign one",
+            )
+        if txid > _TXID_MAX:
+            raise ValueError(f"txid {txid} exceeds the int64 range")
+        if key or headers:
+            encoded = encode_records([Record(txid, bytes(payload), bytes(key), dict(headers or {}))])
+            parts: tuple[bytes, ...] = (encoded,)
+            size = len(encoded)
+        else:
+            size = _PLAIN.size + len(payload)
+            parts = (_PLAIN.pack(_PLAIN_BODY + len(payload), 0, txid, 0, 0), payload)
+        if size > _MAX_RECORD:
+            raise ValueError(f"record of {size} bytes exceeds the {_MAX_RECORD}-byte maximum of one entry")
+        self._last_txid = txid
+        fut: asyncio.Future[DLSN] = self._loop.create_future()
+        batch = self._batch
+        if batch is not None and batch.size + size > self.options.batch_bytes:
+            self._cut()
+            batch = None
+        if batch is None:
+            batch = self._batch = _Batch(txid)
+            self._arm_batch_timer()
+        batch.parts.extend(parts)
+        batch.futures.append(fut)
+        batch.size += size
+        batch.last_txid = txid
+        self._submitted += 1
+        self._pending_bytes += size
+        if self._pending_bytes > self.options.max_pending_bytes:
+            self._writable.clear()
+        if batch.size >= self.options.batch_bytes:
+            self._cut()
+        return fut
+
+    async def append(
+        self,
+        payload: bytes | Record,
+        txid: int | None = None,
+        *,
+        key: bytes = b"",
+        headers: Mapping[str, bytes] | None = None,
+    ) -> DLSN:
+        """Append one record and wait until it is acknowledged; returns its DLSN."""
+        if not self._writable.is_set():
+            await self.wait_writable()
+        return await self.submit(payload, txid, key=key, headers=headers)
+
+    async def wait_writable(self) -> None:
+        """Wait while more than ``max_pending_bytes`` are unacknowledged (backpressure for ``submit``)."""
+        while not self._writable.is_set():
+            if self._error is not None:
+                raise self._error
+            await self._writable.wait()
+
+    async def flush(self) -> DLSN | None:
+        """Send what is batched and wait until everything submitted so far is acknowledged.
+        Returns the last acknowledged DLSN."""
+        if self._batch is not None:
+            self._cut()
+        if self._acked < self._submitted:
+            if self._error is not None:
+                raise self._error
+            done: asyncio.Future[None] = self._loop.create_future()
+            self._flushes.append((self._submitted, done))
+            await done
+        return self._last_dlsn
+
+    async def close(self) -> None:
+        """Flush, complete the in-progress segment, release ownership. Idempotent.
+
+        Raises if the writer fails while closing (records submitted before the close may or
+        may not be in the log). A writer that had already failed closes quietly: its appends
+        have reported the error."""
+        if self._closed:
+            return
+        self._closing = True
+        failed_before = self._error is not None
+        error: BaseException | None = None
+        try:
+            if self._error is None:
+                await self.flush()
+            # Complete the segment once nothing is in flight. A roll may still be under way (or
+            # start: an agent failing now moves stuck entries on), so look again after each.
+            while self._error is None:
+                if self._transition is not None:
+                    await asyncio.shield(self._transition)
+                    continue
+                seg = self._segment
+                if seg is None:
+                    break
+                seg.closing = True
+                self._cancel_lac_timer()
+                if seg.inflight:
+                    await seg.changed(self.options.stall_timeout)
+                    continue
+                await self._seal(seg)
+                self._segment = None
+            if self._error is not None and not failed_before:
+                error = self._error
+        except WriterError as exc:
+            self._fail(exc)
+            error = exc
+        finally:
+            self._closed = True
+            if self._error is None:
+                self._error = WriterClosedError(f"writer of log {self.name!r} is closed", hint="open a new writer to append")
+                self._fail_pending(self._error)
+            self._stop_background()
+            await self.ownership.release()
+        if error is not None:
+            raise error
+
+    async def __aenter__(self) -> LogWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- batching --------------------------------------------------------------------------------
+
+    def _busy(self) -> bool:
+        seg = self._segment
+        return bool(self._queue) or self._transition is not None or (seg is not None and bool(seg.inflight))
+
+    def _arm_batch_timer(self) -> None:
+        if self.options.flush_when_idle and not self._busy():
+            # Cut at the end of this loop iteration: records submitted together still share an entry.
+            self._timer = self._loop.call_soon(self._on_batch_timer)
+        else:
+            self._timer = self._loop.call_later(self.options.batch_delay, self._on_batch_timer)
+
+    def _on_batch_timer(self) -> None:
+        self._timer = None
+        if self._batch is not None:
+            self._cut()
+
+    def _cut(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            self._queue.append(batch)
+            self._pump()
+
+    def _pump(self) -> None:
+        """Move cut batches into the current segment, opening one when needed."""
+        if self._error is not None:
+            return
+        seg = self._segment
+        if seg is None:
+            if self._queue and self._transition is None:
+                self._start_transition(self._open_segment(None, self._avoid))
+            return
+        if seg.closing:
+            return
+        roll_bytes = self._roll_bytes()
+        while self._queue:
+            self._dispatch(seg, self._queue.popleft())
+            if seg.sent_bytes >= roll_bytes and self._request_roll(f"segment {seg.seq} reached {seg.sent_bytes} bytes"):
+                break  # the rest goes to the next segment
+
+    # -- replication -----------------------------------------------------------------------------
+
+    def _dispatch(self, seg: _Segment, batch: _Batch) -> None:
+        entry_id = seg.next_entry_id
+        seg.next_entry_id += 1
+        lac = seg.lac
+        seg.published_lac = lac
+        body = b"".join(batch.parts)
+        count = len(batch.futures)
+        size = fmt.HEADER_SIZE + len(body) + TOTALS_RECORD_SIZE
+        seg.sent_records += count
+        seg.sent_bytes += size
+        if count:
+            seg.sent_txid = batch.last_txid
+        totals = encode_records([totals_record(seg.sent_txid, seg.sent_records, seg.sent_bytes)])
+        encoded = fmt.encode(
+            fmt.Entry(self._log_id, seg.seq, entry_id, lac, body + totals, fmt.FLAG_CONTROL if batch.control else 0)
+        )
+        batch.parts = []  # the entry's bytes hold them now
+        targets = [n for n in write_set_of(seg.ensemble, seg.w, entry_id) if n not in seg.failed]
+        entry = _Entry(batch, entry_id, encoded, len(body), len(targets))
+        seg.inflight.append(entry)
+        self._cancel_lac_timer()  # this entry carries the LAC
+        for node in targets:
+            task = self._loop.create_task(self._send(seg, entry, node))
+            seg.tasks.add(task)
+            task.add_done_callback(seg.tasks.discard)
+        if not can_still_ack(0, len(targets), seg.a):
+            self._request_roll(f"entry {entry_id} of segment {seg.seq} cannot reach ack quorum", failure=True, urgent=True)
+
+    async def _send(self, seg: _Segment, entry: _Entry, node: str) -> None:
+        try:
+            await seg.clients[node].add(entry.encoded)
+        except FencedError as exc:
+            if not seg.sealed:
+                self._fail(
+                    WriterDeposedError(
+                        f"writer {self.owner_id} of log {self.name!r} was deposed: segment {seg.seq} was fenced "
+                        f"by a newer writer (agent {node}: {exc.message})",
+                        hint="records not yet acknowledged may or may not be in the log; reopen the log to continue",
+                    )
+                )
+            return
+        except AgentError as exc:
+            self._on_replica_failed(seg, entry, node, exc)
+            return
+        if seg.sealed or self._error is not None:
+            return
+        entry.outstanding -= 1
+        entry.acks += 1
+        if entry.acks == seg.a:
+            entry.acked = True
+            if seg.inflight and seg.inflight[0] is entry:
+                self._advance(seg)
+
+    def _advance(self, seg: _Segment) -> None:
+        """Acknowledge the acked prefix of in-flight entries, in entry order."""
+        q = seg.inflight
+        seq = seg.seq
+        freed = 0
+        while q and q[0].acked:
+            entry = q.popleft()
+            seg.lac = entry.entry_id
+            seg.bytes += fmt.HEADER_SIZE + entry.body_len + TOTALS_RECORD_SIZE
+            batch = entry.batch
+            futures = batch.futures
+            if futures:
+                eid = entry.entry_id
+                for slot, fut in enumerate(futures):
+                    if not fut.done():
+                        fut.set_result(DLSN(seq, eid, slot))
+                seg.records += len(futures)
+                self._acked += len(futures)
+                seg.last_txid = batch.last_txid
+                seg.last_data_entry = eid
+                self._last_dlsn = DLSN(seq, eid, len(futures) - 1)
+                freed += batch.size
+        if freed:
+            self._pending_bytes -= freed
+            if self._pending_bytes <= self.options.max_pending_bytes:
+                self._writable.set()
+            if self._flushes and self._flushes[0][0] <= self._acked:
+                waiting = [f for f in self._flushes if f[0] > self._acked]
+                for target, done in self._flushes:
+                    if target <= self._acked and not done.done():
+                        done.set_result(None)
+                self._flushes = waiting
+        seg.notify()
+        if not q and seg.published_lac < seg.last_data_entry and not seg.closing and self._batch is None and not self._queue:
+            if self._lac_timer is None:
+                self._lac_timer = self._loop.call_later(self.options.lac_delay, self._publish_lac)
+
+    def _publish_lac(self) -> None:
+        """Idle: write a control entry so replicas (and tailing readers) learn the final LAC."""
+        self._lac_timer = None
+        seg = self._segment
+        if seg is None or seg.closing or self._error is not None or self._batch is not None or self._queue:
+            return
+        if seg.published_lac < seg.last_data_entry:
+            self._dispatch(seg, _Batch(seg.sent_txid, control=True))
+
+    def _cancel_lac_timer(self) -> None:
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+
+    def _on_replica_failed(self, seg: _Segment, entry: _Entry, node: str, exc: AgentError) -> None:
+        if seg.sealed or self._error is not None:
+            return
+        entry.outstanding -= 1
+        new = node not in seg.failed
+        if new:
+            seg.failed[node] = str(exc)
+            log.warning("log %r segment %d: agent %s failed (%s); continuing without it", self.name, seg.seq, node, exc)
+        if not entry.acked and not can_still_ack(entry.acks, entry.outstanding, seg.a):
+            self._request_roll(f"entry {entry.entry_id} of segment {seg.seq} cannot reach ack quorum", failure=True, urgent=True)
+        elif new:
+            self._request_roll(f"agent {node} failed", failure=True)
+        seg.notify()
+
+    # -- segments: open, roll, close -----------------------------------------------------------
+
+    @property
+    def _log_id(self) -> int:
+        assert self._log is not None
+        return self._log.value.log_id
+
+    def _roll_bytes(self) -> int:
+        assert self._log is not None
+        return self.options.roll_bytes or self._log.value.config.roll_bytes
+
+    def _roll_seconds(self) -> float:
+        assert self._log is not None
+        return self.options.roll_seconds or self._log.value.config.roll_seconds
+
+    def _start_transition(self, coro: Any) -> None:
+        self._transition = asyncio.ensure_future(self._run_transition(coro))
+
+    async def _run_transition(self, coro: Any) -> None:
+        try:
+            await coro
+        except WriterError as exc:
+            self._fail(exc)
+        except DlctlError as exc:
+            self._fail(WriterError(f"writer of log {self.name!r} stopped: {exc.message}", hint=exc.hint))
+        except Exception as exc:  # noqa: BLE001 - a bug must fail the appends, not hang them
+            log.exception("writer of log %r failed", self.name)
+            self._fail(WriterError(f"writer of log {self.name!r} failed unexpectedly: {exc!r}"))
+        finally:
+            self._transition = None
+            if self._error is None:
+                self._pump()
+
+    def _request_roll(self, reason: str, *, failure: bool = False, urgent: bool = False) -> bool:
+        """Start rolling unless a transition is under way or a recent attempt found no ensemble;
+        True when the current segment takes no more entries for now."""
+        seg = self._segment
+        if seg is None or self._error is not None:
+            return True
+        if self._transition is not None:
+            return seg.closing  # the housekeeper looks at failed agents again
+        if not urgent and time.monotonic() < seg.retry_at:
+            return False  # no fresh ensemble a moment ago: do not ask ZooKeeper on every entry
+        self._start_transition(self._roll(seg, reason, failure))
+        return True
+
+    async def _roll(self, seg: _Segment, reason: str, failure: bool) -> None:
+        # The next ensemble first: if none can be formed (too few agents), rolling would leave
+        # us with no segment at all, so stay on this one while it can still acknowledge.
+        ensemble = await self._fresh_ensemble(set(seg.failed))
+        if ensemble is None:
+            if seg.all_ackable():
+                level = logging.WARNING if seg.retry_at == 0.0 else logging.DEBUG  # once, not every retry
+                log.log(level, "log %r: cannot roll segment %d (%s): too few agents; continuing on it", self.name, seg.seq, reason)
+                seg.retry_at = time.monotonic() + self.options.ensemble_retry
+                return
+            ensemble = await self._wait_for_ensemble(seg, reason)
+            if ensemble is None:
+                return  # the stuck entries reached quorum after all
+        log.info("log %r: rolling segment %d (%s)", self.name, seg.seq, reason)
+        seg.closing = True
+        self._cancel_lac_timer()
+        # Let in-flight entries be acknowledged here first, so the segment ends cleanly; entries
+        # that can no longer reach quorum here move to the next segment.
+        deadline = time.monotonic() + self.options.stall_timeout
+        while seg.inflight and seg.all_ackable() and self._error is None and time.monotonic() < deadline:
+            await seg.changed(deadline - time.monotonic())
+        if self._error is not None:
+            return
+        await self._seal(seg)
+        self._segment = None
+        self._avoid = set(seg.failed)
+        if self._queue:
+            await self._open_segment(ensemble, self._avoid)
+
+    async def _wait_for_ensemble(self, seg: _Segment, reason: str) -> tuple[str, ...] | None:
+        """Entries cannot reach quorum on ``seg``: wait for agents to form a fresh ensemble, or
+        for the entries to get their acks after all (None), up to ``stall_timeout``."""
+        deadline = time.monotonic() + self.options.stall_timeout
+        delay = 0.1
+        while True:
+            if self._error is not None:
+                raise self._error
+            if seg.all_ackable():
+                return None
+            ensemble = await self._fresh_ensemble(set(seg.failed))
+            if ensemble is not None:
+                return ensemble
+            if time.monotonic() + delay > deadline:
+                raise WriterError(
+                    f"writer of log {self.name!r} stalled: {reason}; failed agents: "
+                    + "; ".join(f"{n}: {why}" for n, why in sorted(seg.failed.items()))
+                    + f"; no fresh ensemble of {self._ensemble_size()} agents for {self.options.stall_timeout:g}s",
+                    hint="bring agents back; records not yet acknowledged may or may not be in the log",
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _ensemble_size(self) -> int:
+        assert self._log is not None
+        return self._log.value.config.ensemble_size
+
+    async def _fresh_ensemble(self, failed: set[str]) -> tuple[str, ...] | None:
+        """An ensemble without agents that are still failing, or None when too few are left."""
+        nodes = await self._available()
+        suspects = {n for n in failed if n in nodes}
+        still_failing = set(failed) - suspects
+        if suspects:
+            # A failed agent that answers now (a dropped connection, a restart) may serve again.
+            checks = await asyncio.gather(*(self._healthy(n) for n in sorted(suspects)))
+            still_failing |= {n for n, ok in zip(sorted(suspects), checks) if not ok}
+        try:
+            return choose_ensemble(nodes, self._ensemble_size(), exclude=still_failing)
+        except RefusedError:
+            return None
+
+    async def _available(self) -> dict[str, dict]:
+        try:
+            return await self.pool.refresh()
+        except _ZK_BLIPS:
+            return self.pool.nodes  # as last seen: the agents themselves are checked anyway
+
+    async def _healthy(self, node: str) -> bool:
+        try:
+            client = await self.pool.client(node)
+            await asyncio.wait_for(client.stat(), 1.0)
+            return True
+        except (AgentError, TimeoutError):
+            return False
+
+    async def _open_segment(self, ensemble: tuple[str, ...] | None, avoid: set[str]) -> None:
+        """Create the next in-progress segment (sequence number by CAS on the log record)."""
+        assert self._log is not None
+        if ensemble is None:
+            deadline = time.monotonic() + self.options.stall_timeout
+            while ensemble is None:
+                nodes = await self._available()
+                try:
+                    ensemble = choose_ensemble(nodes, self._ensemble_size(), exclude=avoid)
+                except RefusedError as exc:
+                    try:  # agents we saw fail may be back: better than no segment at all
+                        ensemble = choose_ensemble(nodes, self._ensemble_size())
+                    except RefusedError:
+                        if time.monotonic() > deadline:
+                            raise WriterError(f"writer of log {self.name!r} cannot start a segment: {exc.message}", hint=exc.hint) from None
+                        await asyncio.sleep(0.2)
+        first_txid = self._queue[0].first_txid if self._queue else self._last_txid + 1
+        while True:
+            log_rec = self._log.value
+            record = SegmentRecord(
+                seq=log_rec.max_segment_seq + 1,
+                state=SegmentState.INPROGRESS,
+                ensembles=(EnsembleChange(0, ensemble),),
+                write_quorum=log_rec.config.write_quorum,
+                ack_quorum=log_rec.config.ack_quorum,
+                created=time.time(),
+                writer=self.owner_id,
+                first_txid=first_txid,
+            )
+            if self.ownership.lost:
+                raise self._deposed(f"ownership lost: {self.ownership.lost_reason}")
+            try:
+                self._log, versioned = await self._create_segment(record)
+                break
+            except ConflictError:
+                fresh = await self._zk(self.meta.get_log, self.name)
+                if fresh.value.max_segment_seq != log_rec.max_segment_seq:
+                    raise self._deposed(f"another writer created segment {fresh.value.max_segment_seq}") from None
+                self._log = fresh  # only the config changed: use it
+        clients: dict[str, Any] = {}
+        failed: dict[str, str] = {}
+        for node in ensemble:
+            try:
+                clients[node] = await self.pool.client(node)
+            except AgentUnavailableError as exc:
+                failed[node] = str(exc)
+        seg = _Segment(versioned, clients, failed)
+        log.info("log %r: segment %d in progress on %s", self.name, seg.seq, ", ".join(ensemble))
+        if self._error is not None:
+            return
+        self._segment = seg
+        self._avoid = set()
+
+    async def _seal(self, seg: _Segment) -> None:
+        """Complete ``seg`` at its last acknowledged entry (CAS); requeue what was not acknowledged."""
+        if seg.sealed:
+            return
+        seg.sealed = True
+        leftovers = list(seg.inflight)
+        seg.inflight.clear()
+        for entry in leftovers:
+            batch = entry.batch
+            batch.parts = [entry.encoded[fmt.HEADER_SIZE : fmt.HEADER_SIZE + entry.body_len]]
+        self._queue.extendleft(reversed([e.batch for e in leftovers if e.batch.futures]))
+        completed = seg.versioned.value.completed_with(seg.lac, seg.last_txid, seg.records, seg.bytes, time.time())
+        try:
+            await self._update_segment(seg.versioned, completed)
+        except (ConflictError, NotFoundError) as exc:
+            raise self._deposed(f"segment {seg.seq} was closed by someone else ({exc.message})") from None
+        if leftovers:
+            log.info("log %r: segment %d completed at entry %d; %d entries move to the next segment", self.name, seg.seq, seg.lac, len(leftovers))
+
+    # -- metadata updates that survive a ZooKeeper connection blip ------------------------------
+
+    async def _create_segment(self, record: SegmentRecord) -> tuple[Versioned[LogRecord], Versioned[SegmentRecord]]:
+        assert self._log is not None
+        deadline = time.monotonic() + self.options.stall_timeout
+        while True:
+            try:
+                return await self._zk(self.meta.create_segment, self.name, self._log, record)
+            except _ZK_BLIPS as exc:
+                self._check_blip_deadline(deadline, f"creating segment {record.seq}", exc)
+            # Did it go through before the answer was lost? Then the segment is ours as written.
+            await asyncio.sleep(0.2)
+            try:
+                log_now = await self._zk(self.meta.get_log, self.name)
+                if log_now.value.max_segment_seq != record.seq:
+                    continue  # not applied (or someone else's: the retry's CAS says so)
+                seg_now = await self._zk(self.meta.get_segment, self.name, record.seq)
+            except _ZK_BLIPS:
+                continue
+            if seg_now.value == record:
+                return log_now, seg_now
+            raise ConflictError(f"segment {record.seq} of log {self.name!r} was created by another writer")
+
+    async def _update_segment(self, current: Versioned[SegmentRecord], new: SegmentRecord) -> Versioned[SegmentRecord]:
+        deadline = time.monotonic() + self.options.stall_timeout
+        while True:
+            try:
+                return await self._zk(self.meta.update_segment, self.name, current, new)
+            except _ZK_BLIPS as exc:
+                self._check_blip_deadline(deadline, f"completing segment {new.seq}", exc)
+            await asyncio.sleep(0.2)
+            try:
+                now = await self._zk(self.meta.get_segment, self.name, new.seq)
+            except _ZK_BLIPS:
+                continue
+            if now.value == new:
+                return now  # applied before the answer was lost
+            if now.version != current.version:
+                raise ConflictError(f"segment {new.seq} of log {self.name!r} was changed by someone else")
+
+    def _check_blip_deadline(self, deadline: float, what: str, exc: Exception) -> None:
+        if time.monotonic() > deadline:
+            raise WriterError(
+                f"writer of log {self.name!r} stalled {what}: ZooKeeper unreachable for {self.options.stall_timeout:g}s ({exc!r})",
+                hint="check the ZooKeeper ensemble; records not yet acknowledged may or may not be in the log",
+            )
+        log.warning("log %r: ZooKeeper connection trouble while %s (%r); retrying", self.name, what, exc)
+
+    # -- failure and housekeeping ----------------------------------------------------------------
+
+    def _deposed(self, why: str) -> WriterDeposedError:
+        return WriterDeposedError(
+            f"writer {self.owner_id} of log {self.name!r} was deposed: {why}",
+            hint="records not yet acknowledged may or may not be in the log; reopen the log to continue",
+        )
+
+    def _on_ownership_lost(self, reason: str) -> None:
+        self._fail(self._deposed(reason))
+
+    def _fail(self, error: WriterError) -> None:
+        """Stop for good: fail every unacknowledged append; ignore whatever agents answer later."""
+        if self._error is not None:
+            return
+        self._error = error
+        log.error("%s", error.message)
+        self._fail_pending(error)
+        self._writable.set()
+        self._stop_background(keep_transition=True)
+        if not self._closing:
+            # Let another writer in at once rather than when our session ends.
+            task = asyncio.ensure_future(self.ownership.release())
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    def _fail_pending(self, error: WriterError) -> None:
+        batches = list(self._queue)
+        self._queue.clear()
+        if self._batch is not None:
+            batches.append(self._batch)
+            self._batch = None
+        seg = self._segment
+        if seg is not None:
+            seg.sealed = True
+            batches += [e.batch for e in seg.inflight]
+            seg.inflight.clear()
+            seg.notify()
+        for batch in batches:
+            for fut in batch.futures:
+                if not fut.done():
+                    fut.set_exception(error)
+                    fut.exception()  # a caller that dropped the future must not get "never retrieved" noise
+        flushes, self._flushes = self._flushes, []
+        for _target, done in flushes:
+            if not done.done():
+                done.set_exception(error)
+                done.exception()
+
+    def _stop_background(self, keep_transition: bool = False) -> None:
+        for handle in (self._timer, self._lac_timer):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._lac_timer = None
+        if self._housekeeper is not None and self._housekeeper is not asyncio.current_task():
+            self._housekeeper.cancel()
+        if not keep_transition and self._transition is not None and self._transition is not asyncio.current_task():
+            self._transition.cancel()
+
+    async def _housekeeping(self) -> None:
+        """Roll by time; on a degraded segment, look for a fresh ensemble now and then."""
+        tick = min(0.25, self._roll_seconds() / 4)
+        while self._error is None:
+            await asyncio.sleep(tick)
+            seg = self._segment
+            if seg is None or self._transition is not None or seg.closing or self._closing:
+                continue
+            now = time.monotonic()
+            if seg.failed and now >= seg.retry_at:
+                self._request_roll("looking for a fresh ensemble for a degraded segment", failure=True)
+            elif seg.next_entry_id > 0 and now - seg.created >= self._roll_seconds():
+                self._request_roll(f"segment {seg.seq} is {now - seg.created:.1f}s old")
+
+    async def _zk(self, fn: Any, *args: Any) -> Any:
+        return await self._loop.run_in_executor(None, fn, *args)

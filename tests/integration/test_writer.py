@@ -1,0 +1,509 @@
+"""The log writer against real ZooKeeper and three real agent processes.
+
+Everything written is read back directly from the agents (``AgentClient.read`` over the segment
+metadata), not through the log reader, so these tests judge the writer alone. The agents are
+shared by the module; a test that kills or pauses one gets it back before the next test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from dlctl.errors import ConflictError
+from dlctl.log import format as fmt
+from dlctl.log.dlsn import DLSN
+from dlctl.log.errors import AgentError, NoSuchEntryError
+from dlctl.log.ownership import OwnershipError
+from dlctl.log.pool import AgentPool
+from dlctl.log.records import Record, decode_records
+from dlctl.log.writer import LogWriter, TxidOrderError, WriterClosedError, WriterDeposedError, WriterError
+from dlctl.meta.records import LogConfig, SegmentRecord, SegmentState
+from dlctl.meta.store import MetaStore
+from harness.agents import DEFAULT_SECRET, AgentNode
+from harness.procs import ProcessRegistry, wait_until
+from harness.zk import ZkNamespace, expire_session
+
+pytestmark = [pytest.mark.zk, pytest.mark.agent]
+
+T = TypeVar("T")
+CLUSTER = "c1"
+
+
+# -- a module-wide cluster of three agents ------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    ns: ZkNamespace
+    procs: ProcessRegistry
+    agents: dict[str, AgentNode]
+    admin: Any
+    base: Path
+
+    def heal(self) -> None:
+        """Resume paused agents, restart dead ones, and wait until all are registered."""
+        for node in self.agents.values():
+            if node.proc is not None and node.proc.paused:
+                node.proc.resume()
+            if node.proc is None or not node.proc.running:
+                node.start(wait=False)
+        for node in self.agents.values():
+            node.wait_ready()
+            # The record of a killed predecessor lingers until its session expires: wait for ours.
+            wait_until(
+                lambda n=node: (n.registration(self.admin) or {}).get("pid") == n.proc.pid,
+                20,
+                message=f"{node.node_id} registered by its current process",
+                watch=node.proc,
+            )
+
+
+@pytest.fixture(scope="module")
+def cluster(zk_server, tmp_path_factory):
+    base = tmp_path_factory.mktemp("writer-agents")
+    ns = ZkNamespace(zk_server, label="writer")
+    procs = ProcessRegistry(base / "procs")
+    try:
+        admin = ns.client()
+        agents = {f"n{i}": AgentNode(procs, base, ns.connect_string, cluster=CLUSTER, node_id=f"n{i}") for i in (1, 2, 3)}
+        for node in agents.values():
+            node.start(wait=False)
+        for node in agents.values():
+            node.wait_ready(admin)
+        yield Cluster(ns, procs, agents, admin, base)
+    finally:
+        procs.close()
+        ns.close()
+
+
+@pytest.fixture
+def env(cluster, request):
+    """Per test: a fresh log name and a way to make writers (each with its own ZooKeeper session)."""
+    cluster.heal()
+    e = Env(cluster, request.node.name.replace("_", "-")[:60].strip("-").lower())
+    yield e
+    e.close()
+    cluster.heal()
+
+
+class Env:
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        self.cluster = cluster
+        self.name = name
+        self._clients: list[Any] = []
+
+    def meta(self, session_timeout: float = 10.0) -> MetaStore:
+        client = self.cluster.ns.client(timeout=session_timeout)
+        self._clients.append(client)
+        return MetaStore(client, CLUSTER)
+
+    def pool(self, meta: MetaStore, request_timeout: float = 5.0) -> AgentPool:
+        return AgentPool(meta, DEFAULT_SECRET, request_timeout=request_timeout)
+
+    def create_log(self, config: LogConfig | None = None) -> None:
+        self.meta().create_log(self.name, config or LogConfig())
+
+    async def writer(self, *, session_timeout: float = 10.0, request_timeout: float = 5.0, **options: Any) -> LogWriter:
+        meta = self.meta(session_timeout)
+        return await LogWriter.open(meta, self.pool(meta, request_timeout), self.name, **options)
+
+    def close(self) -> None:
+        for c in self._clients:
+            try:
+                c.stop()
+                c.close()
+            except Exception:
+                pass
+
+
+def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
+    async def bounded() -> T:
+        async with asyncio.timeout(timeout):
+            return await coro
+
+    return asyncio.run(bounded())
+
+
+async def eventually(predicate: Callable[[], Any], timeout: float = 10.0, message: str = "condition") -> Any:
+    """The asyncio twin of ``wait_until``: poll without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(0.02)
+
+
+# -- reading back, straight from the agents ------------------------------------------------------
+
+
+async def read_entry(pool: AgentPool, log_id: int, seg: SegmentRecord, entry_id: int) -> bytes:
+    errors = []
+    for node in seg.write_set(entry_id):
+        try:
+            return await (await pool.client(node)).read(log_id, seg.seq, entry_id)
+        except AgentError as exc:
+            errors.append(f"{node}: {exc}")
+    raise AssertionError(f"entry {entry_id} of segment {seg.seq} is on no replica: {errors}")
+
+
+async def segment_lac(pool: AgentPool, log_id: int, seg: SegmentRecord) -> int:
+    lacs = []
+    for node in seg.ensembles[-1].nodes:
+        try:
+            lacs.append(await (await pool.client(node)).read_lac(log_id, seg.seq))
+        except AgentError:
+            pass
+    return max(lacs, default=-1)
+
+
+async def read_back(meta: MetaStore, pool: AgentPool, name: str) -> list[tuple[DLSN, Record]]:
+    """Every data record of the log: completed segments up to their last entry, an in-progress
+    one up to the LAC its agents know."""
+    log_id = meta.get_log(name).value.log_id
+    out = []
+    for versioned in meta.segments(name):
+        seg = versioned.value
+        last = seg.last_entry_id if seg.state is not SegmentState.INPROGRESS else await segment_lac(pool, log_id, seg)
+        for entry_id in range(last + 1):
+            entry = fmt.decode(await read_entry(pool, log_id, seg, entry_id))
+            for slot, record in enumerate(decode_records(entry.payload)):
+                if not record.control:
+                    out.append((DLSN(seg.seq, entry_id, slot), record))
+    return out
+
+
+# -- appending -----------------------------------------------------------------------------------
+
+
+def test_pipelined_appends_are_acknowledged_in_order_and_read_back_exactly(env):
+    env.create_log()
+
+    async def scenario():
+        writer = await env.writer()
+        futures = [writer.submit(f"record-{i}".encode()) for i in range(3000)]
+        dlsns = await asyncio.gather(*futures)
+        await writer.close()
+        assert dlsns == sorted(dlsns) and len(set(dlsns)) == len(dlsns)
+        meta = env.meta()
+        back = await read_back(meta, env.pool(meta), env.name)
+        assert [r.payload for _, r in back] == [f"record-{i}".encode() for i in range(3000)]
+        assert [r.txid for _, r in back] == list(range(3000))  # writer-assigned: last + 1 from 0
+        assert [d for d, _ in back] == dlsns
+        (seg,) = meta.segments(env.name)
+        assert seg.value.state is SegmentState.COMPLETED
+        assert (seg.value.records, seg.value.first_txid, seg.value.last_txid) == (3000, 0, 2999)
+        assert seg.value.last_entry_id == dlsns[-1].entry_id
+
+    run(scenario())
+
+
+def test_batching_packs_concurrent_records_into_few_entries_and_a_lone_append_goes_out_at_once(env):
+    env.create_log()
+
+    async def scenario():
+        writer = await env.writer(batch_delay=3.0)
+        dlsns = await asyncio.gather(*(writer.submit(b"x" * 100) for _ in range(1000)))
+        assert len({d.entry_id for d in dlsns}) <= 3  # submitted together: batched together
+        started = time.monotonic()
+        await writer.append(b"alone")  # nothing in flight: not held back for batch_delay
+        assert time.monotonic() - started < 2.0
+        await writer.close()
+
+    run(scenario())
+
+
+def test_entries_are_cut_by_size(env):
+    env.create_log()
+
+    async def scenario():
+        writer = await env.writer(batch_bytes=4096, batch_delay=0.3)
+        dlsns = await asyncio.gather(*(writer.submit(b"y" * 1000) for _ in range(40)))
+        per_entry: dict[int, int] = {}
+        for d in dlsns:
+            per_entry[d.entry_id] = per_entry.get(d.entry_id, 0) + 1
+        assert len(per_entry) >= 10 and max(per_entry.values()) <= 4
+        await writer.close()
+
+    run(scenario())
+
+
+def test_application_txids_must_increase_and_a_refused_one_appends_nothing(env):
+    env.create_log()
+
+    async def scenario():
+        writer = await env.writer()
+        await writer.append(b"a", txid=10)
+        await writer.append(b"b", txid=20)
+        for bad in (20, 15):
+            with pytest.raises(TxidOrderError, match=f"txid {bad} refused.*last one is 20"):
+                writer.submit(b"c", txid=bad)
+        await writer.append(b"d")  # writer-assigned continues from the last: 21
+        await writer.close()
+        meta = env.meta()
+        back = await read_back(meta, env.pool(meta), env.name)
+        assert [(r.txid, r.payload) for _, r in back] == [(10, b"a"), (20, b"b"), (21, b"d")]
+
+    run(scenario())
+
+
+def test_keys_and_headers_round_trip_and_control_records_cannot_be_appended(env):
+    env.create_log()
+
+    async def scenario():
+        writer = await env.writer()
+        await writer.append(b"p1", key=b"k1", headers={"h": b"v"})
+        await writer.append(Record(txid=100, payload=b"p2", key=b"k2"))
+        with pytest.raises(ValueError, match="control records"):
+            writer.submit(Record(txid=200, payload=b"", control=True))
+        await writer.close()
+        meta = env.meta()
+        back = [r for _, r in await read_back(meta, env.pool(meta), env.name)]
+        assert [(r.txid, r.key, dict(r.headers), r.payload) for r in back] == [
+            (0, b"k1", {"h": b"v"}, b"p1"),
+            (100, b"k2", {}, b"p2"),
+        ]
+
+    run(scenario())
+
+
+def test_an_idle_writer_publishes_the_lac_with_a_control_record_so_readers_see_the_tail(env):
+    env.create_log()
+
+    async def scenario():
+        writer = await env.writer()
+        dlsn = await writer.append(b"only")
+        meta = env.meta()
+        pool = env.pool(meta)
+        log_id = meta.get_log(env.name).value.log_id
+        (seg,) = meta.segments(env.name)
+        # Without the control entry every replica would stay at LAC -1: entry 0 carried LAC -1.
+        for node in seg.value.ensembles[0].nodes:
+            client = await pool.client(node)
+            await eventually(lambda c=client: _lac_at_least(c, log_id, seg.value.seq, dlsn.entry_id), 5, f"LAC on {node}")
+        entry = fmt.decode(await read_entry(pool, log_id, seg.value, dlsn.entry_id + 1))
+        assert entry.is_control and all(r.control for r in decode_records(entry.payload))
+        await writer.close()
+
+    run(scenario())
+
+
+async def _lac_at_least(client, log_id: int, seq: int, entry_id: int) -> bool:
+    return await client.read_lac(log_id, seq) >= entry_id
+
+
+def test_segments_roll_by_size_and_each_completed_one_carries_its_totals(env):
+    env.create_log(LogConfig(roll_bytes=20_000))
+
+    async def scenario():
+        writer = await env.writer(batch_bytes=2000)
+        for i in range(600):
+            writer.submit(f"{i:05d}".encode() * 20)
+        await writer.close()
+        meta = env.meta()
+        pool = env.pool(meta)
+        back = await read_back(meta, pool, env.name)
+        assert [r.txid for _, r in back] == list(range(600))
+        segments = [s.value for s in meta.segments(env.name)]
+        assert len(segments) >= 3
+        assert all(s.state is SegmentState.COMPLETED for s in segments)
+        assert [s.seq for s in segments] == list(range(1, len(segments) + 1))
+        log_id = meta.get_log(env.name).value.log_id
+        for seg in segments:
+            mine = [r for d, r in back if d.segment_seq == seg.seq]
+            stored = sum([len(await read_entry(pool, log_id, seg, e)) for e in range(seg.last_entry_id + 1)])
+            assert (seg.records, seg.first_txid, seg.last_txid, seg.bytes) == (len(mine), mine[0].txid, mine[-1].txid, stored)
+
+    run(scenario())
+
+
+def test_segments_roll_by_time(env):
+    env.create_log(LogConfig(roll_seconds=0.3))
+
+    async def scenario():
+        writer = await env.writer()
+        await writer.append(b"first")
+        await eventually(lambda: writer.segment_seq is None, 5, "the time roll")  # completed, next one lazily
+        await writer.append(b"second")
+        assert writer.segment_seq == 2
+        await writer.close()
+        meta = env.meta()
+        assert [(s.value.seq, s.value.state, s.value.records) for s in meta.segments(env.name)] == [
+            (1, SegmentState.COMPLETED, 1),
+            (2, SegmentState.COMPLETED, 1),
+        ]
+
+    run(scenario())
+
+
+# -- ownership -----------------------------------------------------------------------------------
+
+
+def test_a_second_writer_is_refused_with_the_owner_named_or_waits_until_it_closes(env):
+    env.create_log()
+
+    async def scenario():
+        first = await env.writer(owner_id="first-writer")
+        with pytest.raises(OwnershipError, match="owned by first-writer") as info:
+            await env.writer(owner_id="second-writer")
+        assert isinstance(info.value, ConflictError) and info.value.owner == "first-writer"
+        await first.append(b"from first")
+        waiting = asyncio.ensure_future(env.writer(owner_id="second-writer", ownership_wait=10))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await first.close()
+        second = await waiting
+        assert second.recovered == ()  # the first closed its segment cleanly
+        assert await second.append(b"from second") == DLSN(2, 0, 0)
+        assert second.last_txid == 1
+        await second.close()
+        with pytest.raises(WriterClosedError):
+            second.submit(b"late")
+
+    run(scenario())
+
+
+def test_a_writer_whose_session_expires_fails_pending_and_later_appends(env):
+    env.create_log()
+
+    async def scenario():
+        writer = await env.writer(batch_delay=30, flush_when_idle=False)
+        await writer.flush()
+        pending = writer.submit(b"held in the batch")  # batch_delay keeps it unsent
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, expire_session, writer.meta.client, env.cluster.ns.connect_string)
+        with pytest.raises(WriterDeposedError, match="session .* expired"):
+            await pending
+        with pytest.raises(WriterDeposedError):
+            writer.submit(b"after")
+        await eventually(lambda: env.meta().owner_of(env.name) is None, 5, "the owner znode to vanish")
+        await writer.close()  # quietly: its appends already reported the error
+
+    run(scenario())
+
+
+# -- agent failures ------------------------------------------------------------------------------
+
+
+def test_writes_continue_when_one_agent_of_e3_w3_a2_dies_mid_stream_and_every_acknowledged_record_is_readable(env):
+    env.create_log(LogConfig(3, 3, 2))
+
+    async def scenario():
+        writer = await env.writer(request_timeout=2.0, batch_bytes=2000)
+        acked: list[tuple[DLSN, int]] = []
+        errors: list[BaseException] = []
+
+        async def produce(n: int) -> None:
+            for i in range(n):
+                fut = writer.submit(f"r{i}".encode() * 10)
+                fut.add_done_callback(lambda f, i=i: errors.append(f.exception()) if f.exception() else acked.append((f.result(), i)))
+                if i % 50 == 0:
+                    await asyncio.sleep(0.005)
+
+        first = asyncio.ensure_future(produce(4000))
+        await eventually(lambda: len(acked) >= 500, 20, "500 acknowledged records")
+        env.cluster.agents["n3"].proc.kill()
+        await first
+        await writer.flush()
+        assert not errors and writer.error is None
+        # Only three agents: no fresh ensemble, so the writer stays on the degraded segment.
+        assert "n3" in writer._segment.failed
+        await writer.close()
+        assert [i for _, i in acked] == list(range(4000))
+        meta = env.meta()
+        back = await read_back(meta, env.pool(meta), env.name)
+        assert [d for d, _ in back] == [d for d, _ in acked]
+        assert [r.txid for _, r in back] == list(range(4000))
+
+    run(scenario(), timeout=90)
+
+
+def test_when_an_agent_dies_and_quorum_is_lost_unacknowledged_entries_move_to_a_fresh_ensemble(env):
+    """A = W = 3: one dead agent leaves in-flight entries unable to reach quorum, so the writer
+    completes the segment at its last acknowledged entry and re-sends the rest on a new one."""
+    env.create_log(LogConfig(3, 3, 3))
+    spare = AgentNode(env.cluster.procs, env.cluster.base, env.cluster.ns.connect_string, cluster=CLUSTER, node_id="n4")
+    spare.start(zk=env.cluster.admin)
+    try:
+
+        async def scenario():
+            writer = await env.writer(request_timeout=2.0, batch_bytes=2000)
+            dlsns = list(await asyncio.gather(*(writer.submit(b"before" * 10) for _ in range(200))))
+            victim = next(n for n in writer._segment.ensemble if n in env.cluster.agents)
+            pending = [writer.submit(b"in flight" * 10) for _ in range(300)]
+            env.cluster.agents[victim].proc.kill()
+            dlsns += await asyncio.gather(*pending)
+            dlsns += await asyncio.gather(*(writer.submit(b"after" * 10) for _ in range(100)))
+            assert victim not in writer._segment.ensemble and writer.segment_seq == 2
+            await writer.close()
+            meta = env.meta()
+            first, second = (s.value for s in meta.segments(env.name))
+            assert victim in first.ensembles[0].nodes and victim not in second.ensembles[0].nodes
+            assert (first.state, second.state) == (SegmentState.COMPLETED, SegmentState.COMPLETED)
+            assert first.last_txid + 1 == second.first_txid and first.records + second.records == 600
+            back = await read_back(meta, env.pool(meta), env.name)
+            assert [d for d, _ in back] == dlsns  # every acknowledged record, where it was acknowledged
+            assert [r.txid for _, r in back] == list(range(600))
+
+        run(scenario(), timeout=90)
+    finally:
+        spare.proc.terminate()
+        wait_until(lambda: spare.registration(env.cluster.admin) is None, 15, message="spare agent to unregister")
+
+
+def test_writer_fails_pending_appends_after_stall_timeout_when_ack_quorum_is_lost(env):
+    env.create_log(LogConfig(3, 3, 2))
+
+    async def scenario():
+        writer = await env.writer(request_timeout=1.0, stall_timeout=2.0)
+        await writer.append(b"before")
+        for node in ("n2", "n3"):
+            env.cluster.agents[node].proc.pause()
+        started = time.monotonic()
+        with pytest.raises(WriterError, match="stalled"):
+            await writer.append(b"cannot reach two agents")
+        assert time.monotonic() - started < 15
+        with pytest.raises(WriterError):
+            writer.submit(b"later")
+        await writer.close()
+
+    run(scenario(), timeout=60)
+
+
+def test_striping_e3_w2_puts_every_entry_on_exactly_its_write_set(env):
+    env.create_log(LogConfig(3, 2, 2))
+
+    async def scenario():
+        writer = await env.writer(batch_bytes=500)
+        dlsns = await asyncio.gather(*(writer.submit(f"s{i}".encode() * 50) for i in range(120)))
+        await writer.close()
+        meta = env.meta()
+        pool = env.pool(meta)
+        log_id = meta.get_log(env.name).value.log_id
+        (versioned,) = meta.segments(env.name)
+        seg = versioned.value
+        assert seg.last_entry_id == dlsns[-1].entry_id >= 10
+        for entry_id in range(seg.last_entry_id + 1):
+            holders = set()
+            for node in seg.ensembles[0].nodes:
+                try:
+                    await (await pool.client(node)).read(log_id, seg.seq, entry_id)
+                    holders.add(node)
+                except NoSuchEntryError:
+                    pass
+            assert holders == set(seg.write_set(entry_id)), f"entry {entry_id}"
+        back = await read_back(meta, pool, env.name)
+        assert [d for d, _ in back] == dlsns
+
+    run(scenario())
