@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
 
 from dlctl.errors import RefusedError
 from dlctl.meta import paths
@@ -29,30 +30,53 @@ class Registration:
         self.data = json.dumps({"node_id": node_id, **info}, sort_keys=True).encode()
         self.acl = acl_for(auth)
         self._lost = threading.Event()
+        self._connected = threading.Event()
+        self._connected.set()
+        client.add_listener(self._track_connection)
         self._stopped = False
         self.registrations = 0  # how many times the record was (re)created; reported in stat
 
     def start(self, wait_for_stale: float) -> None:
         """Register, waiting up to ``wait_for_stale`` s for a crashed predecessor's record to expire."""
-        gone = threading.Event()
+        deadline = time.monotonic() + wait_for_stale
         while True:
             try:
-                self._create()
-                break
-            except NodeExistsError:
-                stat = self.client.exists(self.path, watch=lambda _event: gone.set())
-                if stat is None:
-                    continue
-                if stat.ephemeralOwner == self.client.client_id[0]:
+                if self._try_register(deadline):
                     break
-                log.warning("%s is held by session %#x; waiting for it to expire", self.path, stat.ephemeralOwner)
-                if not gone.wait(wait_for_stale):
-                    raise RefusedError(
-                        f"node is already registered at {self.path} by another live session",
-                        hint="another agent with the same node_id is running; stop it or fix node_id",
-                    ) from None
-                gone.clear()
+            except (SessionExpiredError, ConnectionLoss):
+                # Our own session ended (e.g. the agent was paused while starting): kazoo opens
+                # a new one by itself; try again with it until the deadline.
+                if time.monotonic() > deadline:
+                    raise
+                self._connected.wait(max(0.0, deadline - time.monotonic()))
         self.client.add_listener(self._on_state)
+
+    def _try_register(self, deadline: float) -> bool:
+        """One attempt: True once registered; False to try again (the stale record changed)."""
+        try:
+            self._create()
+            return True
+        except NodeExistsError:
+            pass
+        changed = threading.Event()
+        stat = self.client.exists(self.path, watch=lambda _event: changed.set())
+        if stat is None:
+            return False
+        if stat.ephemeralOwner == self.client.client_id[0]:
+            return True
+        log.warning("%s is held by session %#x; waiting for it to expire", self.path, stat.ephemeralOwner)
+        if not changed.wait(max(0.0, deadline - time.monotonic())):
+            raise RefusedError(
+                f"node is already registered at {self.path} by another live session",
+                hint="another agent with the same node_id is running; stop it or fix node_id",
+            )
+        return False
+
+    def _track_connection(self, state: str) -> None:
+        if state == KazooState.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
 
     def _create(self) -> None:
         self.client.create(self.path, self.data, acl=self.acl, ephemeral=True, makepath=True)
@@ -80,6 +104,7 @@ class Registration:
     def stop(self) -> None:
         self._stopped = True
         self.client.remove_listener(self._on_state)
+        self.client.remove_listener(self._track_connection)
         try:
             stat = self.client.exists(self.path)
             if stat is not None and stat.ephemeralOwner == self.client.client_id[0]:

@@ -87,7 +87,14 @@ class AgentNode:
         assert self.proc is not None
         wait_until(lambda: tcp_connectable(self.host, self.port), timeout, message=f"{self.node_id} listening on {self.address}", watch=self.proc)
         if zk is not None:
-            wait_until(lambda: self.registration(zk), timeout, message=f"{self.node_id} registered in ZooKeeper", watch=self.proc)
+            # The record must be this process's: a SIGKILLed predecessor's lingers until its
+            # session expires.
+            wait_until(
+                lambda: (self.registration(zk) or {}).get("pid") == self.proc.pid,
+                timeout,
+                message=f"{self.node_id} (pid {self.proc.pid}) registered in ZooKeeper",
+                watch=self.proc,
+            )
 
     def registration(self, zk: KazooClient) -> dict | None:
         """The availability record as the agent wrote it, or None when it is not registered."""
