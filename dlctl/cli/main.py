@@ -16,6 +16,7 @@ from .cluster import cluster_group
 from .configcmd import config_group
 from .log import log_group
 from .misc import completion_command, version_command
+from .recover import fence_command, recover_group
 from .sandbox import sandbox_group
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -74,6 +75,8 @@ cli.add_command(config_group)
 cli.add_command(log_group)
 cli.add_command(cluster_group)
 cli.add_command(sandbox_group)
+cli.add_command(fence_command)
+cli.add_command(recover_group)
 
 
 def _report(app: AppContext, error: DlctlError) -> None:

@@ -1,0 +1,81 @@
+"""``dlctl fence LOG`` and ``dlctl recover log LOG``: depose a writer, close its segment."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..errors import RefusedError
+from ..log.pool import AgentPool
+from ..log.recovery import fence_log, recover_log
+from ..meta.records import SegmentState
+from ..plan import Plan, Step
+from .logs import owner_of
+from .session import ClusterSession
+
+
+def _in_progress(session: ClusterSession, name: str) -> list[Any]:
+    return [s.value for s in session.meta.segments(name) if s.value.state is SegmentState.INPROGRESS]
+
+
+def _guard_owner(session: ClusterSession, name: str, force: bool, verb: str) -> list[str]:
+    owner = owner_of(session, name)
+    if owner and not force:
+        raise RefusedError(
+            f"log {name!r} has a live writer ({owner}); {verb} would fence it and fail its appends",
+            hint="stop that writer, or pass --force to depose it",
+        )
+    return [f"the live writer {owner} is deposed: its next append fails with a fencing error"] if owner else []
+
+
+async def _with_pool(session: ClusterSession, func, name: str, timeout: float) -> Any:
+    pool = AgentPool(session.meta, session.secret)
+    try:
+        return await func(session.meta, pool, name, timeout=timeout)
+    finally:
+        await pool.close()
+
+
+def fence_plan(session: ClusterSession, name: str, *, force: bool, timeout: float) -> Plan:
+    session.meta.get_log(name)  # NotFound (exit 1) before anything else
+    notes = _guard_owner(session, name, force, "fencing")
+    segments = _in_progress(session, name)
+    if not segments:
+        return Plan.of("fence", [], notes=[f"log {name!r} has no in-progress segment; nothing to fence"])
+    seqs = ", ".join(str(s.seq) for s in segments)
+    ensembles = "; ".join(",".join(s.ensembles[-1].nodes) for s in segments)
+
+    def run() -> dict[str, Any]:
+        outcome = asyncio.run(_with_pool(session, fence_log, name, timeout))
+        return {str(seq): o.to_dict() for seq, o in outcome.items()}
+
+    return Plan.of(
+        "fence",
+        [Step("fence", f"{session.cluster.name}/{name}", f"fence in-progress segment(s) {seqs} of {name} on {ensembles} (W-A+1 replicas per write set)", run=run)],
+        notes=notes + ["the segment stays in progress until the next owner or `dlctl recover log` closes it"],
+    )
+
+
+def recover_plan(session: ClusterSession, name: str, *, force: bool, timeout: float) -> Plan:
+    session.meta.get_log(name)
+    notes = _guard_owner(session, name, force, "recovery")
+    segments = _in_progress(session, name)
+    if not segments:
+        return Plan.of("recover log", [], notes=[f"log {name!r} has no in-progress segment; nothing to recover"])
+    seqs = ", ".join(str(s.seq) for s in segments)
+
+    def run() -> list[dict[str, Any]]:
+        return [r.to_dict() for r in asyncio.run(_with_pool(session, recover_log, name, timeout))]
+
+    return Plan.of(
+        "recover log",
+        [
+            Step(
+                "recover",
+                f"{session.cluster.name}/{name}",
+                f"fence segment(s) {seqs}, read forward from LAC with fencing reads, re-replicate what is found, close with a versioned update",
+                run=run,
+            )
+        ],
+        notes=notes,
+    )

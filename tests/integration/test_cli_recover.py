@@ -1,0 +1,101 @@
+"""``dlctl fence`` and ``dlctl recover log`` on a real sandbox, with a real in-process writer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlctl import inventory
+from dlctl.config import ConfigLocation
+from dlctl.errors import ExitCode
+from dlctl.log.pool import AgentPool
+from dlctl.log.writer import LogWriter, WriterDeposedError
+from dlctl.ops.session import ClusterSession
+
+pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
+
+
+def dlctl(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dlctl.cli", *argv], capture_output=True, text=True, timeout=180, env={**os.environ, **env})
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sbx")
+    env = {"DLCTL_SANDBOX_DIR": str(base), "DLCTL_CONFIG": str(base / "config.toml")}
+    up = dlctl(env, "--yes", "sandbox", "up", "--regions", "1", "--nodes-per-region", "3")
+    assert up.returncode == 0, up.stderr
+    yield env
+    dlctl(env, "--yes", "sandbox", "down", "--purge")
+
+
+def session_for(env: dict[str, str]) -> ClusterSession:
+    return ClusterSession(inventory.load(ConfigLocation(Path(env["DLCTL_CONFIG"]), "test")).cluster(None))
+
+
+def test_recover_closes_an_abandoned_segment_with_every_acknowledged_record(sandbox):
+    assert dlctl(sandbox, "log", "create", "abandoned").returncode == 0
+    session = session_for(sandbox)
+
+    async def write_and_abandon() -> int:
+        pool = AgentPool(session.meta, session.secret)
+        writer = await LogWriter.open(session.meta, pool, "abandoned")
+        for i in range(250):
+            writer.submit(f"r{i}".encode())
+        await writer.flush()
+        await pool.close()  # the writer is simply dropped: no close, no completion
+        return writer.last_txid
+
+    last_txid = asyncio.run(write_and_abandon())
+    session.close()  # ends its ZooKeeper session: the owner znode goes, the segment stays in progress
+
+    shown = json.loads(dlctl(sandbox, "-o", "json", "log", "show", "abandoned").stdout)
+    assert shown["owner"] is None and shown["segments"][-1]["state"] == "inprogress"
+    dry = json.loads(dlctl(sandbox, "-o", "json", "recover", "log", "abandoned", "--dry-run").stdout)
+    assert dry["dry_run"] and dry["steps"][0]["action"] == "recover"
+
+    result = dlctl(sandbox, "-o", "json", "--yes", "recover", "log", "abandoned")
+    assert result.returncode == 0, result.stderr
+    (recovered,) = json.loads(result.stdout)["steps"][0]["result"]
+    assert recovered["records"] == 250 and recovered["last_txid"] == last_txid
+    shown = json.loads(dlctl(sandbox, "-o", "json", "log", "show", "abandoned").stdout)
+    assert shown["segments"][-1]["state"] == "completed" and shown["segments"][-1]["records"] == 250
+    lines = dlctl(sandbox, "-o", "json", "log", "read", "abandoned").stdout.splitlines()
+    assert [json.loads(line)["payload"] for line in lines] == [f"r{i}" for i in range(250)]
+
+    again = json.loads(dlctl(sandbox, "-o", "json", "--yes", "recover", "log", "abandoned").stdout)
+    assert again["steps"] == [] and "nothing to recover" in again["notes"][0]
+
+
+def test_fence_refuses_a_live_writer_without_force_and_deposes_it_with_force(sandbox):
+    assert dlctl(sandbox, "log", "create", "live").returncode == 0
+    session = session_for(sandbox)
+
+    async def scenario() -> tuple[int, str, int, str]:
+        pool = AgentPool(session.meta, session.secret)
+        writer = await LogWriter.open(session.meta, pool, "live")
+        await writer.append(b"before the fence")
+        loop = asyncio.get_running_loop()
+        refused = await loop.run_in_executor(None, lambda: dlctl(sandbox, "--yes", "fence", "live"))
+        forced = await loop.run_in_executor(None, lambda: dlctl(sandbox, "-o", "json", "--yes", "fence", "live", "--force"))
+        with pytest.raises(WriterDeposedError):
+            await writer.append(b"after the fence")
+        await writer.close()
+        await pool.close()
+        return refused.returncode, refused.stderr, forced.returncode, forced.stdout
+
+    refused_code, refused_err, forced_code, forced_out = asyncio.run(scenario())
+    session.close()
+    assert refused_code == ExitCode.REFUSED and "live writer" in refused_err
+    assert forced_code == 0
+    outcome = json.loads(forced_out)["steps"][0]["result"]
+    (fenced,) = outcome.values()
+    assert len(fenced["fenced"]) >= 2  # W - A + 1 = 2 replicas of every write set
+    lines = dlctl(sandbox, "-o", "json", "log", "read", "live").stdout.splitlines()
+    assert [json.loads(line)["payload"] for line in lines] == ["before the fence"]
