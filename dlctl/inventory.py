@@ -7,13 +7,18 @@
     secret_file  = "secrets/east.secret"                 # cluster secret (0600), for agents
     zk_auth_file = "secrets/east.zk-auth"                # optional 'user:password' (0600)
 
+    ssh_config   = "~/.ssh/config"                       # optional; default ~/.ssh/config
+    known_hosts  = "~/.ssh/known_hosts"                  # optional; default ~/.ssh/known_hosts
+
     [clusters.east.defaults]            # per-node settings, overridable on each node
     ssh_user = "dlctl"
     ssh_port = 22
     identity_file = "~/.ssh/id_ed25519"
+    home = "/opt/dlagent"               # agent.toml, secrets, venv/ (from `dlctl agent install`)
     data_dir = "/var/lib/dlagent"
-    python = "/opt/dlctl/bin/python"
+    # python = "/usr/bin/python3"       # an interpreter that already has dlctl (skips the venv)
     agent_port = 3181
+    transport = "ssh"                   # or "local" for nodes on this machine (the sandbox)
 
     [[clusters.east.regions.us-east.racks.r1.nodes]]
     id   = "use-1"
@@ -35,10 +40,22 @@ from .config import ConfigLocation
 from .errors import ConfigError, NotFoundError
 from .names import validate_name
 
-_CLUSTER_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "defaults", "regions"}
-_NODE_KEYS = {"id", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python", "agent_port"}
+_CLUSTER_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "defaults", "regions", "ssh_config", "known_hosts"}
+_NODE_KEYS = {"id", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python", "agent_port", "home", "transport"}
 _DEFAULT_KEYS = _NODE_KEYS - {"id", "host", "listen"}
-_NODE_DEFAULTS: dict[str, Any] = {"ssh_user": None, "ssh_port": 22, "identity_file": None, "data_dir": "/var/lib/dlagent", "python": "python3", "agent_port": 3181}
+# python = None: `dlctl agent install` creates <home>/venv and the agent runs from it; a path
+# names an interpreter that already has dlctl installed (nothing is installed then).
+_NODE_DEFAULTS: dict[str, Any] = {
+    "ssh_user": None,
+    "ssh_port": 22,
+    "identity_file": None,
+    "data_dir": "/var/lib/dlagent",
+    "python": None,
+    "agent_port": 3181,
+    "home": "/opt/dlagent",
+    "transport": "ssh",
+}
+TRANSPORTS = ("ssh", "local")
 
 
 @dataclass(frozen=True)
@@ -53,10 +70,21 @@ class Node:
     ssh_port: int
     identity_file: str | None
     data_dir: str
-    python: str
+    python: str | None
+    home: str = "/opt/dlagent"
+    transport: str = "ssh"
+
+    @property
+    def agent_python(self) -> str:
+        """The interpreter that runs ``dlagent`` on the node."""
+        return self.python or f"{self.home}/venv/bin/python"
+
+    @property
+    def agent_config(self) -> str:
+        return f"{self.home}/agent.toml"
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("id", "region", "rack", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python")}
+        return {k: getattr(self, k) for k in ("id", "region", "rack", "host", "listen", "transport", "ssh_user", "ssh_port", "identity_file", "home", "data_dir", "python")}
 
 
 @dataclass(frozen=True)
@@ -66,6 +94,8 @@ class Cluster:
     secret_file: Path | None
     zk_auth_file: Path | None
     nodes: tuple[Node, ...] = ()
+    ssh_config: Path | None = None
+    known_hosts: Path | None = None
 
     def regions(self) -> dict[str, dict[str, list[Node]]]:
         """region → rack → nodes, in inventory order."""
@@ -86,6 +116,8 @@ class Cluster:
             "zookeeper": self.zookeeper,
             "secret_file": str(self.secret_file) if self.secret_file else None,
             "zk_auth_file": str(self.zk_auth_file) if self.zk_auth_file else None,
+            "ssh_config": str(self.ssh_config) if self.ssh_config else None,
+            "known_hosts": str(self.known_hosts) if self.known_hosts else None,
             "nodes": [n.to_dict() for n in self.nodes],
         }
 
@@ -185,6 +217,8 @@ def _cluster(name: str, body: Any, path: Path) -> Cluster:
         secret_file=_path(body.get("secret_file"), path, f"{where}.secret_file"),
         zk_auth_file=_path(body.get("zk_auth_file"), path, f"{where}.zk_auth_file"),
         nodes=tuple(nodes),
+        ssh_config=_path(body.get("ssh_config"), path, f"{where}.ssh_config"),
+        known_hosts=_path(body.get("known_hosts"), path, f"{where}.known_hosts"),
     )
 
 
@@ -216,9 +250,14 @@ def _node(cluster: str, region: str, rack: str, body: Any, defaults: dict[str, A
     _, sep, port = str(listen).rpartition(":")
     if not sep or not port.isdigit():
         raise ConfigError(f"{where}: 'listen' must be host:port, got {listen!r}")
-    for key in ("ssh_user", "identity_file", "data_dir", "python"):
+    for key in ("ssh_user", "identity_file", "data_dir", "python", "home"):
         if settings[key] is not None and (not isinstance(settings[key], str) or not settings[key]):
             raise ConfigError(f"{where}: '{key}' must be a non-empty string")
+    for key in ("data_dir", "home"):
+        if not settings[key].startswith("/") or "\n" in settings[key]:
+            raise ConfigError(f"{where}: '{key}' must be an absolute path on the node, got {settings[key]!r}")
+    if settings["transport"] not in TRANSPORTS:
+        raise ConfigError(f"{where}: 'transport' must be one of {', '.join(TRANSPORTS)}, got {settings['transport']!r}")
     return Node(
         id=node_id,
         cluster=cluster,
@@ -231,6 +270,8 @@ def _node(cluster: str, region: str, rack: str, body: Any, defaults: dict[str, A
         identity_file=settings["identity_file"],
         data_dir=settings["data_dir"],
         python=settings["python"],
+        home=settings["home"],
+        transport=settings["transport"],
     )
 
 

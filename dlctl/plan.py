@@ -147,7 +147,8 @@ def apply(plan: Plan, on_step: Callable[[int, Step], None] | None = None) -> Pla
         try:
             value = step.run() if step.run is not None else None
         except Exception as exc:  # noqa: BLE001 - every failure is reported with its step
-            failed = StepOutcome(step, StepStatus.FAILED, error=str(exc) or type(exc).__name__)
+            # Keep the cause's structured detail (per-host results of a fan-out) with the step.
+            failed = StepOutcome(step, StepStatus.FAILED, result=getattr(exc, "details", None), error=str(exc) or type(exc).__name__)
             result.outcomes.append(failed)
             result.outcomes.extend(StepOutcome(s, StepStatus.NOT_RUN) for s in plan.steps[index + 1 :])
             raise PlanFailed(result, failed, exc) from exc

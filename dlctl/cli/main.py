@@ -12,6 +12,8 @@ from .. import __version__
 from ..errors import DlctlError, ExitCode
 from ..output import FORMATS
 from .context import AppContext
+from .agent import agent_group
+from .bench import bench_group
 from .cluster import cluster_group
 from .configcmd import config_group
 from .log import log_group
@@ -74,7 +76,9 @@ cli.add_command(completion_command)
 cli.add_command(config_group)
 cli.add_command(log_group)
 cli.add_command(cluster_group)
+cli.add_command(agent_group)
 cli.add_command(sandbox_group)
+cli.add_command(bench_group)
 cli.add_command(fence_command)
 cli.add_command(recover_group)
 

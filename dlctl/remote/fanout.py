@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from ..errors import DlctlError, PartialFailure, TimeoutExpired
+from ..errors import DlctlError, ExitCode, PartialFailure, RefusedError, TimeoutExpired
 from .transport import CommandResult, Transport
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,9 @@ class HostResult(Generic[R]):
     error_type: str | None = None
     hint: str | None = None
     duration: float = 0.0
+    # Refused for safety (an unknown or changed host key...): when every host was refused, the
+    # whole command is refused (exit 4) rather than merely failed.
+    refused: bool = False
 
     @property
     def ok(self) -> bool:
@@ -299,13 +302,14 @@ def _timed_out(host: str, region: str | None, timeout: float) -> HostResult[Any]
 
 def _failure(host: str, region: str | None, exc: BaseException, duration: float) -> HostResult[Any]:
     status = HostStatus.TIMEOUT if isinstance(exc, TimeoutExpired) else HostStatus.FAILED
+    refused = isinstance(exc, DlctlError) and exc.exit_code == ExitCode.REFUSED
     if isinstance(exc, DlctlError):
         message, hint = exc.message, exc.hint
     else:
         # Not one of ours: a bug or an unexpected library error. Keep the traceback in the log.
         log.warning("%s: unexpected error", host, exc_info=exc)
         message, hint = f"{host}: unexpected {type(exc).__name__}: {exc}", "this looks like a bug in dlctl; the log has the traceback"
-    return HostResult(host, region, status, error=message, error_type=type(exc).__name__, hint=hint, duration=duration)
+    return HostResult(host, region, status, error=message, error_type=type(exc).__name__, hint=hint, duration=duration, refused=refused)
 
 
 def outcome(results: Sequence[HostResult[R]], *, action: str) -> dict[str, R]:
@@ -322,6 +326,8 @@ def outcome(results: Sequence[HostResult[R]], *, action: str) -> dict[str, R]:
     hint = "; ".join(sorted(hints)) if len(hints) <= 3 else "see each host's hint in the details (-o json)"
     if good:
         raise PartialFailure(f"{action}: {len(bad)} of {len(results)} hosts did not succeed ({good} ok): {listing}", hint=hint, details=details)
+    if all(r.refused for r in bad):
+        raise RefusedError(f"{action}: refused on all {len(results)} hosts: {listing}", hint=hint, details=details)
     raise DlctlError(f"{action}: failed on all {len(results)} hosts: {listing}", hint=hint, details=details)
 
 

@@ -135,6 +135,7 @@ def _inventory(directory: Path, layout: Layout, zk: str, nodes: list[dict[str, A
             "",
             f"[clusters.{cluster}.defaults]",
             f'python = "{sys.executable}"',
+            'transport = "local"',
             "",
         ]
         for node in (n for n in nodes if n["cluster"] == cluster):
@@ -144,6 +145,7 @@ def _inventory(directory: Path, layout: Layout, zk: str, nodes: list[dict[str, A
                 f'host = "{node["host"]}"',
                 f'listen = "{node["host"]}:{node["port"]}"',
                 f'data_dir = "{Path(node["dir"]) / "data"}"',
+                f'home = "{node["dir"]}"',
                 "",
             ]
     return "\n".join(lines)

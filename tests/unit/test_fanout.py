@@ -467,3 +467,22 @@ def test_every_host_gets_exactly_its_scripted_result_within_the_bound(plan: list
         with pytest.raises(DlctlError) as info:
             outcome(results, action="x")
         assert info.value.exit_code == (ExitCode.PARTIAL if len(bad) < len(results) else ExitCode.FAILED)
+
+
+def test_outcome_all_refused_for_safety_is_exit_4_but_mixed_refusals_are_exit_1() -> None:
+    def refuse(target: str, deadline: Deadline) -> None:
+        raise RefusedError(f"{target}: host key is not known; refusing to connect")
+
+    refused = fan_out(["a", "b"], refuse, timeout=5)
+    with pytest.raises(RefusedError) as info:
+        outcome(refused, action="probe")
+    assert info.value.exit_code == ExitCode.REFUSED and "refused on all 2 hosts" in info.value.message
+
+    def mixed(target: str, deadline: Deadline) -> None:
+        if target == "a":
+            raise RefusedError("a: host key is not known")
+        raise HostUnreachable("b: connection refused")
+
+    with pytest.raises(DlctlError) as info:
+        outcome(fan_out(["a", "b"], mixed, timeout=5), action="probe")
+    assert info.value.exit_code == ExitCode.FAILED
