@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
-import os
-import shutil
 import socket
 import threading
 import uuid
@@ -33,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
+
+from dlctl.sandbox.zookeeper import java_executable, zookeeper_jars_dir
 
 from .procs import ManagedProcess, ProcessBacked, ProcessRegistry, free_port, wait_until
 
@@ -60,22 +59,6 @@ rootLogger.appenderRef.out.ref = out
 
 class HarnessSetupError(RuntimeError):
     """A prerequisite of the harness (Java, jars, sshd...) is missing."""
-
-
-def java_executable() -> str | None:
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(Path(home) / "bin" / "java", os.X_OK):
-        return str(Path(home) / "bin" / "java")
-    return shutil.which("java")
-
-
-def zookeeper_jars_dir() -> Path | None:
-    """``<pyspark>/jars`` if it holds the ZooKeeper server jar (found without importing pyspark)."""
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    jars = Path(list(spec.submodule_search_locations)[0]) / "jars"
-    return jars if any(jars.glob("zookeeper-3*.jar")) else None
 
 
 def missing_prerequisites() -> list[str]:

@@ -13,102 +13,33 @@ import asyncio
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from dlctl.log import format as fmt
 from dlctl.log.dlsn import DLSN
-from dlctl.log.errors import AgentError, FencedError, NoSuchEntryError
+from dlctl.log.errors import FencedError, NoSuchEntryError
 from dlctl.log.pool import AgentPool
-from dlctl.log.records import Record, decode_records, encode_records
+from dlctl.log.records import Record, encode_records
 from dlctl.log.recovery import RecoveryError, fence_log, recover_log, recover_segment
 from dlctl.log.writer import LogWriter, WriterDeposedError
-from dlctl.meta.records import EnsembleChange, LogConfig, SegmentRecord, SegmentState
+from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 from dlctl.meta.store import MetaStore
-from harness.agents import DEFAULT_SECRET, AgentNode
-from harness.procs import ProcessRegistry, wait_until
-from harness.zk import ZkNamespace, make_client
+from harness.procs import wait_until
+from harness.logcluster import NODES, LogEnv, agent_cluster, eventually, run
+from harness.logcluster import read_back as read_back_all
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
 
-T = TypeVar("T")
-CLUSTER = "c1"
-NODES = ("n1", "n2", "n3")
-
-
-# -- a module-wide cluster of three agents (as in test_writer.py) -------------------------------
-
-
-@dataclass
-class Cluster:
-    ns: ZkNamespace
-    procs: ProcessRegistry
-    agents: dict[str, AgentNode]
-    admin: Any
-    base: Path
-
-    def heal(self) -> None:
-        for node in self.agents.values():
-            if node.proc is not None and node.proc.paused:
-                node.proc.resume()
-            if node.proc is None or not node.proc.running:
-                node.start(wait=False)
-        for node in self.agents.values():
-            node.wait_ready()
-            wait_until(
-                lambda n=node: (n.registration(self.admin) or {}).get("pid") == n.proc.pid,
-                20,
-                message=f"{node.node_id} registered by its current process",
-                watch=node.proc,
-            )
 
 
 @pytest.fixture(scope="module")
 def cluster(zk_server, tmp_path_factory):
-    base = tmp_path_factory.mktemp("recovery-agents")
-    ns = ZkNamespace(zk_server, label="recovery")
-    procs = ProcessRegistry(base / "procs")
-    try:
-        admin = ns.client()
-        agents = {n: AgentNode(procs, base, ns.connect_string, cluster=CLUSTER, node_id=n) for n in NODES}
-        for node in agents.values():
-            node.start(wait=False)
-        for node in agents.values():
-            node.wait_ready(admin)
-        yield Cluster(ns, procs, agents, admin, base)
-    finally:
-        procs.close()
-        ns.close()
+    yield from agent_cluster(zk_server, tmp_path_factory.mktemp("recovery-agents"), "recovery")
 
 
-class Env:
-    def __init__(self, cluster: Cluster, name: str) -> None:
-        self.cluster = cluster
-        self.name = name
-        self._clients: list[Any] = []
-
-    def meta(self, session_timeout: float = 10.0, connect: str | None = None) -> MetaStore:
-        if connect is None:
-            client = self.cluster.ns.client(timeout=session_timeout)
-        else:
-            client = make_client(connect, timeout=session_timeout)
-        self._clients.append(client)
-        return MetaStore(client, CLUSTER)
-
-    def pool(self, meta: MetaStore, request_timeout: float = 5.0) -> AgentPool:
-        return AgentPool(meta, DEFAULT_SECRET, request_timeout=request_timeout)
-
-    def create_log(self, config: LogConfig | None = None) -> int:
-        return self.meta().create_log(self.name, config or LogConfig()).log_id
-
-    async def writer(self, *, session_timeout: float = 10.0, request_timeout: float = 5.0, connect: str | None = None, **options: Any) -> LogWriter:
-        meta = self.meta(session_timeout, connect)
-        return await LogWriter.open(meta, self.pool(meta, request_timeout), self.name, **options)
-
+class Env(LogEnv):
     def in_progress_segment(self, seq: int = 1, nodes: tuple[str, ...] = NODES) -> SegmentRecord:
         """Metadata as a writer that crashed right after creating segment ``seq`` leaves it."""
         meta = self.meta()
@@ -116,71 +47,19 @@ class Env:
         meta.create_segment(self.name, meta.get_log(self.name), record)
         return record
 
-    def close(self) -> None:
-        for c in self._clients:
-            try:
-                c.stop()
-                c.close()
-            except Exception:
-                pass
-
 
 @pytest.fixture
 def env(cluster, request):
     cluster.heal()
-    e = Env(cluster, request.node.name.replace("_", "-")[:60].strip("-").lower())
+    e = Env.for_test(cluster, request.node.name)
     yield e
     e.close()
     cluster.heal()
 
 
-def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(bounded())
-
-
-async def eventually(predicate: Callable[[], Any], timeout: float = 10.0, message: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        await asyncio.sleep(0.02)
-
-
-# -- reading and placing entries directly ---------------------------------------------------------
-
-
-async def read_entry(pool: AgentPool, log_id: int, seg: SegmentRecord, entry_id: int) -> bytes:
-    errors = []
-    for node in seg.write_set(entry_id):
-        try:
-            return await (await pool.client(node)).read(log_id, seg.seq, entry_id)
-        except AgentError as exc:
-            errors.append(f"{node}: {exc}")
-    raise AssertionError(f"entry {entry_id} of segment {seg.seq} is on no replica: {errors}")
-
-
 async def read_back(meta: MetaStore, pool: AgentPool, name: str) -> list[tuple[DLSN, Record]]:
     """Every data record of the log's completed segments (recovery completes them all)."""
-    log_id = meta.get_log(name).value.log_id
-    out = []
-    for versioned in meta.segments(name):
-        seg = versioned.value
-        assert seg.state is SegmentState.COMPLETED, f"segment {seg.seq} is still {seg.state.value}"
-        for entry_id in range(seg.last_entry_id + 1):
-            entry = fmt.decode(await read_entry(pool, log_id, seg, entry_id))
-            for slot, record in enumerate(decode_records(entry.payload)):
-                if not record.control:
-                    out.append((DLSN(seg.seq, entry_id, slot), record))
-    return out
+    return await read_back_all(meta, pool, name, require_completed=True)
 
 
 def raw_entry(log_id: int, entry_id: int, lac: int, seq: int = 1) -> bytes:

@@ -9,179 +9,39 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 
 from dlctl.errors import ConflictError
 from dlctl.log import format as fmt
 from dlctl.log.dlsn import DLSN
-from dlctl.log.errors import AgentError, NoSuchEntryError
+from dlctl.log.errors import NoSuchEntryError
 from dlctl.log.ownership import OwnershipError
-from dlctl.log.pool import AgentPool
 from dlctl.log.records import Record, decode_records
-from dlctl.log.writer import LogWriter, TxidOrderError, WriterClosedError, WriterDeposedError, WriterError
-from dlctl.meta.records import LogConfig, SegmentRecord, SegmentState
-from dlctl.meta.store import MetaStore
-from harness.agents import DEFAULT_SECRET, AgentNode
-from harness.procs import ProcessRegistry, wait_until
-from harness.zk import ZkNamespace, expire_session
+from dlctl.log.writer import TxidOrderError, WriterClosedError, WriterDeposedError, WriterError
+from dlctl.meta.records import LogConfig, SegmentState
+from harness.agents import AgentNode
+from harness.procs import wait_until
+from harness.logcluster import CLUSTER, LogEnv, agent_cluster, eventually, read_back, read_entry, run
+from harness.zk import expire_session
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
 
-T = TypeVar("T")
-CLUSTER = "c1"
-
-
-# -- a module-wide cluster of three agents ------------------------------------------------------
-
-
-@dataclass
-class Cluster:
-    ns: ZkNamespace
-    procs: ProcessRegistry
-    agents: dict[str, AgentNode]
-    admin: Any
-    base: Path
-
-    def heal(self) -> None:
-        """Resume paused agents, restart dead ones, and wait until all are registered."""
-        for node in self.agents.values():
-            if node.proc is not None and node.proc.paused:
-                node.proc.resume()
-            if node.proc is None or not node.proc.running:
-                node.start(wait=False)
-        for node in self.agents.values():
-            node.wait_ready()
-            # The record of a killed predecessor lingers until its session expires: wait for ours.
-            wait_until(
-                lambda n=node: (n.registration(self.admin) or {}).get("pid") == n.proc.pid,
-                20,
-                message=f"{node.node_id} registered by its current process",
-                watch=node.proc,
-            )
 
 
 @pytest.fixture(scope="module")
 def cluster(zk_server, tmp_path_factory):
-    base = tmp_path_factory.mktemp("writer-agents")
-    ns = ZkNamespace(zk_server, label="writer")
-    procs = ProcessRegistry(base / "procs")
-    try:
-        admin = ns.client()
-        agents = {f"n{i}": AgentNode(procs, base, ns.connect_string, cluster=CLUSTER, node_id=f"n{i}") for i in (1, 2, 3)}
-        for node in agents.values():
-            node.start(wait=False)
-        for node in agents.values():
-            node.wait_ready(admin)
-        yield Cluster(ns, procs, agents, admin, base)
-    finally:
-        procs.close()
-        ns.close()
+    yield from agent_cluster(zk_server, tmp_path_factory.mktemp("writer-agents"), "writer")
 
 
 @pytest.fixture
 def env(cluster, request):
     """Per test: a fresh log name and a way to make writers (each with its own ZooKeeper session)."""
     cluster.heal()
-    e = Env(cluster, request.node.name.replace("_", "-")[:60].strip("-").lower())
+    e = LogEnv.for_test(cluster, request.node.name)
     yield e
     e.close()
     cluster.heal()
-
-
-class Env:
-    def __init__(self, cluster: Cluster, name: str) -> None:
-        self.cluster = cluster
-        self.name = name
-        self._clients: list[Any] = []
-
-    def meta(self, session_timeout: float = 10.0) -> MetaStore:
-        client = self.cluster.ns.client(timeout=session_timeout)
-        self._clients.append(client)
-        return MetaStore(client, CLUSTER)
-
-    def pool(self, meta: MetaStore, request_timeout: float = 5.0) -> AgentPool:
-        return AgentPool(meta, DEFAULT_SECRET, request_timeout=request_timeout)
-
-    def create_log(self, config: LogConfig | None = None) -> None:
-        self.meta().create_log(self.name, config or LogConfig())
-
-    async def writer(self, *, session_timeout: float = 10.0, request_timeout: float = 5.0, **options: Any) -> LogWriter:
-        meta = self.meta(session_timeout)
-        return await LogWriter.open(meta, self.pool(meta, request_timeout), self.name, **options)
-
-    def close(self) -> None:
-        for c in self._clients:
-            try:
-                c.stop()
-                c.close()
-            except Exception:
-                pass
-
-
-def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(bounded())
-
-
-async def eventually(predicate: Callable[[], Any], timeout: float = 10.0, message: str = "condition") -> Any:
-    """The asyncio twin of ``wait_until``: poll without blocking the event loop."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        await asyncio.sleep(0.02)
-
-
-# -- reading back, straight from the agents ------------------------------------------------------
-
-
-async def read_entry(pool: AgentPool, log_id: int, seg: SegmentRecord, entry_id: int) -> bytes:
-    errors = []
-    for node in seg.write_set(entry_id):
-        try:
-            return await (await pool.client(node)).read(log_id, seg.seq, entry_id)
-        except AgentError as exc:
-            errors.append(f"{node}: {exc}")
-    raise AssertionError(f"entry {entry_id} of segment {seg.seq} is on no replica: {errors}")
-
-
-async def segment_lac(pool: AgentPool, log_id: int, seg: SegmentRecord) -> int:
-    lacs = []
-    for node in seg.ensembles[-1].nodes:
-        try:
-            lacs.append(await (await pool.client(node)).read_lac(log_id, seg.seq))
-        except AgentError:
-            pass
-    return max(lacs, default=-1)
-
-
-async def read_back(meta: MetaStore, pool: AgentPool, name: str) -> list[tuple[DLSN, Record]]:
-    """Every data record of the log: completed segments up to their last entry, an in-progress
-    one up to the LAC its agents know."""
-    log_id = meta.get_log(name).value.log_id
-    out = []
-    for versioned in meta.segments(name):
-        seg = versioned.value
-        last = seg.last_entry_id if seg.state is not SegmentState.INPROGRESS else await segment_lac(pool, log_id, seg)
-        for entry_id in range(last + 1):
-            entry = fmt.decode(await read_entry(pool, log_id, seg, entry_id))
-            for slot, record in enumerate(decode_records(entry.payload)):
-                if not record.control:
-                    out.append((DLSN(seg.seq, entry_id, slot), record))
-    return out
 
 
 # -- appending -----------------------------------------------------------------------------------

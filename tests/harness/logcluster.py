@@ -1,0 +1,167 @@
+"""Three real agents shared by a test module, and helpers to write and read logs on them.
+
+Used by the writer, recovery and model tests: a module-scoped ``AgentCluster`` (healed before
+and after every test: paused agents resumed, dead ones restarted), a per-test ``LogEnv`` with a
+fresh log name and writers each on their own ZooKeeper session, and read-back straight from the
+agents over the segment metadata (not through the log reader, so writer tests judge the writer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kazoo.client import KazooClient
+
+from dlctl.log import format as fmt
+from dlctl.log.dlsn import DLSN
+from dlctl.log.errors import AgentError
+from dlctl.log.pool import AgentPool
+from dlctl.log.records import Record, decode_records
+from dlctl.log.writer import LogWriter
+from dlctl.meta.records import LogConfig, SegmentRecord, SegmentState
+from dlctl.meta.store import MetaStore
+
+from .agents import DEFAULT_SECRET, AgentNode
+from .procs import ProcessRegistry
+from .zk import ZkNamespace, ZooKeeperServer, make_client
+
+T = TypeVar("T")
+CLUSTER = "c1"
+NODES = ("n1", "n2", "n3")
+
+
+@dataclass
+class AgentCluster:
+    ns: ZkNamespace
+    procs: ProcessRegistry
+    agents: dict[str, AgentNode]
+    admin: KazooClient
+    base: Path
+
+    def heal(self) -> None:
+        """Resume paused agents, restart dead ones, and wait until all are registered."""
+        for node in self.agents.values():
+            if node.proc is not None and node.proc.paused:
+                node.proc.resume()
+            if node.proc is None or not node.proc.running:
+                node.start(wait=False)
+        for node in self.agents.values():
+            node.wait_ready(self.admin)
+
+
+def agent_cluster(zk_server: ZooKeeperServer, base: Path, label: str, nodes: tuple[str, ...] = NODES) -> Iterator[AgentCluster]:
+    """Body of a module-scoped fixture: ``yield from agent_cluster(...)``."""
+    ns = ZkNamespace(zk_server, label=label)
+    procs = ProcessRegistry(base / "procs")
+    try:
+        admin = ns.client()
+        agents = {n: AgentNode(procs, base, ns.connect_string, cluster=CLUSTER, node_id=n) for n in nodes}
+        for node in agents.values():
+            node.start(wait=False)
+        for node in agents.values():
+            node.wait_ready(admin)
+        yield AgentCluster(ns, procs, agents, admin, base)
+    finally:
+        procs.close()
+        ns.close()
+
+
+class LogEnv:
+    """Per test: a fresh log name, and metadata stores / pools / writers that are closed after."""
+
+    def __init__(self, cluster: AgentCluster, name: str) -> None:
+        self.cluster = cluster
+        self.name = name
+        self._clients: list[KazooClient] = []
+
+    @classmethod
+    def for_test(cls, cluster: AgentCluster, test_name: str) -> LogEnv:
+        return cls(cluster, test_name.replace("_", "-")[:60].strip("-").lower())
+
+    def meta(self, session_timeout: float = 10.0, connect: str | None = None) -> MetaStore:
+        client = self.cluster.ns.client(timeout=session_timeout) if connect is None else make_client(connect, timeout=session_timeout)
+        self._clients.append(client)
+        return MetaStore(client, CLUSTER)
+
+    def pool(self, meta: MetaStore, request_timeout: float = 5.0) -> AgentPool:
+        return AgentPool(meta, DEFAULT_SECRET, request_timeout=request_timeout)
+
+    def create_log(self, config: LogConfig | None = None) -> int:
+        return self.meta().create_log(self.name, config or LogConfig()).log_id
+
+    async def writer(self, *, session_timeout: float = 10.0, request_timeout: float = 5.0, connect: str | None = None, **options: Any) -> LogWriter:
+        meta = self.meta(session_timeout, connect)
+        return await LogWriter.open(meta, self.pool(meta, request_timeout), self.name, **options)
+
+    def close(self) -> None:
+        for c in self._clients:
+            try:
+                c.stop()
+                c.close()
+            except Exception:  # noqa: BLE001 - teardown goes on
+                pass
+
+
+def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
+    async def bounded() -> T:
+        async with asyncio.timeout(timeout):
+            return await coro
+
+    return asyncio.run(bounded())
+
+
+async def eventually(predicate: Callable[[], Any], timeout: float = 10.0, message: str = "condition") -> Any:
+    """The asyncio twin of ``wait_until``: poll without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(0.02)
+
+
+async def read_entry(pool: AgentPool, log_id: int, seg: SegmentRecord, entry_id: int) -> bytes:
+    errors = []
+    for node in seg.write_set(entry_id):
+        try:
+            return await (await pool.client(node)).read(log_id, seg.seq, entry_id)
+        except AgentError as exc:
+            errors.append(f"{node}: {exc}")
+    raise AssertionError(f"entry {entry_id} of segment {seg.seq} is on no replica: {errors}")
+
+
+async def segment_lac(pool: AgentPool, log_id: int, seg: SegmentRecord) -> int:
+    lacs = []
+    for node in seg.ensembles[-1].nodes:
+        try:
+            lacs.append(await (await pool.client(node)).read_lac(log_id, seg.seq))
+        except AgentError:
+            pass
+    return max(lacs, default=-1)
+
+
+async def read_back(meta: MetaStore, pool: AgentPool, name: str, *, require_completed: bool = False) -> list[tuple[DLSN, Record]]:
+    """Every data record of the log: completed segments up to their last entry, an in-progress
+    one up to the LAC its agents know (or, with ``require_completed``, fail on one)."""
+    log_id = meta.get_log(name).value.log_id
+    out = []
+    for versioned in meta.segments(name):
+        seg = versioned.value
+        if require_completed:
+            assert seg.state is SegmentState.COMPLETED, f"segment {seg.seq} is still {seg.state.value}"
+        last = seg.last_entry_id if seg.state is not SegmentState.INPROGRESS else await segment_lac(pool, log_id, seg)
+        for entry_id in range(last + 1):
+            entry = fmt.decode(await read_entry(pool, log_id, seg, entry_id))
+            for slot, record in enumerate(decode_records(entry.payload)):
+                if not record.control:
+                    out.append((DLSN(seg.seq, entry_id, slot), record))
+    return out
