@@ -18,6 +18,7 @@ from .cluster import cluster_group
 from .configcmd import config_group
 from .log import log_group
 from .misc import completion_command, version_command
+from .placement import placement_group
 from .recover import fence_command, recover_group
 from .sandbox import sandbox_group
 
@@ -81,6 +82,7 @@ cli.add_command(sandbox_group)
 cli.add_command(bench_group)
 cli.add_command(fence_command)
 cli.add_command(recover_group)
+cli.add_command(placement_group)
 
 
 def _report(app: AppContext, error: DlctlError) -> None:

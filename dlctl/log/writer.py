@@ -51,7 +51,8 @@ from kazoo.exceptions import ConnectionLoss, OperationTimeoutError
 from ..errors import ConflictError, DlctlError, NotFoundError, RefusedError
 from ..meta.records import NO_ENTRY, NO_TXID, EnsembleChange, LogRecord, SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
-from ..placement import choose_ensemble
+from ..meta import policy as placement_store
+from ..placement import PlacementPolicy, choose_ensemble
 from . import format as fmt
 from .dlsn import DLSN
 from .errors import AgentError, AgentUnavailableError, FencedError
@@ -718,9 +719,21 @@ class LogWriter:
             checks = await asyncio.gather(*(self._healthy(n) for n in sorted(suspects)))
             still_failing |= {n for n, ok in zip(sorted(suspects), checks) if not ok}
         try:
-            return choose_ensemble(nodes, self._ensemble_size(), exclude=still_failing)
+            return choose_ensemble(nodes, exclude=still_failing, policy=await self._placement())
         except RefusedError:
             return None
+
+    async def _placement(self) -> PlacementPolicy:
+        """This log's placement policy (its E/W/A, the cluster's m, regions and drains), read at
+        every ensemble choice so a drain or a new m applies from the next segment on."""
+        assert self._log is not None
+        try:
+            cluster_policy = (await self._zk(placement_store.load, self.meta.client, self.meta.cluster)).value
+            self._last_placement = cluster_policy.for_log(self.name, self._log.value.config)
+        except _ZK_BLIPS:
+            if getattr(self, "_last_placement", None) is None:
+                raise
+        return self._last_placement
 
     async def _available(self) -> dict[str, dict]:
         try:
@@ -743,11 +756,12 @@ class LogWriter:
             deadline = time.monotonic() + self.options.stall_timeout
             while ensemble is None:
                 nodes = await self._available()
+                policy = await self._placement()
                 try:
-                    ensemble = choose_ensemble(nodes, self._ensemble_size(), exclude=avoid)
+                    ensemble = choose_ensemble(nodes, exclude=avoid, policy=policy)
                 except RefusedError as exc:
                     try:  # agents we saw fail may be back: better than no segment at all
-                        ensemble = choose_ensemble(nodes, self._ensemble_size())
+                        ensemble = choose_ensemble(nodes, policy=policy)
                     except RefusedError:
                         if time.monotonic() > deadline:
                             raise WriterError(f"writer of log {self.name!r} cannot start a segment: {exc.message}", hint=exc.hint) from None
