@@ -6,7 +6,8 @@ import click
 
 from ..ops import recover as recover_ops
 from ..plan import Plan
-from .context import AppContext, mutating
+from ..errors import NotFoundError
+from .context import AppContext, mutating, output_option, pass_app, yes_option
 
 force_option = click.option("--force", is_flag=True, help="Proceed even though a live writer owns the log (it is deposed).")
 timeout_option = click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, help="Give up when replicas do not answer within this many seconds.")
@@ -25,7 +26,7 @@ def fence_command(app: AppContext, log: str, force: bool, timeout: float) -> Pla
 
 @click.group("recover")
 def recover_group() -> None:
-    """Recover logs (fence, find the last entry, close) — and, later, nodes and regions."""
+    """Recover logs (fence, find the last entry, close), and lost agents or regions (re-replicate)."""
 
 
 @recover_group.command("log")
@@ -37,3 +38,86 @@ def recover_log_command(app: AppContext, log: str, force: bool, timeout: float) 
     """Fence and recover LOG's in-progress segment and close it; report what was recovered
     (LAC, entries found past it and re-replicated, the last entry, unreachable replicas)."""
     return recover_ops.recover_plan(app.session(), log, force=force, timeout=timeout)
+
+
+# -- re-replication: `recover node ID…` and `recover region NAME` ----------------------------------
+
+parallel_option = click.option("--parallel", type=click.IntRange(1, 64), default=4, show_default=True, help="Segments copied at the same time.")
+window_option = click.option("--window", type=click.IntRange(1, 4096), default=128, show_default=True, help="Entries in flight per copy (pipelined reads and adds).")
+
+
+def _rereplicate(app: AppContext, lost: list[str], regions: dict[str, str | None], what: str, dry_run: bool, parallel: int, window: int) -> None:
+    from ..errors import PartialFailure
+    from ..ops import rereplicate as rr
+
+    session = app.session()
+    built = rr.plan(session.meta, lost, lost_regions=regions)
+    plan = rr.as_plan(session, built, what, parallel=parallel, window=window)
+    if dry_run or not built.repairable and not built.work:
+        app.render(plan)
+        return
+    app.confirm(plan)
+    with app.progress(transient=True) as bar:
+        total = max(1, sum(w.bytes for w in built.repairable))
+        copy_task = bar.add_task("copying", total=total)
+        seg_task = bar.add_task("segments", total=len(built.work))
+
+        def on_progress(p: rr.Progress) -> None:
+            current = ", ".join(sorted(p.current)[:3]) + (" …" if len(p.current) > 3 else "")
+            bar.update(copy_task, completed=min(p.copied.bytes, total), description=f"copying {current}" if current else "copying")
+            bar.update(seg_task, completed=p.finished)
+
+        report = rr.run(session, built, parallel=parallel, window=window, on_progress=on_progress)
+    app.render(report)
+    if report["stuck"] or report["data_lost"]:
+        problems = [f"stuck on segment {o['segment']} of {o['log']}: {o['error']}" for o in report["stuck"]]
+        problems += [o["error"] for o in report["data_lost"]]
+        raise PartialFailure(
+            f"{what}: {report['committed']} of {report['segments']} segment(s) re-replicated; " + "; ".join(problems),
+            hint=f"fix what is named and re-run the same command: operation {report['operation']} continues where it stopped",
+            details=report,
+        )
+
+
+def _rereplication_options(func):
+    for option in (window_option, parallel_option, click.option("--dry-run", is_flag=True, help="Print the plan (segments, sources, targets, bytes) and change nothing.")):
+        func = option(func)
+    return func
+
+
+@recover_group.command("node")
+@click.argument("node_ids", nargs=-1, required=True)
+@_rereplication_options
+@yes_option
+@output_option
+@pass_app
+def recover_node_command(app: AppContext, node_ids: tuple[str, ...], dry_run: bool, parallel: int, window: int) -> None:
+    """Re-replicate every segment replica held by the lost agents NODE_IDS: copy the entries
+    from surviving replicas to replacements, verify, then update the segment metadata by CAS.
+    In-progress segments without a live writer are fenced and recovered first. Resumable:
+    re-running continues the operation recorded in ZooKeeper. Segments whose every replica
+    is lost are reported (exit 3), never hidden."""
+    regions = {}
+    for node in node_ids:
+        try:
+            regions[node] = app.session().cluster.node(node).region
+        except NotFoundError:
+            regions[node] = None  # not in the inventory: the agent's id in the metadata is enough
+    _rereplicate(app, list(node_ids), regions, f"recover node {' '.join(node_ids)}", dry_run, parallel, window)
+
+
+@recover_group.command("region")
+@click.argument("region")
+@_rereplication_options
+@yes_option
+@output_option
+@pass_app
+def recover_region_command(app: AppContext, region: str, dry_run: bool, parallel: int, window: int) -> None:
+    """Re-replicate every segment replica held by the agents of REGION (from the inventory and
+    the availability records), as `recover node` does for each of them."""
+    session = app.session()
+    lost = {n.id: n.region for n in session.cluster.nodes if n.region == region}
+    lost.update({n: region for n, info in session.meta.available_nodes().items() if info.get("region") == region})
+    if not lost:
+        raise NotFoundError(f"no agent of cluster {session.cluster.name!r} is in region {region!r}", hint="list regions with `dlctl config show`")
+    _rereplicate(app, sorted(lost), lost, f"recover region {region}", dry_run, parallel, window)

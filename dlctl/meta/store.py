@@ -235,6 +235,57 @@ class MetaStore:
             out[node_id] = _decode_node(data, f"{parent}/{node_id}")
         return out
 
+    # -- operations (resumable admin work, e.g. re-replication) -----------------------------
+
+    def _ops_parent(self) -> str:
+        return f"{paths.cluster_root(self.cluster)}/ops"
+
+    def _op_path(self, op_id: str) -> str:
+        return f"{self._ops_parent()}/{validate_name('operation', op_id)}"
+
+    def list_ops(self) -> list[str]:
+        try:
+            return sorted(self.client.get_children(self._ops_parent()))
+        except NoNodeError:
+            return []
+
+    def get_op(self, op_id: str) -> Versioned[dict]:
+        return self._read(self._op_path(op_id), _decode_op, f"operation {op_id!r} does not exist in cluster {self.cluster!r}")
+
+    def create_op(self, op_id: str, record: dict) -> Versioned[dict]:
+        """Record a new operation at ``ops/<op_id>`` (JSON). ``makepath`` because a cluster
+        initialised before ``ops`` existed lacks the parent; the ACL is passed explicitly
+        (ZooKeeper does not inherit it)."""
+        import json
+
+        try:
+            self.client.create(self._op_path(op_id), json.dumps(record, sort_keys=True).encode(), acl=self.acl, makepath=True)
+        except NodeExistsError:
+            raise ConflictError(f"aborted: operation {op_id!r} was created concurrently", hint="nothing was overwritten") from None
+        return Versioned(record, 0)
+
+    def update_op(self, op_id: str, current: Versioned[dict], record: dict) -> Versioned[dict]:
+        """CAS the operation record; ``ConflictError`` when someone else updated it first."""
+        import json
+
+        path = self._op_path(op_id)
+        try:
+            stat = self.client.set(path, json.dumps(record, sort_keys=True).encode(), version=current.version)
+        except BadVersionError:
+            raise self._conflict(path, current.version) from None
+        except NoNodeError:
+            raise NotFoundError(f"operation {op_id!r} no longer exists") from None
+        return Versioned(record, stat.version)
+
+    def delete_op(self, op_id: str, current: Versioned[dict]) -> None:
+        path = self._op_path(op_id)
+        try:
+            self.client.delete(path, version=current.version)
+        except BadVersionError:
+            raise self._conflict(path, current.version) from None
+        except NoNodeError:
+            pass
+
     # -- errors -----------------------------------------------------------------------------
 
     def _conflict(self, path: str, version: int) -> ConflictError:
@@ -270,3 +321,15 @@ def _decode_node(data: bytes, where: str) -> dict:
     if not isinstance(info, dict) or not isinstance(info.get("address"), str):
         raise ValueError(f"{where}: availability record has no address")
     return info
+
+
+def _decode_op(data: bytes, where: str) -> dict:
+    import json
+
+    try:
+        record = json.loads(data)
+    except ValueError:
+        raise ValueError(f"{where}: operation record is not JSON") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: operation record is not a JSON object")
+    return record
