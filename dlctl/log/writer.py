@@ -718,10 +718,24 @@ class LogWriter:
             # A failed agent that answers now (a dropped connection, a restart) may serve again.
             checks = await asyncio.gather(*(self._healthy(n) for n in sorted(suspects)))
             still_failing |= {n for n, ok in zip(sorted(suspects), checks) if not ok}
-        try:
-            return choose_ensemble(nodes, exclude=still_failing, policy=await self._placement())
-        except RefusedError:
-            return None
+        healthy = suspects - still_failing
+        policy = await self._placement()
+        for _ in range(len(nodes) + 1):
+            try:
+                ensemble = choose_ensemble(nodes, exclude=still_failing, policy=policy)
+            except RefusedError:
+                return None
+            # A crashed agent stays registered until its ZooKeeper session expires: probe the
+            # members before a segment is created on them, or every roll may pick another
+            # corpse and leave a one-entry segment behind.
+            unknown = [n for n in ensemble if n not in healthy]
+            checks = await asyncio.gather(*(self._healthy(n) for n in unknown))
+            dead = {n for n, ok in zip(unknown, checks) if not ok}
+            if not dead:
+                return ensemble
+            still_failing |= dead
+            healthy |= set(unknown) - dead
+        return None
 
     async def _placement(self) -> PlacementPolicy:
         """This log's placement policy (its E/W/A, the cluster's m, regions and drains), read at
