@@ -15,6 +15,11 @@
     sync = "always"            # or "never": relies on replication alone (see SyncPolicy)
     group_commit_ms = 2.0
     group_commit_bytes = 524288
+
+    [auditor]                  # re-replication auditor (see dlagent.auditor)
+    enabled = true             # false: this agent never stands for election
+    grace_seconds = 300        # how long an agent must stay gone before its data is copied
+    check_seconds = 10         # how often the elected auditor looks
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dlctl.errors import ConfigError
 from dlctl.names import validate_name
 
 _REQUIRED = ("node_id", "cluster", "region", "rack", "data_dir", "listen", "zookeeper", "secret_file")
-_OPTIONAL = ("advertise", "zk_auth_file", "storage", "tls", "session_timeout")
+_OPTIONAL = ("advertise", "zk_auth_file", "storage", "tls", "session_timeout", "auditor")
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,13 @@ class StorageSettings:
     sync: str = "always"
     group_commit_ms: float = 2.0
     group_commit_bytes: int = 512 * 1024
+
+
+@dataclass(frozen=True)
+class AuditorSettings:
+    enabled: bool = True
+    grace_seconds: float = 300.0
+    check_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,7 @@ class AgentConfig:
     zk_auth_file: Path | None
     storage: StorageSettings
     session_timeout: float = 6.0
+    auditor: AuditorSettings = AuditorSettings()
 
 
 def parse_address(text: str, *, where: str) -> tuple[str, int]:
@@ -109,6 +122,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
     session_timeout = raw.get("session_timeout", 6.0)
     if not isinstance(session_timeout, (int, float)) or not 0.5 <= session_timeout <= 120:
         raise ConfigError(f"{where('session_timeout')} must be seconds in 0.5..120")
+    auditor = _auditor_settings(raw.get("auditor", {}), path)
     base = path.parent
     return AgentConfig(
         path=path,
@@ -121,5 +135,29 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         zk_auth_file=(base / raw["zk_auth_file"]).resolve() if raw.get("zk_auth_file") else None,
         storage=storage,
         session_timeout=float(session_timeout),
+        auditor=auditor,
         **names,
     )
+
+
+def _auditor_settings(raw: Any, path: Path) -> AuditorSettings:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: key 'auditor' must be a table ([auditor])")
+    extra = sorted(set(raw) - {"enabled", "grace_seconds", "check_seconds"})
+    if extra:
+        raise ConfigError(f"{path}: unknown key(s) in [auditor]: {', '.join(extra)}", hint="known keys: enabled, grace_seconds, check_seconds")
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{path}: [auditor] key 'enabled' must be true or false, got {enabled!r}")
+
+    def seconds(key: str, default: float, low: float, high: float) -> float:
+        value = raw.get(key, default)
+        # bool is an int in Python: `grace_seconds = true` must not read as 1 second.
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ConfigError(f"{path}: [auditor] key '{key}' must be seconds in {low:g}..{high:g}, got {value!r}")
+        return float(value)
+
+    # A grace of 0 would re-replicate on every blip of a ZooKeeper session: refuse it.
+    grace = seconds("grace_seconds", 300.0, 0.1, 7 * 24 * 3600)
+    check = seconds("check_seconds", 10.0, 0.05, 3600)
+    return AuditorSettings(enabled=enabled, grace_seconds=grace, check_seconds=check)

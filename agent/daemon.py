@@ -20,6 +20,7 @@ from dlctl import __version__
 from dlctl.meta.zk import ZkAuth, connect
 from dlctl.secrets import read_secret_file
 
+from .auditor import Auditor
 from .config import AgentConfig
 from .identity import ensure_identity
 from .registry import Registration
@@ -75,6 +76,13 @@ async def serve(config: AgentConfig) -> int:
         zk_auth,
     )
     await loop.run_in_executor(None, registration.start, 2 * config.session_timeout)
+    # The auditor stands for election only once this agent is registered and serving: an
+    # agent that cannot serve must not be the one that decides others are gone.
+    auditor = None
+    if config.auditor.enabled:
+        auditor = Auditor(zk, config.cluster, config.node_id, secret, config.auditor, zk_auth).start()
+    else:
+        log.info("re-replication auditor disabled by configuration ([auditor] enabled = false)")
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
@@ -86,6 +94,11 @@ async def serve(config: AgentConfig) -> int:
         waiter.cancel()
 
     log.info("shutting down")
+    if auditor is not None:
+        # First, while ZooKeeper and the server still work: give up the role and cancel a
+        # re-replication under way (resumable), so the next auditor takes over without waiting
+        # for this session to expire.
+        await loop.run_in_executor(None, auditor.stop)
     await loop.run_in_executor(None, registration.stop)
     await loop.run_in_executor(None, lambda: (zk.stop(), zk.close()))
     await server.stop()

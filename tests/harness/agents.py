@@ -37,6 +37,7 @@ class AgentNode:
         secret: bytes = DEFAULT_SECRET,
         session_timeout: float = 2.0,
         sync: str = "always",
+        extra_config: str = "",
     ) -> None:
         self.procs = procs
         self.dir = base_dir / node_id
@@ -66,6 +67,8 @@ class AgentNode:
                     "",
                 ]
             )
+            # Appended TOML (e.g. an [auditor] table); it follows [storage], so start a table.
+            + extra_config
         )
         self.proc: ManagedProcess | None = None
 
