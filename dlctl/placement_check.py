@@ -12,7 +12,7 @@ evenly, so it stands for the segments the policy creates.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +91,40 @@ def _existing(ensemble: tuple[str, ...], nodes: Mapping[str, dict], down: set[st
     return writes, reads, why
 
 
-def check_policy(policy: PlacementPolicy, nodes: Mapping[str, dict], *, seed: int = 0) -> CheckReport:
+@dataclass(frozen=True)
+class LiveSegment:
+    """A segment of the live cluster, as far as region loss is concerned."""
+
+    log: str
+    seq: int
+    in_progress: bool
+    ensemble: tuple[str, ...]
+    write_quorum: int
+    ack_quorum: int
+
+
+def _live(segments: Sequence[LiveSegment], nodes: Mapping[str, dict], down: set[str]) -> tuple[bool, bool, str]:
+    """Can the in-progress segments still reach their ack quorum, and can every entry of every
+    segment still be read? A member whose region is unknown counts as down (it is not here)."""
+
+    def alive(node: str) -> bool:
+        return node in nodes and region_of(nodes[node]) not in down
+
+    writes, reads, why = True, True, []
+    for seg in segments:
+        worst = min(sum(1 for p in ws if alive(seg.ensemble[p])) for ws in write_sets(len(seg.ensemble), seg.write_quorum))
+        if worst < 1 and reads:
+            reads = False
+            why.append(f"segment {seg.seq} of log {seg.log} has entries with every replica down")
+        if seg.in_progress and worst < seg.ack_quorum and writes:
+            writes = False
+            why.append(f"in-progress segment {seg.seq} of log {seg.log} keeps only {worst} of W={seg.write_quorum} < A={seg.ack_quorum}")
+    return writes, reads, "; ".join(why)
+
+
+def check_policy(policy: PlacementPolicy, nodes: Mapping[str, dict], *, seed: int = 0, segments: Sequence[LiveSegment] | None = None) -> CheckReport:
+    """With ``segments`` (a live cluster), existing writes and reads are judged on those real
+    segments; without, on the ensemble the policy would place with every region up."""
     regions: dict[str, int] = {}
     for record in nodes.values():
         regions[region_of(record)] = regions.get(region_of(record), 0) + 1
@@ -125,7 +158,9 @@ def check_policy(policy: PlacementPolicy, nodes: Mapping[str, dict], *, seed: in
                 new, why = True, ""
             except RefusedError as exc:
                 new, why = False, exc.message
-            if reference is not None:
+            if segments is not None:
+                writes, reads, why_existing = _live(segments, nodes, down_set)
+            elif reference is not None:
                 writes, reads, why_existing = _existing(reference, nodes, down_set, policy)
             else:
                 writes = reads = None

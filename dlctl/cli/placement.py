@@ -86,6 +86,7 @@ def placement_check(app: AppContext, log_name, ensemble_size, write_quorum, ack_
     existing segments continue, can reads? Exit 0 when the policy is valid, 4 when refused."""
     if (n_regions is None) != (nodes_per_region is None):
         raise click.UsageError("give --regions and --nodes-per-region together (a hypothetical topology), or neither")
+    session = None
     if n_regions is not None:
         if log_name:
             raise click.UsageError("--log needs the live cluster; it cannot be combined with a hypothetical topology")
@@ -102,7 +103,7 @@ def placement_check(app: AppContext, log_name, ensemble_size, write_quorum, ack_
         policy = PlacementPolicy(e, w, a, min_regions if min_regions is not None else base.min_regions, base.regions, base.drained)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    report = ops.check(None, policy, nodes)
+    report = ops.check(session, policy, nodes)
     app.render(report)
     if not report.valid:
         raise RefusedError(f"placement policy {policy.describe} refused: {report.message}", hint=report.fix or None)

@@ -14,7 +14,8 @@ from ..errors import NotFoundError, RefusedError, UsageError
 from ..meta import policy as store
 from ..names import validate_name
 from ..placement import PlacementPolicy, choose_ensemble, region_of
-from ..placement_check import CheckReport, check_policy
+from ..meta.records import SegmentState
+from ..placement_check import CheckReport, LiveSegment, check_policy
 from ..plan import Plan, Step
 from .session import ClusterSession
 
@@ -163,5 +164,22 @@ def drain_plan(session: ClusterSession, region: str, *, drain: bool, force: bool
     )
 
 
+def live_segments(session: ClusterSession) -> list[LiveSegment]:
+    """Every segment that still holds data (truncated ones hold none)."""
+    out = []
+    for name in session.meta.list_logs():
+        try:
+            segments = session.meta.segments(name)
+        except NotFoundError:
+            continue  # deleted while listing
+        for versioned in segments:
+            seg = versioned.value
+            if seg.state is SegmentState.TRUNCATED:
+                continue
+            out.append(LiveSegment(name, seg.seq, seg.state is SegmentState.INPROGRESS, seg.ensembles[-1].nodes, seg.write_quorum, seg.ack_quorum))
+    return out
+
+
 def check(session: ClusterSession | None, policy: PlacementPolicy, nodes: dict[str, dict]) -> CheckReport:
-    return check_policy(policy, nodes)
+    """With a session, existing writes and reads are judged on the cluster's real segments."""
+    return check_policy(policy, nodes, segments=live_segments(session) if session is not None else None)

@@ -260,3 +260,20 @@ def test_excluded_agents_are_never_chosen():
     nodes = topo({"r1": {"k1": 3}, "r2": {"k1": 3}})
     ensemble = choose_ensemble(nodes, policy=PlacementPolicy(4, 4, 3, 2), exclude={"r1-k1-0"}, seed=0)
     assert "r1-k1-0" not in ensemble
+
+
+def test_check_on_a_live_cluster_judges_writes_and_reads_on_its_real_segments():
+    from dlctl.placement_check import LiveSegment, check_policy
+
+    nodes = {f"{r}n{i}": {"region": r, "rack": "a"} for r in ("r1", "r2", "r3") for i in (1, 2)}
+    segments = [
+        LiveSegment("orders", 7, True, ("r1n1", "r1n2", "r2n1"), 3, 2),  # in progress, two in r1
+        LiveSegment("audit", 3, False, ("r3n1", "r3n2"), 2, 2),  # completed, all in r3
+    ]
+    report = check_policy(PlacementPolicy(3, 3, 2, min_regions=1), nodes, segments=segments)
+    by_down = {tuple(s["down"]): s for s in report.scenarios}
+    assert by_down[()]["existing_writes"] and by_down[()]["reads"]
+    r1 = by_down[("r1",)]
+    assert r1["existing_writes"] is False and r1["reads"] is True and "segment 7 of log orders" in r1["why"]
+    r3 = by_down[("r3",)]
+    assert r3["existing_writes"] is True and r3["reads"] is False and "segment 3 of log audit" in r3["why"]
