@@ -741,13 +741,19 @@ class LogWriter:
         """This log's placement policy (its E/W/A, the cluster's m, regions and drains), read at
         every ensemble choice so a drain or a new m applies from the next segment on."""
         assert self._log is not None
-        try:
-            cluster_policy = (await self._zk(placement_store.load, self.meta.client, self.meta.cluster)).value
-            self._last_placement = cluster_policy.for_log(self.name, self._log.value.config)
-        except _ZK_BLIPS:
-            if getattr(self, "_last_placement", None) is None:
-                raise
-        return self._last_placement
+        deadline = time.monotonic() + self.options.stall_timeout
+        while True:
+            try:
+                cluster_policy = (await self._zk(placement_store.load, self.meta.client, self.meta.cluster)).value
+                self._last_placement = cluster_policy.for_log(self.name, self._log.value.config)
+                return self._last_placement
+            except _ZK_BLIPS as exc:
+                if getattr(self, "_last_placement", None) is not None:
+                    return self._last_placement  # as last read: a blip must not stop a roll
+                # Never read yet: a blip is retried like every other ZooKeeper call here.
+                self._check_still_owner()
+                self._check_blip_deadline(deadline, "reading the placement policy", exc)
+            await asyncio.sleep(0.2)
 
     async def _available(self) -> dict[str, dict]:
         try:
@@ -842,6 +848,9 @@ class LogWriter:
         assert self._log is not None
         deadline = time.monotonic() + self.options.stall_timeout
         while True:
+            # Before every attempt, retries included: a retry must never create a segment for
+            # an owner that was deposed meanwhile (its next owner would then depose itself).
+            self._check_still_owner()
             try:
                 return await self._zk(self.meta.create_segment, self.name, self._log, record)
             except _ZK_BLIPS as exc:
@@ -862,6 +871,7 @@ class LogWriter:
     async def _update_segment(self, current: Versioned[SegmentRecord], new: SegmentRecord) -> Versioned[SegmentRecord]:
         deadline = time.monotonic() + self.options.stall_timeout
         while True:
+            self._check_still_owner()
             try:
                 return await self._zk(self.meta.update_segment, self.name, current, new)
             except _ZK_BLIPS as exc:
@@ -875,6 +885,19 @@ class LogWriter:
                 return now  # applied before the answer was lost
             if now.version != current.version:
                 raise ConflictError(f"segment {new.seq} of log {self.name!r} was changed by someone else")
+
+    def _check_still_owner(self) -> None:
+        """Raise unless this writer still owns the log through the session that claimed it.
+
+        kazoo replays requests queued while disconnected on a *new* session after an expiry, so
+        "no error yet" is not enough: the session must be the one the ownership znode belongs to."""
+        if self._error is not None:
+            raise self._error
+        if self.ownership.lost:
+            raise self._deposed(self.ownership.lost_reason or "ownership lost")
+        client_id = self.meta.client.client_id
+        if client_id is not None and self.ownership.session_id is not None and client_id[0] != self.ownership.session_id:
+            raise self._deposed("its ZooKeeper session expired (the ownership belonged to the old session)")
 
     def _check_blip_deadline(self, deadline: float, what: str, exc: Exception) -> None:
         if time.monotonic() > deadline:
