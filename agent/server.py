@@ -152,10 +152,12 @@ class AgentServer:
         """Stop accepting, close every connection, and wait for the requests in flight to end."""
         if self._server is None:
             return
-        tasks = [t for c in self._conns for t in c.tasks]
+        # Adds in flight are callbacks in the store rather than tasks: wait for each connection
+        # to drain (tasks included).
+        drained = [c.drained() for c in self._conns]
         self._shutdown(reason="agent shutting down")
-        if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+        if drained:
+            await asyncio.wait(drained, timeout=5.0)
         server, self._server = self._server, None
         await server.wait_closed()
         if self.store.on_failure == self._on_store_failure:
@@ -287,6 +289,8 @@ class _Conn(asyncio.Protocol):
         self.write_paused = False
         self.read_paused = False
         self._out: list[bytes] = []
+        self._add_nowait = getattr(self.store, "add_nowait", None)
+        self._drain_waiters: list[asyncio.Future[None]] = []
         now = time.monotonic()
         self.created = now
         self.last_activity = now
@@ -324,9 +328,17 @@ class _Conn(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         # A half-close still gets the answers to what it sent; the connection ends after them.
+        # Long polls are answered at once with the current state (a long poll may end before
+        # its timeout): otherwise a half-closed connection could linger for max_long_poll.
         self.eof = True
+        self.loop.call_soon(self._hurry_long_polls)  # type: ignore[union-attr] # after tasks' first steps
         self._finish_if_done()
         return True
+
+    def _hurry_long_polls(self) -> None:
+        for task in self.tasks:
+            if task.get_name() == "long-poll":
+                task.cancel()
 
     def _finish_if_done(self) -> None:
         if self.eof and not self.in_flight and not self.closing:
@@ -419,7 +431,7 @@ class _Conn(asyncio.Protocol):
                 self._reject_unauthenticated(op, rid, f"{op.name} before authentication")
             return
         if op is p.Op.ADD_ENTRY:
-            self._spawn(self._add(rid, args[0], flags & p.FLAG_RECOVERY), len(frame.body))
+            self._add_now(rid, args[0], flags & p.FLAG_RECOVERY)
         elif op is p.Op.READ_ENTRY:
             if flags & p.FLAG_FENCE:
                 self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args)), 0)
@@ -428,7 +440,7 @@ class _Conn(asyncio.Protocol):
         elif op is p.Op.READ_LAC:
             self._run_sync(op, rid, server.read_lac, args)
         elif op is p.Op.LONG_POLL:
-            self._spawn(self._run_async(op, rid, server.long_poll(*args)), 0, name="long-poll")
+            self._spawn(self._long_poll(rid, *args), 0, name="long-poll")
         elif op is p.Op.FENCE:
             self._spawn(self._run_async(op, rid, server.fence(*args)), 0)
         elif op is p.Op.DIGEST:
@@ -474,14 +486,71 @@ class _Conn(asyncio.Protocol):
         self.tasks.add(task)
         task.add_done_callback(lambda t, size=size: self._task_done(t, size))
 
+    def drained(self) -> asyncio.Future[None]:
+        """Resolved once no request of this connection is in flight."""
+        fut = self.loop.create_future()  # type: ignore[union-attr]
+        if self.in_flight:
+            self._drain_waiters.append(fut)
+        else:
+            fut.set_result(None)
+        return fut
+
+    def _check_drained(self) -> None:
+        if not self.in_flight and self._drain_waiters:
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
     def _task_done(self, task: asyncio.Task[None], size: int) -> None:
         self.tasks.discard(task)
         self.in_flight -= 1
         self.in_flight_bytes -= size
+        self._check_drained()
         if not self.closing and (self.read_paused or self.decoder.buffered):
             self._process()
         if self.eof:
             self._finish_if_done()
+
+    def _add_now(self, rid: int, entry: bytes, recovery: int) -> None:
+        """The hot path: no task per add. The store queues the entry at once and calls back when
+        it is durable, and the response goes out with the others of that batch; only an add
+        that must wait for its segment to be created takes the task path."""
+        add_nowait = self._add_nowait
+        if add_nowait is None:
+            self._spawn(self._add(rid, entry, recovery), len(entry))
+            return
+        size = len(entry)
+        self.in_flight += 1
+        self.in_flight_bytes += size
+        try:
+            _check_entry(entry)
+            queued = add_nowait(entry, lambda exc: self._add_done(rid, size, exc), recovery=bool(recovery))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a response
+            self._add_done(rid, size, exc)
+            return
+        if not queued:
+            self.in_flight -= 1
+            self.in_flight_bytes -= size
+            self._spawn(self._add(rid, entry, recovery), size)
+
+    def _add_done(self, rid: int, size: int, exc: BaseException | None) -> None:
+        self.in_flight -= 1
+        self.in_flight_bytes -= size
+        self._check_drained()
+        if exc is None:
+            self.send(p.add_ok_response(rid))
+        else:
+            self.send(self._error(p.Op.ADD_ENTRY, rid, exc))  # type: ignore[arg-type]
+        if not self.closing and (self.read_paused or self.decoder.buffered):
+            # Not from inside the store's callback: parsing more requests re-enters the store.
+            self.loop.call_soon(self._resume)  # type: ignore[union-attr]
+        if self.eof:
+            self._finish_if_done()
+
+    def _resume(self) -> None:
+        if not self.closing:
+            self._process()
 
     async def _add(self, rid: int, entry: bytes, recovery: int) -> None:
         try:
@@ -491,6 +560,20 @@ class _Conn(asyncio.Protocol):
             self.send(self._error(p.Op.ADD_ENTRY, rid, exc))
         else:
             self.send(p.add_ok_response(rid))
+
+    async def _long_poll(self, rid: int, log_id: int, seg: int, previous: int, timeout_ms: int) -> None:
+        server = self.server
+        try:
+            try:
+                result = await server.long_poll(log_id, seg, previous, 0 if self.eof else timeout_ms)
+            except asyncio.CancelledError:
+                if not self.eof or self.closing:
+                    raise
+                result = await server.long_poll(log_id, seg, previous, 0)  # hurried by a half-close
+        except Exception as exc:  # noqa: BLE001
+            self.send(self._error(p.Op.LONG_POLL, rid, exc))
+        else:
+            self.send(p.ok_response(p.Op.LONG_POLL, rid, result))
 
     async def _run_async(self, op: int, rid: int, work: Awaitable[bytes]) -> None:
         try:

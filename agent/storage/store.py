@@ -1,8 +1,9 @@
 """SegmentStore: the agent's durable segment replicas (the "bookie" role).
 
 Runs inside the agent's event loop. The loop thread validates, indexes and queues entries and
-serves reads (one pread each); every write and fsync happens on the sync thread (sync.py), so
-a slow disk never stalls the loop. Layout on disk: see layout.py.
+serves reads (one pread each); every write and fsync happens on the store's threads (sync.py:
+entry data on the sync thread, files and markers on the metadata thread), so a slow disk never
+stalls the loop. Layout on disk: see layout.py.
 
 What is made durable when:
 - an add: its bytes, by the group-commit fdatasync of the batch it joined (mode "always");
@@ -404,6 +405,34 @@ class SegmentStore:
 
     async def add(self, encoded: bytes, *, recovery: bool = False) -> None:
         """Store one encoded entry durably. Pass ``bytes`` (others are copied once)."""
+        encoded, n, log_id, seq, entry_id, lac, length, crc = self._parse_entry(encoded)
+        _check_crc(encoded, log_id, seq, entry_id, crc)
+        key = (log_id, seq)
+        seg = self._segments.get(key)
+        if seg is None:
+            seg = await self._segment_for_write(key, fenced=False)
+        end = self._accept(seg, encoded, n, entry_id, lac, length, crc, recovery, None)
+        fut = self._committer.wait(seg, end)
+        if fut is not None:
+            await fut
+
+    def add_nowait(self, encoded: bytes, callback: Callable[[BaseException | None], None], *, recovery: bool = False) -> bool:
+        """``add`` without a coroutine, for the server's hot path: validates and queues the entry
+        at once and calls ``callback(None)`` on the loop thread once it is durable, or
+        ``callback(error)`` if it never will be (maybe before returning, for an entry stored
+        already). A bad entry raises, as ``add`` does. Returns False, having done nothing, when
+        the entry's segment does not exist here yet: creating it takes a wait, so use ``add``.
+        """
+        encoded, n, log_id, seq, entry_id, lac, length, crc = self._parse_entry(encoded)
+        seg = self._segments.get((log_id, seq))
+        if seg is None:
+            return False  # before the CRC check: add() does it
+        _check_crc(encoded, log_id, seq, entry_id, crc)
+        self._accept(seg, encoded, n, entry_id, lac, length, crc, recovery, callback)
+        return True
+
+    def _parse_entry(self, encoded: bytes) -> tuple:
+        """The header fields of an entry to add, checked (all but the CRC)."""
         self._check()
         if type(encoded) is not bytes:
             if not isinstance(encoded, (bytearray, memoryview)):
@@ -419,15 +448,15 @@ class SegmentStore:
             or not log_id or not seq or entry_id < 0 or not -1 <= lac < entry_id
         ):
             raise BadRequestError(_header_problem(encoded, n))
-        view = memoryview(encoded)
-        if crc32c(view[HEADER_SIZE:], crc32c(view[:_CRC_COVERED])) != crc:
-            raise BadRequestError(
-                f"CRC-32C mismatch in entry {entry_id} of {_seg_name((log_id, seq))}: refused, nothing stored"
-            )
-        key = (log_id, seq)
-        seg = self._segments.get(key)
-        if seg is None:
-            seg = await self._segment_for_write(key, fenced=False)
+        return encoded, n, log_id, seq, entry_id, lac, length, crc
+
+    def _accept(
+        self, seg: Segment, encoded: bytes, n: int, entry_id: int, lac: int, length: int, crc: int,
+        recovery: bool, callback: Callable[[BaseException | None], None] | None,
+    ) -> int:
+        """Queue a verified entry (or find it stored already); returns the offset in ``seg`` it is
+        durable at. ``callback``, if given, is told when it is."""
+        key = seg.key
         if seg.limbo is not None:
             raise LimboError(f"replica of {_seg_name(key)} is in limbo; adds refused until it is re-replicated")
         if seg.fenced and not recovery:
@@ -440,22 +469,19 @@ class SegmentStore:
                     f"entry {entry_id} of {_seg_name(key)} is already stored (offset {off} of {seg.path}) "
                     "with different contents; refusing to overwrite"
                 )
-            fut = self._committer.wait(seg, off + n)
-            if fut is not None:
-                await fut
-            return
+            if callback is not None:
+                self._committer.on_durable(seg, off + n, callback)
+            return off + n
         if seg.fd is None:
             try:
                 self._fds.get(seg)
             except OSError as exc:
                 raise AgentIOError(f"cannot open {seg.path}: {exc}") from exc
-        off = self._committer.append(seg, encoded)
+        off = self._committer.append(seg, encoded, callback)
         seg.index.add(entry_id, off, length, crc)
         if lac > seg.lac:
             self._raise_lac(seg, lac)
-        fut = self._committer.wait(seg, off + n)
-        if fut is not None:
-            await fut
+        return off + n
 
     def _stored(self, seg: Segment, off: int, n: int) -> bytes:
         buf = seg.mem.get(off)
@@ -726,6 +752,12 @@ class SegmentStore:
 def _resolve_none(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _check_crc(encoded: bytes, log_id: int, seq: int, entry_id: int, crc: int) -> None:
+    view = memoryview(encoded)
+    if crc32c(view[HEADER_SIZE:], crc32c(view[:_CRC_COVERED])) != crc:
+        raise BadRequestError(f"CRC-32C mismatch in entry {entry_id} of {_seg_name((log_id, seq))}: refused, nothing stored")
 
 
 def _header_problem(encoded: bytes, n: int) -> str:

@@ -1,29 +1,49 @@
-"""Group commit: accepted entries are written and fdatasync'ed in batches by one sync thread.
+"""Group commit: accepted entries are written and fdatasync'ed in batches off the event loop.
 
-The loop thread only queues buffers (no syscall per add). A flusher task hands a batch to the
-sync thread, which writes each dirty file with one ``pwritev`` and then ``fdatasync``s it;
-while that is in flight, new adds pile up in the next batch, so the number of fdatasyncs
-follows the disk's speed, not the add rate. When the sync thread is free, the open batch is
-handed over once an event-loop turn brought no new add (nobody else is about to join: a lone
-writer pays no extra latency), or its oldest add has waited ``window_ms``, or it holds
-``window_bytes``. While a sync is in flight the next batch grows without a cap: a slower disk
-gets bigger batches. (Capping batches at ``window_bytes`` to pipeline smaller syncs measured
-markedly slower for 64 KiB entries: the fixed cost of each fdatasync dominates.)
+The loop thread only queues buffers (no syscall per add) into the *open* batch. The **sync
+thread** takes a batch, writes it (one ``pwritev`` per file), ``fdatasync``s each file it
+wrote, and reports the batch durable to the loop; the waiters are plain callbacks (no task or
+future per add on the server's hot path).
 
-Batches are written strictly one after another, so "batch k is durable" implies every batch
-before it is too; per segment, a batch covers one contiguous byte range.
+When the sync thread finishes a batch it takes the open batch at once, in the same thread,
+before reporting the finished one: a batch that waited out a sync has gathered everything that
+was coming meanwhile, and a round trip through the event loop between two syncs left the disk
+idle for a quarter of each cycle (measured with 64 KiB entries). When the sync thread is idle
+the loop hands the open batch over once an event-loop turn brought no new add (nobody else is
+about to join: a lone writer pays no extra latency), or its oldest add has waited
+``window_ms``, or it holds ``window_bytes``. While a sync is in flight the open batch grows
+without a cap: a slower disk gets bigger batches, so the number of fdatasyncs follows the
+disk's speed, not the add rate. (Capping batches at ``window_bytes`` to pipeline smaller syncs
+measured markedly slower for 64 KiB entries: the fixed cost of each fdatasync dominates.
+Writing the open batch ahead on another thread while a sync is in flight measured slower too:
+the thread hand-offs and GIL contention cost more than the overlapped copy saves.)
+
+Durability: a batch is acknowledged only after an fdatasync of each of its files that was
+*called* after every byte of the batch had been written (by the same thread, just before).
+fdatasync covers whatever was written before it was called; nothing written later counts on
+it. Batches are synced strictly one after another and reported in order, so "batch k is
+durable" implies every batch before it is too; per segment, a batch covers one contiguous
+byte range.
 
 A failed write or fdatasync is fatal: after it, the page cache may hold data the disk does not
 (and Linux may drop the dirty pages and report success on a later fsync), so nothing written
 since the last good sync can ever be acknowledged. Every waiting add fails with
 AgentIOError and the owner is told (``on_fatal``) so it stops serving.
+
+Metadata jobs (new files, markers, deletes: ``run_blocking``) run on a thread of their own,
+so a stream of data batches never delays a fence behind it. Their order with the data is
+explicit in the store: a fence or a delete first awaits the data it depends on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
+import sys
+import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,10 +52,17 @@ from dlctl.log.errors import AgentIOError
 from .segment import Segment
 from .types import SyncPolicy
 
+log = logging.getLogger("dlagent.storage")
+
 try:
     IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
 except (ValueError, OSError):  # pragma: no cover - every Linux has it
     IOV_MAX = 1024
+
+# The sync thread needs the GIL back after every pwritev and fdatasync. While the loop thread
+# is busy, CPython lets a waiting thread have it only after the switch interval (5 ms by
+# default), which stalls the disk pipeline for that long; the store lowers it to this.
+SWITCH_INTERVAL = 0.0002
 
 
 def pwritev_all(fd: int, bufs: list, offset: int) -> None:
@@ -58,19 +85,47 @@ def pwritev_all(fd: int, bufs: list, offset: int) -> None:
         pending[pos] = memoryview(pending[pos])[done:]
 
 
+def _future_waiter(fut: asyncio.Future) -> Callable[[BaseException | None], None]:
+    def done(exc: BaseException | None) -> None:
+        if not fut.done():
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(exc)
+
+    return done
+
+
+class Slot:
+    """One segment's contiguous byte range in a batch. ``fd`` is the segment's file, which stays
+    open while it has unwritten data (the FdCache never evicts a pinned segment)."""
+
+    __slots__ = ("fd", "start", "bufs", "end")
+
+    def __init__(self, fd: int, start: int, buf: bytes) -> None:
+        self.fd = fd
+        self.start = start
+        self.bufs = [buf]
+        self.end = start + len(buf)
+
+
 class Batch:
     __slots__ = ("segs", "waiters", "adds", "bytes", "started")
 
     def __init__(self) -> None:
-        # segment -> [start offset, buffers, end offset]
-        self.segs: dict[Segment, list] = {}
-        self.waiters: list[asyncio.Future] = []
+        self.segs: dict[Segment, Slot] = {}
+        # Called with None once the batch is durable, or with an error; loop thread only.
+        self.waiters: list[Callable[[BaseException | None], None]] = []
         self.adds = 0
         self.bytes = 0
         self.started = 0.0
 
 
 class GroupCommitter:
+    """Shared state between the loop and the sync thread is guarded by ``_lock``: which batch is
+    open (and its contents), the batches the sync thread took (``_taken``) and whether it is
+    running (``_busy``). Waiter futures, ``Segment`` fields and the counters belong to the loop."""
+
     def __init__(
         self,
         policy: SyncPolicy,
@@ -81,11 +136,15 @@ class GroupCommitter:
         self._on_fatal = on_fatal
         self._fdatasync = fdatasync
         self._sync_data = policy.mode == "always"
+        self._lock = threading.Lock()
         self._open = Batch()
-        self._inflight: Batch | None = None
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._taken: deque[Batch] = deque()  # handed to the sync thread, not yet reported durable
+        self._busy = False  # the sync thread is working through batches
+        self._window = policy.window_ms / 1000.0
+        self._window_bytes = policy.window_bytes
+        self._stopped = False
+        self._sync: ThreadPoolExecutor | None = None
+        self._meta: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.failure: BaseException | None = None
         # Counters for stat() and the benchmarks.
@@ -96,57 +155,78 @@ class GroupCommitter:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlagent-sync")
-        self._task = self._loop.create_task(self._run(), name="dlagent-group-commit")
+        if sys.getswitchinterval() > SWITCH_INTERVAL:
+            sys.setswitchinterval(SWITCH_INTERVAL)
+        self._sync = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlagent-sync")
+        self._meta = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlagent-meta")
 
     def _batches(self) -> list[Batch]:
-        """Unfinished batches, oldest first."""
-        out = [self._inflight] if self._inflight is not None else []
+        """Unfinished batches, oldest first (caller holds the lock)."""
+        out = list(self._taken)
         if self._open.adds:
             out.append(self._open)
         return out
 
     @property
     def pending_bytes(self) -> int:
-        return sum(b.bytes for b in self._batches())
+        with self._lock:
+            return sum(b.bytes for b in self._batches())
 
-    def append(self, seg: Segment, buf: bytes) -> int:
-        """Queue an entry at the end of ``seg``; returns its offset. ``seg.fd`` must be open (a
-        segment with queued data is pinned in the FdCache, so it stays open until written)."""
+    def append(self, seg: Segment, buf: bytes, callback: Callable[[BaseException | None], None] | None = None) -> int:
+        """Queue an entry at the end of ``seg``; returns its offset. ``callback``, if given, is
+        called once it is durable (see ``on_durable``). ``seg.fd`` must be open (a segment with
+        queued data is pinned in the FdCache, so it stays open until written)."""
         off = seg.size
         end = off + len(buf)
         seg.size = end
         seg.mem[off] = buf
-        b = self._open
-        slot = b.segs.get(seg)
-        if slot is None:
-            b.segs[seg] = [off, [buf], end]
-        else:
-            slot[1].append(buf)
-            slot[2] = end
-        if not b.adds:
-            b.started = self._loop.time()  # type: ignore[union-attr]
-            self._wake.set()  # type: ignore[union-attr]
-        b.adds += 1
-        b.bytes += len(buf)
         self.adds += 1
+        with self._lock:
+            b = self._open
+            slot = b.segs.get(seg)
+            if slot is None:
+                b.segs[seg] = Slot(seg.fd, off, buf)  # type: ignore[arg-type]
+            else:
+                slot.bufs.append(buf)
+                slot.end = end
+            if callback is not None:
+                b.waiters.append(callback)
+            first = not b.adds
+            b.adds += 1
+            b.bytes += len(buf)
+            wake = first and not self._busy  # a busy sync thread takes the batch by itself
+        if wake:
+            b.started = self._loop.time()  # type: ignore[union-attr]
+            self._loop.call_soon(self._linger, b, -1)  # type: ignore[union-attr]
         return off
 
     def wait(self, seg: Segment, end: int) -> asyncio.Future | None:
         """A future resolved once ``seg`` is durable up to ``end``; None if it already is."""
         if end <= seg.durable:
             return None
+        fut = self._loop.create_future()  # type: ignore[union-attr]
+        self._batch_holding(seg, end).waiters.append(_future_waiter(fut))
+        return fut
+
+    def on_durable(self, seg: Segment, end: int, callback: Callable[[BaseException | None], None]) -> None:
+        """Call ``callback(None)`` once ``seg`` is durable up to ``end`` (now, if it is already),
+        ``callback(error)`` if it never will be. Raises if the store failed."""
+        if end <= seg.durable:
+            callback(None)
+        else:
+            self._batch_holding(seg, end).waiters.append(callback)
+
+    def _batch_holding(self, seg: Segment, end: int) -> Batch:
         if self.failure is not None:
             raise AgentIOError(f"store failed: {self.failure}")
-        # Per segment, batches hold increasing byte ranges: the first batch reaching ``end``
-        # holds it.
-        for batch in self._batches():
+        # Per segment, batches hold increasing byte ranges: the batch whose range ends at or
+        # after ``end`` and starts before it holds it.
+        with self._lock:
+            batches = self._batches()
+        for batch in reversed(batches):
             slot = batch.segs.get(seg)
-            if slot is not None and end <= slot[2]:
-                fut = self._loop.create_future()  # type: ignore[union-attr]
-                batch.waiters.append(fut)
-                return fut
+            if slot is not None and slot.start < end <= slot.end:
+                return batch
         raise AssertionError(f"{seg.path}: offset {end} is neither durable nor queued")
 
     async def flush(self) -> None:
@@ -154,101 +234,118 @@ class GroupCommitter:
         while True:
             if self.failure is not None:
                 raise AgentIOError(f"store failed: {self.failure}")
-            batches = self._batches()
+            with self._lock:
+                batches = self._batches()
             if not batches:
                 return
-            batch = batches[-1]
             fut = self._loop.create_future()  # type: ignore[union-attr]
-            batch.waiters.append(fut)
+            batches[-1].waiters.append(_future_waiter(fut))
             await fut
 
-    async def _run(self) -> None:
-        loop = self._loop
-        assert loop is not None and self._wake is not None
-        window = self.policy.window_ms / 1000.0
-        window_bytes = self.policy.window_bytes
-        while self.failure is None:
-            batch = self._open
-            if not batch.adds:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            # Linger while others are still joining (an add arrived during the last loop turn),
-            # bounded by the window; a batch that already waited out a sync goes at once.
-            deadline = batch.started + window
-            while batch.bytes < window_bytes and loop.time() < deadline:
-                seen = batch.adds
-                await asyncio.sleep(0)
-                if batch.adds == seen:
-                    break
+    def _linger(self, batch: Batch, seen: int) -> None:
+        """Loop callback for the open batch while the sync thread is idle: hands it over once a
+        whole loop turn passed without a new add (``seen`` is the count at the previous check;
+        -1 on the first call, which is in the turn after the first add, maybe before adds
+        already scheduled for that turn), or the window is over."""
+        if self.failure is not None or self._stopped or batch is not self._open:
+            return
+        if batch.adds != seen and batch.bytes < self._window_bytes and self._loop.time() < batch.started + self._window:  # type: ignore[union-attr]
+            self._loop.call_soon(self._linger, batch, batch.adds)  # type: ignore[union-attr]
+            return
+        with self._lock:
+            # Only the loop starts the sync thread, and only when it is idle, so the open
+            # batch is still the one we lingered on.
             self._open = Batch()
-            self._inflight = batch
-            jobs = [(seg.fd, bufs, start) for seg, (start, bufs, _end) in batch.segs.items()]
-            try:
-                await loop.run_in_executor(self._executor, self._write_and_sync, jobs)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - any failure here is fatal
-                self._fail(exc)
-                return
-            self._inflight = None
-            if self.failure is not None:
-                return  # failed meanwhile (a metadata fsync); the waiters have their error
-            self.batches += 1
-            self.bytes_written += batch.bytes
-            if self._sync_data:
-                self.fdatasyncs += len(jobs)
-            for seg, (start, bufs, end) in batch.segs.items():
-                seg.durable = end
-                mem = seg.mem
-                off = start
-                for buf in bufs:
-                    del mem[off]
-                    off += len(buf)
-            for fut in batch.waiters:
-                if not fut.done():
-                    fut.set_result(None)
+            self._taken.append(batch)
+            self._busy = True
+        self._sync.submit(self._cycle, batch)  # type: ignore[union-attr]
 
-    def _write_and_sync(self, jobs: list[tuple[int, list, int]]) -> None:
-        # Runs in the sync thread: all writes first, so the disk sees them before any sync.
-        for fd, bufs, offset in jobs:
-            pwritev_all(fd, bufs, offset)
+    def _cycle(self, batch: Batch) -> None:
+        """Sync thread: make ``batch`` durable, then each batch that opened meanwhile, until none."""
+        loop = self._loop
+        assert loop is not None
+        while True:
+            try:
+                # Nobody else touches a batch once taken: the loop appends to the next one.
+                # Every byte of the batch is written before its fdatasync is called.
+                for slot in batch.segs.values():
+                    pwritev_all(slot.fd, slot.bufs, slot.start)
+                if self._sync_data:
+                    for slot in batch.segs.values():
+                        self._fdatasync(slot.fd)
+            except BaseException as exc:  # noqa: BLE001 - any failure here is fatal
+                loop.call_soon_threadsafe(self._fail, exc)
+                return
+            # Take the next batch (or go idle) before reporting this one: once an add is
+            # acknowledged, the next one must find the sync thread's state up to date (idle:
+            # the loop's window rules apply to it).
+            done = batch
+            with self._lock:
+                if self.failure is not None:
+                    return  # _busy stays set: nothing is handed over again
+                batch = self._open
+                more = batch.adds > 0
+                if more:
+                    self._open = Batch()
+                    self._taken.append(batch)
+                else:
+                    self._busy = False
+            loop.call_soon_threadsafe(self._completed, done)
+            if not more:
+                return
+
+    def _completed(self, batch: Batch) -> None:
+        """Loop thread: ``batch`` is durable (reports arrive in order)."""
+        if self.failure is not None:
+            return  # failed meanwhile (a metadata fsync); the waiters have their error
+        with self._lock:
+            done = self._taken.popleft()
+        assert done is batch
+        self.batches += 1
+        self.bytes_written += batch.bytes
         if self._sync_data:
-            for fd, _bufs, _offset in jobs:
-                self._fdatasync(fd)
+            self.fdatasyncs += len(batch.segs)
+        for seg, slot in batch.segs.items():
+            seg.durable = slot.end
+            mem = seg.mem
+            off = slot.start
+            for buf in slot.bufs:
+                del mem[off]
+                off += len(buf)
+        for callback in batch.waiters:
+            try:
+                callback(None)
+            except Exception:  # noqa: BLE001 - one broken waiter must not keep others waiting
+                log.exception("durability callback failed")
 
     def run_blocking(self, fn: Callable, *args) -> asyncio.Future:
-        """Run a metadata fsync job on the sync thread, ordered with the data batches."""
-        return self._loop.run_in_executor(self._executor, fn, *args)  # type: ignore[union-attr]
+        """Run a metadata fsync job on the metadata thread."""
+        return self._loop.run_in_executor(self._meta, fn, *args)  # type: ignore[union-attr]
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is not None:
             return
-        self.failure = exc
-        for batch in (self._inflight, self._open):
-            if batch is None:
-                continue
-            for fut in batch.waiters:
-                if not fut.done():
-                    fut.set_exception(AgentIOError(f"write/fdatasync failed, entry not durable: {exc}"))
+        with self._lock:
+            self.failure = exc
+            batches = self._batches()
+        for batch in batches:
+            for callback in batch.waiters:
+                try:
+                    callback(AgentIOError(f"write/fdatasync failed, entry not durable: {exc}"))
+                except Exception:  # noqa: BLE001
+                    log.exception("durability callback failed")
         self._on_fatal(exc)
 
     def fail(self, exc: BaseException) -> None:
         """Fatal failure detected elsewhere (a metadata fsync): fail every waiter, stop flushing."""
         self._fail(exc)
-        task = self._task
-        if task is not None and not task.done() and self._inflight is None and task is not asyncio.current_task():
-            task.cancel()
 
     async def stop(self) -> None:
-        if self._task is not None and not self._task.done():
-            # The caller flushed first (or the store failed); an in-flight job, if any, finishes
-            # in the thread and executor.shutdown waits for it.
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
-        if self._executor is not None:
-            executor, self._executor = self._executor, None
-            await asyncio.get_running_loop().run_in_executor(None, executor.shutdown, True)
+        # The caller flushed first (or the store failed): nothing is handed over any more.
+        self._stopped = True
+        # A sync cycle in flight finishes in its thread; shutdown waits for it.
+        for name in ("_sync", "_meta"):
+            executor = getattr(self, name)
+            if executor is not None:
+                setattr(self, name, None)
+                await asyncio.get_running_loop().run_in_executor(None, executor.shutdown, True)

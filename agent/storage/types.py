@@ -17,7 +17,7 @@ class SyncPolicy:
     and ``fdatasync``-ed. Adds arriving close together share one fdatasync (group commit):
     a batch is flushed once no new add arrived during one event-loop turn, or once its oldest
     add has waited ``window_ms``, or once ``window_bytes`` are pending; while one fdatasync is
-    in flight the next batch accumulates.
+    in flight the next batch accumulates, and goes as soon as that fdatasync returns.
 
     ``mode="never"``: an add is acknowledged once the bytes are in the kernel's page cache,
     without fdatasync. This survives a crash of the agent process (SIGKILL included) but

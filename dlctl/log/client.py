@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from . import protocol as p
 from .auth import DEFAULT_CONTEXT, ClientHandshake
 from .errors import AgentError, AgentIOError, AgentUnavailableError, BadRequestError
-from .format import CorruptEntry, Entry, decode
+from .format import HEADER_SIZE, CorruptEntry, Entry, crc32c, decode, decode_header
 
 
 T = TypeVar("T")
@@ -350,8 +350,28 @@ class AgentClient:
     async def read(self, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> bytes:
         """The encoded entry, CRC-verified. ``fence``: a recovery read that fences the replica first."""
         data = await self._call(p.Op.READ_ENTRY, p.read_entry_request, log_id, segment_seq, entry_id, fence)
-        self._verify_entry(data, log_id, segment_seq, entry_id)
+        self._check_entry(data, log_id, segment_seq, entry_id)
         return data
+
+    def _check_entry(self, data: bytes, log_id: int, segment_seq: int, entry_id: int) -> None:
+        """``_verify_entry`` without building the Entry (no copy of the payload): the same
+        checks as ``format.decode``, then the ids."""
+        where = f"entry {log_id}/{segment_seq}/{entry_id} from agent {self.address}"
+        try:
+            header = decode_header(data)
+        except CorruptEntry as exc:
+            raise AgentIOError(f"{where} is corrupt: {exc.reason}") from None
+        if len(data) != header.total_size:
+            raise AgentIOError(f"{where} is corrupt: entry is {len(data)} bytes, header says {header.total_size}")
+        view = memoryview(data)
+        if crc32c(view[HEADER_SIZE:], crc32c(view[: HEADER_SIZE - 4])) != header.crc:
+            raise AgentIOError(
+                f"{where} is corrupt: CRC-32C mismatch in entry {header.segment_seq}/{header.entry_id} of log {header.log_id}"
+            )
+        if (header.log_id, header.segment_seq, header.entry_id) != (log_id, segment_seq, entry_id):
+            raise AgentIOError(
+                f"{where}: the agent returned entry {header.log_id}/{header.segment_seq}/{header.entry_id} instead"
+            )
 
     async def read_entry(self, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> Entry:
         """Like ``read`` but decoded."""

@@ -336,7 +336,12 @@ def decode_request(frame: Frame) -> Request:
 
 
 def ok_response(op: int, request_id: int, result: bytes | bytearray | memoryview = b"") -> bytes:
-    return encode_frame(op | RESPONSE, 0, request_id, _OK_PREAMBLE + result if result else _OK_PREAMBLE)
+    # Header and preamble first, then the result: a large result (a read entry) is copied once.
+    length = FRAME_HEADER_SIZE - 4 + len(_OK_PREAMBLE) + len(result)
+    if length + 4 > MAX_FRAME:
+        raise ValueError(f"frame of {length + 4} bytes exceeds the {MAX_FRAME}-byte maximum")
+    head = FRAME_HEADER.pack(length, PROTOCOL_VERSION, op | RESPONSE, 0, request_id) + _OK_PREAMBLE
+    return head + result if result else head
 
 
 def add_ok_response(request_id: int) -> bytes:

@@ -718,24 +718,27 @@ class LogWriter:
             # A failed agent that answers now (a dropped connection, a restart) may serve again.
             checks = await asyncio.gather(*(self._healthy(n) for n in sorted(suspects)))
             still_failing |= {n for n, ok in zip(sorted(suspects), checks) if not ok}
-        healthy = suspects - still_failing
-        policy = await self._placement()
-        for _ in range(len(nodes) + 1):
-            try:
-                ensemble = choose_ensemble(nodes, exclude=still_failing, policy=policy)
-            except RefusedError:
-                return None
-            # A crashed agent stays registered until its ZooKeeper session expires: probe the
-            # members before a segment is created on them, or every roll may pick another
-            # corpse and leave a one-entry segment behind.
+        try:
+            return await self._probed_ensemble(nodes, still_failing, await self._placement(), healthy=suspects - still_failing)
+        except RefusedError:
+            return None
+
+    async def _probed_ensemble(self, nodes: dict[str, dict], exclude: set[str], policy: PlacementPolicy, healthy: set[str] | None = None) -> tuple[str, ...]:
+        """An ensemble whose members answer right now; ``RefusedError`` when too few do.
+
+        A crashed agent stays registered until its ZooKeeper session expires, so an ensemble
+        chosen from the registrations alone may hold a corpse; the segment would start degraded
+        (or roll again at once). Each round excludes at least one more agent, so it ends."""
+        exclude, healthy = set(exclude), set(healthy or ())
+        while True:
+            ensemble = choose_ensemble(nodes, exclude=exclude, policy=policy)
             unknown = [n for n in ensemble if n not in healthy]
             checks = await asyncio.gather(*(self._healthy(n) for n in unknown))
             dead = {n for n, ok in zip(unknown, checks) if not ok}
             if not dead:
                 return ensemble
-            still_failing |= dead
+            exclude |= dead
             healthy |= set(unknown) - dead
-        return None
 
     async def _placement(self) -> PlacementPolicy:
         """This log's placement policy (its E/W/A, the cluster's m, regions and drains), read at
@@ -778,10 +781,10 @@ class LogWriter:
                 nodes = await self._available()
                 policy = await self._placement()
                 try:
-                    ensemble = choose_ensemble(nodes, exclude=avoid, policy=policy)
+                    ensemble = await self._probed_ensemble(nodes, avoid, policy)
                 except RefusedError as exc:
                     try:  # agents we saw fail may be back: better than no segment at all
-                        ensemble = choose_ensemble(nodes, policy=policy)
+                        ensemble = await self._probed_ensemble(nodes, set(), policy)
                     except RefusedError:
                         if time.monotonic() > deadline:
                             raise WriterError(f"writer of log {self.name!r} cannot start a segment: {exc.message}", hint=exc.hint) from None

@@ -1,0 +1,170 @@
+"""The agent server's add hot path (store callbacks, no task per add), draining on stop, and
+long polls on a half-closed connection. In-process server over real TCP, fdatasync injected."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+
+import pytest
+from dlagent.server import AgentServer
+from dlagent.storage import SegmentStore
+
+from dlctl.log import protocol as p
+from dlctl.log.auth import ClientHandshake, generate_secret
+from dlctl.log.client import AgentClient
+from dlctl.log.errors import AgentIOError
+from dlctl.log.format import Entry, encode
+
+pytestmark = pytest.mark.agent
+
+
+def entry(seq: int, entry_id: int) -> bytes:
+    return encode(Entry(7, seq, entry_id, entry_id - 1, os.urandom(100)))
+
+
+class GatedSync:
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def __call__(self, fd: int) -> None:
+        self.entered.set()
+        self.gate.wait(10)
+        os.fdatasync(fd)
+
+
+async def serve(tmp_path, sync):
+    secret = generate_secret()
+    store = SegmentStore(tmp_path, fdatasync=sync)
+    await store.open()
+    server = AgentServer(store, secret, "127.0.0.1", 0)
+    await server.start()
+    return store, server, secret
+
+
+def test_adds_are_answered_only_once_durable(tmp_path):
+    sync = GatedSync()
+
+    async def body():
+        store, server, secret = await serve(tmp_path, sync)
+        async with AgentClient("127.0.0.1", server.address[1], secret) as c:
+            await c.add(entry(1, 0))  # a new segment: the task path
+            sync.gate.clear()
+            sync.entered.clear()
+            encoded = [entry(1, i) for i in range(20)]
+            adds = [asyncio.ensure_future(c.add(encoded[i])) for i in range(1, 20)]
+            assert await asyncio.to_thread(sync.entered.wait, 10)
+            await asyncio.sleep(0.05)
+            assert not any(a.done() for a in adds)
+            sync.gate.set()
+            await asyncio.gather(*adds)
+            assert [s.entries for s in await c.list_segments()] == [20]
+            await c.add(encoded[5])  # idempotent re-add of a durable entry
+        await server.stop()
+        await store.close()
+
+    asyncio.run(body())
+
+
+def test_stop_waits_for_adds_in_flight(tmp_path):
+    sync = GatedSync()
+
+    async def body():
+        store, server, secret = await serve(tmp_path, sync)
+        c = AgentClient("127.0.0.1", server.address[1], secret)
+        await c.add(entry(1, 0))
+        sync.gate.clear()
+        sync.entered.clear()
+        pending = asyncio.ensure_future(c.add(entry(1, 1)))
+        assert await asyncio.to_thread(sync.entered.wait, 10)
+        threading.Timer(0.2, sync.gate.set).start()
+        started = time.monotonic()
+        await server.stop()
+        assert time.monotonic() - started >= 0.15, "stop() returned while an add was in flight"
+        assert store.stat()["pending_bytes"] == 0
+        await asyncio.gather(pending, return_exceptions=True)
+        await c.close()
+        await store.close()
+
+    asyncio.run(body())
+
+
+def test_half_closed_connection_gets_its_long_polls_answered_at_once(tmp_path):
+    async def body():
+        store, server, secret = await serve(tmp_path, os.fdatasync)
+        port = server.address[1]
+
+        def client() -> list[p.Frame]:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            decoder = p.FrameDecoder()
+
+            def frame():
+                while (f := decoder.next_frame()) is None:
+                    data = sock.recv(65536)
+                    if not data:
+                        return None
+                    decoder.feed(data)
+                return f
+
+            hs = ClientHandshake(secret)
+            sock.sendall(p.auth_request(1, *hs.respond(p.decode_response(frame()))))
+            hs.verify_server(p.decode_response(frame()))
+            # Two long polls that would wait up to the server's maximum (120 s), then EOF.
+            sock.sendall(p.long_poll_request(2, 7, 1, 5, 2**32 - 1) + p.long_poll_request(3, 7, 2, -1, 2**32 - 1))
+            sock.shutdown(socket.SHUT_WR)
+            frames = []
+            while (f := frame()) is not None:
+                frames.append(f)
+            sock.close()
+            return frames
+
+        started = time.monotonic()
+        frames = await asyncio.to_thread(client)
+        assert time.monotonic() - started < 3
+        assert sorted(f.request_id for f in frames) == [2, 3]
+        for f in frames:
+            assert p.decode_long_poll_result(p.decode_response(f)) == (-1, None)
+        await server.stop()
+        await store.close()
+
+    asyncio.run(body())
+
+
+def test_client_read_verifies_crc_and_ids_without_decoding(tmp_path):
+    class Tampering(SegmentStore):
+        mode = "ok"
+
+        def read(self, log_id, segment_seq, entry_id):
+            data = bytearray(super().read(log_id, segment_seq, entry_id))
+            if self.mode == "flip":
+                data[-1] ^= 1
+            elif self.mode == "other":
+                return super().read(log_id, segment_seq, entry_id + 1)
+            elif self.mode == "short":
+                return bytes(data[:-1])
+            return bytes(data)
+
+    async def body():
+        secret = generate_secret()
+        store = Tampering(tmp_path)
+        await store.open()
+        server = AgentServer(store, secret, "127.0.0.1", 0)
+        await server.start()
+        e0, e1 = entry(1, 0), entry(1, 1)
+        async with AgentClient("127.0.0.1", server.address[1], secret) as c:
+            await c.add(e0)
+            await c.add(e1)
+            assert await c.read(7, 1, 0) == e0
+            for mode, message in (("flip", "CRC-32C mismatch"), ("other", "returned entry 7/1/1 instead"), ("short", "header says")):
+                store.mode = mode
+                with pytest.raises(AgentIOError, match=message):
+                    await c.read(7, 1, 0)
+        await server.stop()
+        await store.close()
+
+    asyncio.run(body())
