@@ -6,6 +6,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+# What the store answers is exactly what goes on the wire: one definition, in the protocol.
+from dlctl.log.protocol import FenceResult, SegmentInfo  # noqa: F401 - re-exported
+from dlctl.log.protocol import SegmentDigest as Digest  # noqa: F401 - re-exported
+
 SYNC_MODES = ("always", "never")
 
 
@@ -40,38 +44,6 @@ class SyncPolicy:
             raise ValueError(f"sync window_ms {self.window_ms} out of range (0..1000)")
         if not 0 < self.window_bytes <= 1 << 30:
             raise ValueError(f"sync window_bytes {self.window_bytes} out of range (1..1 GiB)")
-
-
-@dataclass(frozen=True)
-class SegmentInfo:
-    log_id: int
-    segment_seq: int
-    entries: int
-    last_entry_id: int
-    lac: int
-    fenced: bool
-    limbo: bool
-    size_bytes: int
-
-
-@dataclass(frozen=True)
-class FenceResult:
-    last_entry_id: int
-    lac: int
-
-
-@dataclass(frozen=True)
-class Digest:
-    """A replica's content over an entry-id range; equal digests mean equal (entry id, CRC) lists."""
-
-    log_id: int
-    segment_seq: int
-    entries: int
-    first_entry_id: int
-    last_entry_id: int
-    lac: int
-    bytes: int
-    digest: str
 
 
 @dataclass(frozen=True)

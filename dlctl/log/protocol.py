@@ -390,7 +390,7 @@ def decode_response(frame: Frame) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class SegmentDigest:
-    """A replica's summary of a range of a segment, for comparing replicas (mirrors storage's Digest)."""
+    """A replica's summary of a range of a segment, for comparing replicas (also what the store returns)."""
 
     log_id: int
     segment_seq: int
@@ -404,7 +404,7 @@ class SegmentDigest:
 
 @dataclass(frozen=True, slots=True)
 class SegmentInfo:
-    """One segment replica held by an agent (mirrors storage's SegmentInfo)."""
+    """One segment replica held by an agent (also what the store returns)."""
 
     log_id: int
     segment_seq: int
