@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from dlctl.log.client import SyncAgentClient
 from dlctl.meta import paths
@@ -101,10 +102,10 @@ class AgentNode:
 
     def registration(self, zk: KazooClient) -> dict | None:
         """The availability record as the agent wrote it, or None when it is not registered."""
-        stat = zk.exists(paths.available_node(self.cluster, self.node_id))
-        if stat is None:
+        try:
+            data, _ = zk.get(paths.available_node(self.cluster, self.node_id))
+        except NoNodeError:  # not registered (or a predecessor's record just expired)
             return None
-        data, _ = zk.get(paths.available_node(self.cluster, self.node_id))
         return json.loads(data)
 
     def client(self, **options) -> SyncAgentClient:
