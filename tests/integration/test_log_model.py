@@ -34,8 +34,7 @@ import itertools
 import sys
 import textwrap
 import threading
-import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -56,6 +55,7 @@ from dlctl.log.writer import LogWriter, WriterClosedError, WriterDeposedError, W
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
 from harness.agents import DEFAULT_SECRET, AgentNode
+from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry, wait_until
 from harness.zk import ZkNamespace, close_client, make_client
 
@@ -135,28 +135,6 @@ def cluster(model_cluster: Cluster):
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-
-
-def run(coro: Awaitable[T], timeout: float = 90.0) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(bounded())
-
-
-async def eventually(predicate: Callable[[], Any], timeout: float, message: str) -> Any:
-    """The asyncio twin of ``wait_until``: poll without blocking the event loop."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        await asyncio.sleep(0.02)
 
 
 def expire(ns: ZkNamespace, client: KazooClient) -> None:
