@@ -24,28 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
+# The agent launcher and the disk baseline are the agent benchmark's (this folder is on the
+# script's path), so both benchmarks compare against the very same plain write+fdatasync loop.
+from bench_agent import KIB, MIB, SECRET, baseline_sequential_bandwidth, serve
+
 from dlctl.log import format as fmt
 from dlctl.log.client import AgentClient
 from dlctl.log.rereplication import copy_replica
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
-
-SECRET = b"benchmark-secret-0123456789abcdef"
-KIB, MIB = 1024, 1024 * 1024
-
-
-def serve(data_dir: Path, port_file: Path) -> None:
-    from dlagent.server import AgentServer
-    from dlagent.storage import SegmentStore, SyncPolicy
-
-    async def main() -> None:
-        store = SegmentStore(data_dir, SyncPolicy())
-        await store.open()
-        server = AgentServer(store, SECRET, "127.0.0.1", 0)
-        await server.start()
-        port_file.write_text(str(server.address[1]))
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
 
 
 def start_agent(work: Path, name: str) -> tuple[subprocess.Popen, int]:
@@ -57,27 +43,6 @@ def start_agent(work: Path, name: str) -> tuple[subprocess.Popen, int]:
             raise SystemExit(f"agent {name} did not start")
         time.sleep(0.05)  # a child process's port file: nothing to await on
     return proc, int(port_file.read_text())
-
-
-def baseline(directory: Path, total: int, chunk: int = 64 * KIB, sync_every: int = 512 * KIB) -> float:
-    path = directory / "baseline-bandwidth"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    block = os.urandom(chunk)
-    try:
-        start = time.perf_counter()
-        written = since = 0
-        while written < total:
-            os.write(fd, block)
-            written += chunk
-            since += chunk
-            if since >= sync_every:
-                os.fdatasync(fd)
-                since = 0
-        os.fdatasync(fd)
-        return total / (time.perf_counter() - start)
-    finally:
-        os.close(fd)
-        path.unlink()
 
 
 class Pool:
@@ -119,7 +84,7 @@ async def measure(src_port: int, dst_port: int, args: argparse.Namespace, direct
             await fill(src, 1, seq, count, payload)
             # "lost" is the replica being rebuilt; "src" serves every entry (E = W = 2).
             segment = SegmentRecord(seq, SegmentState.COMPLETED, (EnsembleChange(0, ("src", "lost")),), 2, 2, time.time(), last_entry_id=count - 1)
-            base = baseline(directory, count * len(payload))
+            base = baseline_sequential_bandwidth(directory, count * len(payload))
             result = await copy_replica(Pool({"src": src, "dst": dst}), 1, segment, "lost", "dst", {"lost"}, window=args.window)
             rate = result.bytes / result.seconds
             rounds.append((rate, base))
