@@ -20,6 +20,11 @@
     enabled = true             # false: this agent never stands for election
     grace_seconds = 300        # how long an agent must stay gone before its data is copied
     check_seconds = 10         # how often the elected auditor looks
+
+    [proxy]                    # write proxy: clients append to logs this agent owns (dlagent.proxy)
+    enabled = true             # false: APPEND/RELEASE are refused; the agent only stores segments
+    max_log_bytes = 33554432   # per owned log: unacknowledged + queued bytes before clients are held back
+    batch_delay_ms = 2.0       # how long the owner lets an entry fill with records from many clients
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from dlctl.errors import ConfigError
 from dlctl.names import validate_name
 
 _REQUIRED = ("node_id", "cluster", "region", "rack", "data_dir", "listen", "zookeeper", "secret_file")
-_OPTIONAL = ("advertise", "zk_auth_file", "storage", "tls", "session_timeout", "auditor")
+_OPTIONAL = ("advertise", "zk_auth_file", "storage", "tls", "session_timeout", "auditor", "proxy")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,13 @@ class AuditorSettings:
     enabled: bool = True
     grace_seconds: float = 300.0
     check_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    enabled: bool = True
+    max_log_bytes: int = 32 * 1024 * 1024
+    batch_delay_ms: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,7 @@ class AgentConfig:
     storage: StorageSettings
     session_timeout: float = 6.0
     auditor: AuditorSettings = AuditorSettings()
+    proxy: ProxySettings = ProxySettings()
 
 
 def parse_address(text: str, *, where: str) -> tuple[str, int]:
@@ -123,6 +136,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
     if not isinstance(session_timeout, (int, float)) or not 0.5 <= session_timeout <= 120:
         raise ConfigError(f"{where('session_timeout')} must be seconds in 0.5..120")
     auditor = _auditor_settings(raw.get("auditor", {}), path)
+    proxy = _proxy_settings(raw.get("proxy", {}), path)
     base = path.parent
     return AgentConfig(
         path=path,
@@ -136,6 +150,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         storage=storage,
         session_timeout=float(session_timeout),
         auditor=auditor,
+        proxy=proxy,
         **names,
     )
 
@@ -161,3 +176,21 @@ def _auditor_settings(raw: Any, path: Path) -> AuditorSettings:
     grace = seconds("grace_seconds", 300.0, 0.1, 7 * 24 * 3600)
     check = seconds("check_seconds", 10.0, 0.05, 3600)
     return AuditorSettings(enabled=enabled, grace_seconds=grace, check_seconds=check)
+
+
+def _proxy_settings(raw: Any, path: Path) -> ProxySettings:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: key 'proxy' must be a table ([proxy])")
+    extra = sorted(set(raw) - {"enabled", "max_log_bytes", "batch_delay_ms"})
+    if extra:
+        raise ConfigError(f"{path}: unknown key(s) in [proxy]: {', '.join(extra)}", hint="known keys: enabled, max_log_bytes, batch_delay_ms")
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{path}: [proxy] key 'enabled' must be true or false, got {enabled!r}")
+    size = raw.get("max_log_bytes", ProxySettings.max_log_bytes)
+    if isinstance(size, bool) or not isinstance(size, int) or not 1024 * 1024 <= size <= 2**40:
+        raise ConfigError(f"{path}: [proxy] key 'max_log_bytes' must be an integer of bytes in 1 MiB..1 TiB, got {size!r}")
+    delay = raw.get("batch_delay_ms", ProxySettings.batch_delay_ms)
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 1000:
+        raise ConfigError(f"{path}: [proxy] key 'batch_delay_ms' must be milliseconds in 0..1000, got {delay!r}")
+    return ProxySettings(enabled=enabled, max_log_bytes=size, batch_delay_ms=float(delay))

@@ -17,12 +17,15 @@ import socket
 import time
 
 from dlctl import __version__
+from dlctl.log.pool import AgentPool
+from dlctl.meta.store import MetaStore
 from dlctl.meta.zk import ZkAuth, connect
 from dlctl.secrets import read_secret_file
 
 from .auditor import Auditor
 from .config import AgentConfig
 from .identity import ensure_identity
+from .proxy import ProxyOptions, WriteProxy
 from .registry import Registration
 from .server import AgentServer
 from .storage import SegmentStore, SyncPolicy
@@ -31,6 +34,19 @@ log = logging.getLogger("dlagent")
 
 EXIT_OK = 0
 EXIT_STORAGE_FAILED = 1
+
+
+def _start_proxy(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: bytes, server: AgentServer) -> WriteProxy | None:
+    """The write proxy shares the agent's ZooKeeper session: if the session ends, so does every
+    ownership it holds, and with it every writer (they fail, fenced, rather than write on)."""
+    if not config.proxy.enabled:
+        log.info("write proxy disabled by configuration ([proxy] enabled = false)")
+        return None
+    meta = MetaStore(zk, config.cluster, zk_auth)
+    options = ProxyOptions(max_log_bytes=config.proxy.max_log_bytes, batch_delay=config.proxy.batch_delay_ms / 1000.0)
+    proxy = WriteProxy(meta, AgentPool(meta, secret), config.node_id, config.advertise, options)
+    server.proxy = proxy
+    return proxy
 
 
 async def serve(config: AgentConfig) -> int:
@@ -76,6 +92,7 @@ async def serve(config: AgentConfig) -> int:
         zk_auth,
     )
     await loop.run_in_executor(None, registration.start, 2 * config.session_timeout)
+    proxy = _start_proxy(config, zk, zk_auth, secret, server)
     # The auditor stands for election only once this agent is registered and serving: an
     # agent that cannot serve must not be the one that decides others are gone.
     auditor = None
@@ -99,6 +116,11 @@ async def serve(config: AgentConfig) -> int:
         # re-replication under way (resumable), so the next auditor takes over without waiting
         # for this session to expire.
         await loop.run_in_executor(None, auditor.stop)
+    if proxy is not None:
+        # Release owned logs gracefully (flush, complete segments) while ZooKeeper and the other
+        # agents are still reachable, so clients move to a new owner without waiting for a session.
+        await proxy.close()
+        await proxy.pool.close()
     await loop.run_in_executor(None, registration.stop)
     await loop.run_in_executor(None, lambda: (zk.stop(), zk.close()))
     await server.stop()

@@ -35,10 +35,13 @@ from dlctl.log.errors import (
     AgentUnavailableError,
     BadRequestError,
     NoSuchEntryError,
+    ProxyDisabledError,
     UnauthorizedError,
 )
 from dlctl.log.format import HEADER_SIZE as ENTRY_HEADER_SIZE
 from dlctl.log.format import NO_ENTRY, CorruptEntry, decode_header, validate_ids
+
+from .proxy import Barrier, Hold
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +103,11 @@ class AgentServer:
         limits: ServerLimits = ServerLimits(),
         *,
         auth_context: bytes = DEFAULT_CONTEXT,
+        proxy: Any = None,
     ) -> None:
         ServerHandshake(secret, auth_context)  # fail at construction on an unusable secret
         self.store = store
+        self.proxy = proxy  # dlagent.proxy.WriteProxy once ZooKeeper is up; None: APPEND is refused
         self._secret = secret
         self._auth_context = auth_context
         self.host = host
@@ -258,7 +263,13 @@ class AgentServer:
         return p.encode_deleted(await self.store.delete(log_id, seg))
 
     def stat_all(self) -> bytes:
-        return p.encode_stat({**self.store.stat(), "server": self.stat()})
+        extra = {"proxy": self.proxy.stat()} if self.proxy is not None else {}
+        return p.encode_stat({**self.store.stat(), "server": self.stat(), **extra})
+
+    async def release(self, name: str) -> bytes:
+        if self.proxy is None:
+            raise ProxyDisabledError("this agent is not a write proxy")
+        return b"\x01" if await self.proxy.release(name) else b"\x00"
 
     @staticmethod
     def _ids(log_id: int, seg: int, entry_id: int | None = None) -> None:
@@ -291,6 +302,8 @@ class _Conn(asyncio.Protocol):
         self._out: list[bytes] = []
         self._add_nowait = getattr(self.store, "add_nowait", None)
         self._drain_waiters: list[asyncio.Future[None]] = []
+        self.barrier = Barrier()  # write proxy: (producer, log) pairs whose appends failed
+        self.hold = Hold(self._unhold)  # write proxy: held while a log it writes to is full
         now = time.monotonic()
         self.created = now
         self.last_activity = now
@@ -318,6 +331,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.barrier.closed = True
         self.server._conns.discard(self)
         self._out.clear()
         for task in self.tasks:
@@ -370,6 +384,7 @@ class _Conn(asyncio.Protocol):
     def blocked(self) -> bool:
         return (
             self.write_paused
+            or self.hold.count > 0
             or self.in_flight >= self.limits.max_in_flight
             or self.in_flight_bytes >= self.limits.max_in_flight_bytes
         )
@@ -451,6 +466,10 @@ class _Conn(asyncio.Protocol):
             self._spawn(self._run_async(op, rid, server.delete_segment(*args)), 0)
         elif op is p.Op.STAT:
             self._run_sync(op, rid, server.stat_all, args)
+        elif op is p.Op.APPEND:
+            self._append(rid, flags, args)
+        elif op is p.Op.RELEASE:
+            self._spawn(self._run_async(op, rid, server.release(*args)), 0)
         else:  # AUTH again
             self.send(p.error_response(op, rid, BadRequestError.status, "already authenticated"))
 
@@ -560,6 +579,29 @@ class _Conn(asyncio.Protocol):
             self.send(self._error(p.Op.ADD_ENTRY, rid, exc))
         else:
             self.send(p.add_ok_response(rid))
+
+    def _append(self, rid: int, flags: int, args: tuple[Any, ...]) -> None:
+        proxy = self.server.proxy
+        if proxy is None:
+            self.send(p.error_response(p.Op.APPEND, rid, ProxyDisabledError.status, "this agent is not a write proxy ([proxy] enabled = false)"))
+            return
+        name, producer, count, records = args
+        # Handed to the proxy now, in arrival order; only the wait for the acknowledgement is a task.
+        result = proxy.append(name, producer, count, records, barrier=self.barrier, hold=self.hold, reset=bool(flags & p.FLAG_RESET_ORDER))
+        self._spawn(self._answer_append(rid, result), len(records))
+
+    async def _answer_append(self, rid: int, result: asyncio.Future[Any]) -> None:
+        try:
+            positions = await result
+        except Exception as exc:  # noqa: BLE001
+            self.send(self._error(p.Op.APPEND, rid, exc))
+        else:
+            self.send(p.ok_response(p.Op.APPEND, rid, p.encode_dlsns(positions)))
+
+    def _unhold(self) -> None:
+        if not self.closing:
+            self._update_reading()
+            self._process()
 
     async def _long_poll(self, rid: int, log_id: int, seg: int, previous: int, timeout_ms: int) -> None:
         server = self.server

@@ -315,21 +315,7 @@ class AgentClient:
         limit = self.request_timeout if timeout is None else timeout
         conn.track(rid, fut, limit)
         conn.send(frame)
-        try:
-            reply = await fut
-        except _Timeout:
-            name = p.Op(op).name
-            raise AgentUnavailableError(f"{name} request to agent {self.address} timed out after {limit:g}s") from None
-        except BaseException:
-            conn.forget(rid)  # cancelled: a late response is dropped
-            raise
-        try:
-            if reply.opcode != op | p.RESPONSE:
-                raise p.ProtocolError(f"response to request {rid} has opcode {reply.opcode}, expected {op | p.RESPONSE}")
-            return p.decode_response(reply)
-        except p.ProtocolError as exc:
-            conn.abort(f"agent {self.address} sent an invalid response: {exc}")
-            raise AgentUnavailableError(f"agent {self.address} sent an invalid response: {exc}") from None
+        return await self._reply(conn, rid, op, fut, limit)
 
     def _verify_entry(self, data: bytes, log_id: int, segment_seq: int, entry_id: int) -> Entry:
         where = f"entry {log_id}/{segment_seq}/{entry_id} from agent {self.address}"
@@ -410,6 +396,58 @@ class AgentClient:
 
     async def stat(self) -> dict[str, Any]:
         return p.decode_stat(await self._call(p.Op.STAT, p.stat_request))
+
+    # Write proxy -------------------------------------------------------------------------------
+    async def append(self, name: str, producer: int, count: int, records: bytes, *, reset_order: bool = False) -> list[tuple[int, int, int]]:
+        """Append ``count`` encoded records to log ``name`` through this agent (the owner, or one
+        that claims the log); returns each record's (segment, entry, slot)."""
+        return p.decode_dlsns(await self._call(p.Op.APPEND, p.append_request, name, producer, count, records, reset_order))
+
+    async def release(self, name: str) -> bool:
+        """Ask the agent to give log ``name`` up gracefully; False when it did not own it."""
+        return p.decode_released(await self._call(p.Op.RELEASE, p.release_request, name))
+
+    @property
+    def connection(self) -> object | None:
+        """The current authenticated connection, as a token for ``append_on``; None if there is none."""
+        conn = self._conn
+        return conn if conn is not None and conn.ready and not conn.lost else None
+
+    def append_on(
+        self, connection: object, name: str, producer: int, count: int, records: bytes, *, reset_order: bool = False
+    ) -> asyncio.Future[list[tuple[int, int, int]]]:
+        """Send an APPEND now, on ``connection`` only (a token from ``connection``), never on a
+        new one: appends a producer sends this way reach the agent in the order they were sent,
+        on one connection, or fail (``AgentUnavailableError``) without being sent."""
+        conn = self._conn
+        if conn is not connection or conn is None or not conn.ready or conn.lost:
+            raise AgentUnavailableError(f"connection to agent {self.address} was replaced or lost")
+        rid = next(self._ids)
+        frame = p.append_request(rid, name, producer, count, records, reset_order)
+        fut: asyncio.Future[p.Frame] = conn.loop.create_future()
+        conn.track(rid, fut, self.request_timeout)
+        conn.send(frame)
+        return asyncio.ensure_future(self._appended(conn, rid, fut))
+
+    async def _appended(self, conn: _Connection, rid: int, fut: asyncio.Future[p.Frame]) -> list[tuple[int, int, int]]:
+        return p.decode_dlsns(await self._reply(conn, rid, p.Op.APPEND, fut, self.request_timeout))
+
+    async def _reply(self, conn: _Connection, rid: int, op: int, fut: asyncio.Future[p.Frame], limit: float) -> bytes:
+        """Wait for the response to request ``rid``; its result body, or its typed error."""
+        try:
+            reply = await fut
+        except _Timeout:
+            raise AgentUnavailableError(f"{p.Op(op).name} request to agent {self.address} timed out after {limit:g}s") from None
+        except BaseException:
+            conn.forget(rid)  # cancelled: a late response is dropped
+            raise
+        try:
+            if reply.opcode != op | p.RESPONSE:
+                raise p.ProtocolError(f"response to request {rid} has opcode {reply.opcode}, expected {op | p.RESPONSE}")
+            return p.decode_response(reply)
+        except p.ProtocolError as exc:
+            conn.abort(f"agent {self.address} sent an invalid response: {exc}")
+            raise AgentUnavailableError(f"agent {self.address} sent an invalid response: {exc}") from None
 
 
 class SyncAgentClient:

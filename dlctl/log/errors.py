@@ -61,6 +61,25 @@ class NotOwnerError(AgentError):
         self.owner = owner
 
 
+class OrderBarrierError(AgentError):
+    """An earlier APPEND of this connection to the log failed; later ones are refused until the
+    client resends from the failed one (flag RESET_ORDER), so per-client order is kept."""
+
+    status = 9
+
+
+class NoSuchLogError(AgentError):
+    """APPEND/RELEASE named a log that does not exist in the agent's cluster."""
+
+    status = 10
+
+
+class ProxyDisabledError(AgentError):
+    """The agent does not act as a write proxy (``[proxy] enabled = false``)."""
+
+    status = 11
+
+
 class AgentUnavailableError(AgentError):
     """Client side: the agent could not be reached, the connection dropped, or a request timed out."""
 
@@ -78,6 +97,9 @@ ERRORS_BY_STATUS: dict[int, type[AgentError]] = {
         BadRequestError,
         AgentIOError,
         NotOwnerError,
+        OrderBarrierError,
+        NoSuchLogError,
+        ProxyDisabledError,
         AgentUnavailableError,
     )
 }

@@ -33,9 +33,10 @@ log = logging.getLogger(__name__)
 class OwnershipError(ConflictError):
     """The log is owned by another writer; ``owner`` names it (None if it vanished meanwhile)."""
 
-    def __init__(self, message: str, *, owner: str | None, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint, details={"owner": owner})
+    def __init__(self, message: str, *, owner: str | None, address: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint, details={"owner": owner, "address": address})
         self.owner = owner
+        self.address = address  # where the owner serves as write proxy, when it is an agent
 
 
 class OwnershipLost(DlctlError):
@@ -53,13 +54,29 @@ def _owner_name(data: bytes) -> str:
         return data.decode("utf-8", "replace") or "<unnamed>"
 
 
+def owner_info(data: bytes) -> dict:
+    """The owner znode's record: ``owner`` always; ``address`` and ``node`` when the owner is an
+    agent acting as write proxy (clients are sent there)."""
+    try:
+        info = json.loads(data)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        return {"owner": _owner_name(data)}
+    info["owner"] = _owner_name(data)
+    if not isinstance(info.get("address"), str):
+        info.pop("address", None)
+    return info
+
+
 class Ownership:
     """Acquire, hold and release ownership of log ``name`` for ``owner_id``."""
 
-    def __init__(self, meta: MetaStore, name: str, owner_id: str | None = None) -> None:
+    def __init__(self, meta: MetaStore, name: str, owner_id: str | None = None, info: dict | None = None) -> None:
         self.meta = meta
         self.name = name
         self.owner_id = owner_id or default_owner_id()
+        self.info = dict(info or {})  # e.g. a proxy's address, published in the owner znode
         self.path = paths.log_owner(meta.cluster, name)
         self.session_id: int | None = None
         self.lost_reason: str | None = None
@@ -86,7 +103,7 @@ class Ownership:
         """
         self._loop = asyncio.get_running_loop()
         deadline = time.monotonic() + wait
-        data = json.dumps({"owner": self.owner_id, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}).encode()
+        data = json.dumps({**self.info, "owner": self.owner_id, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}).encode()
         while True:
             try:
                 self.session_id = await self._zk(self.meta.claim_owner, self.name, data)
@@ -106,6 +123,7 @@ class Ownership:
                 raise OwnershipError(
                     f"log {self.name!r} is owned by {owner}",
                     owner=owner,
+                    address=owner_info(owner_data).get("address"),
                     hint="wait for that writer to close (or its session to expire), "
                     f"or depose it with `dlctl fence {self.name}`",
                 )

@@ -49,6 +49,19 @@ Operations (request body -> result on success)::
                                                                            SegmentInfo fields
     9   DELETE_SEGMENT  -                          log u64, seg u64        deleted u8 (0/1)
     10  STAT            -                          -                       JSON object
+    11  APPEND          RESET_ORDER (0x1): the     name u16+UTF-8,         count u32, then per record
+                        producer resends from its  producer u64,           segment u64, entry i64,
+                        oldest failed append       count u32, records      slot u32 (its DLSN)
+                                                   (dlctl.log.records
+                                                   layout; txid ignored)
+    12  RELEASE         -                          name u16+UTF-8          released u8 (0: not owner)
+
+APPEND and RELEASE are the write-proxy ops (DESIGN.md §5): the agent that owns the log batches
+the records of all its clients into entries and answers with each record's DLSN once it is
+acknowledged by the ack quorum; an agent that does not own it claims it, or answers NOT_OWNER
+with the owner's address. Per connection, producer id and log, once an APPEND fails every later
+APPEND fails with ORDER_BARRIER until one carries RESET_ORDER: a producer that resends its
+failed appends in order can therefore never see a later append land before an earlier one.
 
 Entries travel in the dlctl.log.format encoding, CRC-32C included, so the checksum the writer
 computed is verified by the agent on add and by the client on read (end to end).
@@ -89,6 +102,8 @@ MAX_MESSAGE = 4096  # error messages are truncated to this many bytes on the wir
 
 FLAG_RECOVERY = 0x1  # ADD_ENTRY: recovery add from the fencing writer; accepted on a fenced replica
 FLAG_FENCE = 0x1  # READ_ENTRY: fence the replica (durably) before reading
+FLAG_RESET_ORDER = 0x1  # APPEND: the client has seen its failures and resends from the oldest
+MAX_LOG_NAME = 255  # bytes of a log name on the wire (names are validated by dlctl.names)
 
 STATUS_OK = 0
 STATUS_INTERNAL = 255
@@ -106,11 +121,14 @@ class Op(IntEnum):
     LIST_SEGMENTS = 8
     DELETE_SEGMENT = 9
     STAT = 10
+    APPEND = 11
+    RELEASE = 12
 
 
 _ALLOWED_FLAGS: dict[int, int] = {int(op): 0 for op in Op}
 _ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY
 _ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE
+_ALLOWED_FLAGS[Op.APPEND] = FLAG_RESET_ORDER
 
 
 class ProtocolError(BadRequestError):
@@ -224,6 +242,10 @@ _I64 = struct.Struct(">q")
 _FENCE_RES = struct.Struct(">qq")
 _DIGEST_RES = struct.Struct(">QQQqqqQ")
 _ERR = struct.Struct(">BH")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_DLSN = struct.Struct(">QqI")
 _OK_PREAMBLE = _ERR.pack(STATUS_OK, 0)
 MAX_LONG_POLL_MS = 2**32 - 1
 
@@ -278,6 +300,37 @@ def stat_request(request_id: int) -> bytes:
     return encode_frame(Op.STAT, 0, request_id)
 
 
+def _name_field(name: str) -> bytes:
+    raw = name.encode("utf-8")
+    if not 0 < len(raw) <= MAX_LOG_NAME:
+        raise ValueError(f"log name of {len(raw)} bytes: must be 1..{MAX_LOG_NAME}")
+    return _U16.pack(len(raw)) + raw
+
+
+def append_request(request_id: int, name: str, producer: int, count: int, records: bytes | memoryview, reset_order: bool = False) -> bytes:
+    """``records``: ``count`` records in the dlctl.log.records layout (their txids are ignored:
+    the owner assigns them). ``producer``: the sender's u64 id, which scopes the order barrier."""
+    head = _name_field(name) + _U64.pack(producer) + _U32.pack(count)
+    return encode_frame(Op.APPEND, FLAG_RESET_ORDER if reset_order else 0, request_id, head + bytes(records))
+
+
+def release_request(request_id: int, name: str) -> bytes:
+    return encode_frame(Op.RELEASE, 0, request_id, _name_field(name))
+
+
+def _take_name(body: bytes, what: str) -> tuple[str, int]:
+    if len(body) < _U16.size:
+        raise ProtocolError(f"{what} body of {len(body)} bytes has no log name")
+    (size,) = _U16.unpack_from(body, 0)
+    end = _U16.size + size
+    if not 0 < size <= MAX_LOG_NAME or len(body) < end:
+        raise ProtocolError(f"{what} log name of {size} bytes overruns the body or is out of range 1..{MAX_LOG_NAME}")
+    try:
+        return body[_U16.size : end].decode("utf-8"), end
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{what} log name is not UTF-8") from None
+
+
 class Request(NamedTuple):
     """A decoded request; ``args`` are the op's fields in request-body order (see the table)."""
 
@@ -320,6 +373,20 @@ def decode_request(frame: Frame) -> Request:
     elif op is Op.DIGEST:
         log_id, seg, first, last = _unpack_exact(_DIGEST_REQ, body, op.name)
         args = (log_id, seg, first, None if last < 0 else last)
+    elif op is Op.APPEND:
+        name, pos = _take_name(body, op.name)
+        if len(body) < pos + _U64.size + _U32.size:
+            raise ProtocolError(f"APPEND body of {len(body)} bytes has no producer id and record count")
+        (producer,) = _U64.unpack_from(body, pos)
+        (count,) = _U32.unpack_from(body, pos + _U64.size)
+        if count == 0:
+            raise ProtocolError("APPEND carries no records")
+        args = (name, producer, count, memoryview(body)[pos + _U64.size + _U32.size :])
+    elif op is Op.RELEASE:
+        name, pos = _take_name(body, op.name)
+        if pos != len(body):
+            raise ProtocolError(f"RELEASE body has {len(body) - pos} bytes after the log name")
+        args = (name,)
     elif op is Op.AUTH:
         if len(body) != NONCE_SIZE + PROOF_SIZE:
             raise ProtocolError(f"AUTH body is {len(body)} bytes, expected {NONCE_SIZE + PROOF_SIZE}")
@@ -521,6 +588,26 @@ def decode_segments(result: bytes) -> list[SegmentInfo]:
                 raise ProtocolError(f"LIST_SEGMENTS item field {name} is not {typ.__name__}")
         out.append(SegmentInfo(**values))
     return out
+
+
+def encode_dlsns(positions: list[Any]) -> bytes:
+    """APPEND result: DLSN-like objects (segment_seq, entry_id, slot), one per record."""
+    return _U32.pack(len(positions)) + b"".join(_DLSN.pack(d.segment_seq, d.entry_id, d.slot) for d in positions)
+
+
+def decode_dlsns(result: bytes) -> list[tuple[int, int, int]]:
+    if len(result) < _U32.size:
+        raise ProtocolError("APPEND result has no count")
+    (count,) = _U32.unpack_from(result, 0)
+    if len(result) != _U32.size + count * _DLSN.size:
+        raise ProtocolError(f"APPEND result of {len(result)} bytes does not hold {count} positions")
+    return [_DLSN.unpack_from(result, _U32.size + i * _DLSN.size) for i in range(count)]
+
+
+def decode_released(result: bytes) -> bool:
+    if result not in (b"\x00", b"\x01"):
+        raise ProtocolError(f"RELEASE result {result[:8]!r} is not a 0/1 byte")
+    return result == b"\x01"
 
 
 def encode_stat(stat: dict[str, Any]) -> bytes:

@@ -56,6 +56,16 @@ def control_record(txid: int) -> Record:
     return Record(txid=txid, payload=b"", control=True)
 
 
+_PLAIN = struct.Struct(">IBqHH")  # a record without key or headers: size, flags, txid, 0, 0
+
+
+def encode_record(payload: bytes, txid: int = 0, key: bytes = b"", headers: Mapping[str, bytes] | None = None) -> bytes:
+    """One record, the common case (no key, no headers) without building a ``Record``."""
+    if key or headers:
+        return encode_records([Record(txid, bytes(payload), bytes(key), dict(headers or {}))])
+    return _PLAIN.pack(_PLAIN.size - 4 + len(payload), 0, txid, 0, 0) + payload
+
+
 def encode_records(records: list[Record] | tuple[Record, ...]) -> bytes:
     parts: list[bytes] = []
     for record in records:

@@ -184,12 +184,12 @@ class _Segment:
 class LogWriter:
     """The single writer of a log; create with ``await LogWriter.open(...)`` (see module doc)."""
 
-    def __init__(self, meta: MetaStore, pool: Any, name: str, owner_id: str | None, options: WriterOptions) -> None:
+    def __init__(self, meta: MetaStore, pool: Any, name: str, owner_id: str | None, options: WriterOptions, owner_info: dict | None = None) -> None:
         self.meta = meta
         self.pool = pool
         self.name = name
         self.options = options
-        self.ownership = Ownership(meta, name, owner_id)
+        self.ownership = Ownership(meta, name, owner_id, owner_info)
         self.recovered: tuple[RecoveryResult, ...] = ()
         self._loop = asyncio.get_running_loop()
         self._log: Versioned[LogRecord] | None = None
@@ -224,14 +224,16 @@ class LogWriter:
         *,
         owner_id: str | None = None,
         options: WriterOptions | None = None,
+        owner_info: dict | None = None,
         **overrides: Any,
     ) -> LogWriter:
         """Own log ``name``, recover what the previous owner left in progress, and get ready to
-        append. ``overrides`` are ``WriterOptions`` fields (e.g. ``batch_delay=0.005``)."""
+        append. ``overrides`` are ``WriterOptions`` fields (e.g. ``batch_delay=0.005``);
+        ``owner_info`` is published in the owner znode (a proxy's address)."""
         opts = options or WriterOptions()
         if overrides:
             opts = WriterOptions(**{**opts.__dict__, **overrides})
-        writer = cls(meta, pool, name, owner_id, opts)
+        writer = cls(meta, pool, name, owner_id, opts, owner_info)
         await writer._start()
         return writer
 
@@ -358,6 +360,22 @@ class LogWriter:
         if batch.size >= self.options.batch_bytes:
             self._cut()
         return fut
+
+    def submit_group(self, records: list[Record]) -> list[asyncio.Future[DLSN]]:
+        """Queue records (txids assigned by the writer; the records' own are ignored) so that
+        they land in one entry whenever together they fit in ``batch_bytes``: a write proxy's
+        request is then acknowledged or lost as a whole, never in part. Validates every record
+        before queueing any."""
+        sizes = [r.encoded_size for r in records]
+        for size in sizes:
+            if size > _MAX_RECORD:
+                raise ValueError(f"record of {size} bytes exceeds the {_MAX_RECORD}-byte maximum of one entry")
+        if any(r.control for r in records):
+            raise ValueError("control records are written by the writer itself, not appended")
+        batch = self._batch
+        if batch is not None and batch.size + sum(sizes) > self.options.batch_bytes:
+            self._cut()
+        return [self.submit(r.payload, key=r.key, headers=r.headers) for r in records]
 
     async def append(
         self,

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConflictError, NotFoundError, RefusedError
-from ..meta import paths
+from ..log.ownership import owner_info
 from ..meta.records import LogConfig
 from ..names import validate_name
 from ..plan import Plan, Step
@@ -45,12 +45,18 @@ def _iso(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="seconds") if epoch else None
 
 
+def owner_record(session: ClusterSession, name: str) -> dict[str, Any] | None:
+    """The owner znode's record (``owner``, and ``address``/``node`` for an agent proxy), or None."""
+    current = session.meta.owner_of(name)
+    return owner_info(current[0]) if current is not None else None
+
+
 def owner_of(session: ClusterSession, name: str) -> str | None:
-    try:
-        data, _ = session.meta.client.get(paths.log_owner(session.cluster.name, name))
-    except Exception:  # noqa: BLE001 - NoNode: no owner
+    """Who writes the log, for people: the owner id, with the proxy address of an agent owner."""
+    info = owner_record(session, name)
+    if info is None:
         return None
-    return data.decode(errors="replace") or None
+    return f"{info['owner']} ({info['address']})" if info.get("address") else info["owner"]
 
 
 def list_logs(session: ClusterSession) -> list[dict[str, Any]]:

@@ -1,0 +1,357 @@
+"""The write proxy (DESIGN.md §5): the agent that owns a log writes it for any number of clients.
+
+A client sends APPEND (a group of records) for a log to any agent. This agent either owns the
+log (a ``LogWriter`` it opened with ownership published as its address), claims it — opening a
+writer fences and recovers what the previous owner left in progress before anything is
+accepted — or answers NOT_OWNER with the current owner's address. Records of every client go
+into the same writer and so share entries (batching across clients); each request's records
+land in one entry whenever they fit, so a request is acknowledged or lost as a whole, and the
+client gets one DLSN per record once the ack quorum has the entry: the same durability as the
+library writer, region invariant included (the writer places its ensembles).
+
+Order. Requests of one connection are handed to the writer in arrival order (requests waiting
+for a claim or for room queue in a per-log FIFO). Once a request of a producer fails for a log,
+later requests of that producer on that connection for that log fail with ORDER_BARRIER until
+the producer resends with RESET_ORDER (producers sharing a connection do not disturb each other); requests handed to the writer before the failure fail with it (a writer
+acknowledges in order and fails everything pending when it stops). So a client that resends its
+failed requests in order can never see a later record land before an earlier one.
+
+Memory. Per log, unacknowledged plus queued bytes are bounded by ``max_log_bytes``: past it,
+the connections that keep sending are held (the server stops reading them: TCP pushes back)
+until the writer drains below half of it. Per connection the server bounds in-flight requests.
+
+Failure. When the writer stops (fenced by a newer owner, ZooKeeper session lost, too few
+agents) every pending request fails with the writer's error — a fencing error for a deposed
+owner, whose records never become visible — and the log is forgotten; the next request claims
+it afresh or is told who owns it now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dlctl.errors import NotFoundError
+from dlctl.log.dlsn import DLSN
+from dlctl.log.errors import AgentError, BadRequestError, FencedError, NoSuchLogError, NotOwnerError, OrderBarrierError
+from dlctl.log.ownership import OwnershipError, owner_info
+from dlctl.log.records import CorruptRecords, Record, decode_records
+from dlctl.log.writer import LogWriter, WriterDeposedError, WriterError, WriterOptions
+from dlctl.meta.store import MetaStore
+from dlctl.names import validate_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProxyOptions:
+    max_log_bytes: int = 32 * 1024 * 1024
+    batch_delay: float = 0.002
+    claim_timeout: float = 30.0  # bound on fencing + recovering the previous owner's segment
+    close_timeout: float = 10.0  # per log, when the agent shuts down or an operator releases it
+
+
+class Hold:
+    """A connection's handle for back-pressure: the proxy holds it while a log it writes to is full."""
+
+    __slots__ = ("count", "resume")
+
+    def __init__(self, resume: Callable[[], None]) -> None:
+        self.count = 0
+        self.resume = resume
+
+
+class Barrier:
+    """A connection's failed (producer, log) pairs: their later appends are refused until reset."""
+
+    __slots__ = ("failed", "closed")
+
+    def __init__(self) -> None:
+        self.failed: set[tuple[int, str]] = set()
+        self.closed = False  # the connection is gone: its queued requests are dropped, not written
+
+
+class _Request:
+    __slots__ = ("records", "size", "barrier", "key", "hold", "result")
+
+    def __init__(self, records: list[Record], size: int, barrier: Barrier, key: tuple[int, str], hold: Hold, result: asyncio.Future[list[DLSN]]) -> None:
+        self.records = records
+        self.size = size
+        self.barrier = barrier
+        self.key = key  # (producer id, log name)
+        self.hold = hold
+        self.result = result
+
+    def fail(self, error: AgentError) -> None:
+        self.barrier.failed.add(self.key)
+        if not self.result.done():
+            self.result.set_exception(error)
+
+
+class _OwnedLog:
+    """A log this agent owns (or is claiming): its writer and the FIFO of waiting requests."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.writer: LogWriter | None = None
+        self.queue: deque[_Request] = deque()
+        self.queued_bytes = 0
+        self.held: list[Hold] = []
+        self.waiting = False  # a task waits for the writer to become writable
+        self.task: asyncio.Task[None] | None = None  # the claim
+        self.failed = False
+
+
+def _error_for(exc: BaseException, name: str) -> AgentError:
+    """The typed wire error a client acts on."""
+    if isinstance(exc, AgentError):
+        return exc
+    if isinstance(exc, WriterDeposedError):
+        return FencedError(f"log {name!r}: {exc}", hint="another writer owns the log now: retry through the new owner")
+    if isinstance(exc, OwnershipError):
+        return NotOwnerError(f"log {name!r} is owned by {exc.owner}", owner=exc.address)
+    if isinstance(exc, NotFoundError):
+        return NoSuchLogError(str(exc))
+    if isinstance(exc, (ValueError, CorruptRecords)):
+        return BadRequestError(f"APPEND to {name!r}: {exc}")
+    if isinstance(exc, WriterError):
+        return AgentError(f"log {name!r}: {exc}")
+    return AgentError(f"log {name!r}: {type(exc).__name__}: {exc}")
+
+
+class WriteProxy:
+    def __init__(self, meta: MetaStore, pool: Any, node_id: str, address: str, options: ProxyOptions = ProxyOptions()) -> None:
+        self.meta = meta
+        self.pool = pool
+        self.node_id = node_id
+        self.address = address
+        self.options = options
+        self.owner_id = f"{node_id}/{uuid.uuid4().hex[:8]}"  # this incarnation of the agent
+        self._logs: dict[str, _OwnedLog] = {}
+        self._closing = False
+        self.counters = {"appends": 0, "records": 0, "claims": 0, "not_owner": 0, "failed": 0}
+
+    # -- entry points (called by the protocol server, on the event loop) -------------------------
+
+    def append(
+        self, name: str, producer: int, count: int, body: memoryview, *, barrier: Barrier, hold: Hold, reset: bool
+    ) -> asyncio.Future[list[DLSN]]:
+        """Hand a request to the log's writer now (or queue it in order); the future gets the
+        records' DLSNs once acknowledged, or the typed error to send back."""
+        loop = asyncio.get_running_loop()
+        request = _Request([], len(body), barrier, (producer, name), hold, loop.create_future())
+        self.counters["appends"] += 1
+        try:
+            validate_name("log", name)
+            records = list(decode_records(body))
+            if len(records) != count:
+                raise ValueError(f"the request says {count} record(s) but carries {len(records)}")
+            if self._closing:
+                raise NotOwnerError(f"agent {self.node_id} is shutting down", owner=None)
+        except (ValueError, AgentError) as exc:
+            self._fail(request, _error_for(exc, name))
+            return request.result
+        request.records = records
+        if reset:
+            barrier.failed.discard(request.key)
+        elif request.key in barrier.failed:
+            self._fail(request, self._barrier_error(name))
+            return request.result
+        owned = self._logs.get(name)
+        if owned is None:
+            owned = self._logs[name] = _OwnedLog(name)
+            owned.task = asyncio.ensure_future(self._claim(owned))
+        owned.queue.append(request)
+        owned.queued_bytes += request.size
+        self._pump(owned)
+        if owned.queued_bytes + self._pending(owned) > self.options.max_log_bytes and self._logs.get(name) is owned:
+            hold.count += 1
+            owned.held.append(hold)
+        return request.result
+
+    async def release(self, name: str) -> bool:
+        """Give log ``name`` up gracefully (flush, complete the segment, drop ownership)."""
+        owned = self._logs.get(name)
+        if owned is None:
+            return False
+        if owned.task is not None and not owned.task.done():
+            await asyncio.wait([owned.task], timeout=self.options.claim_timeout)
+        self._forget(owned)
+        writer = owned.writer
+        if writer is None:
+            return False
+        await self._close_writer(writer)
+        log.info("released log %r on request", name)
+        return True
+
+    async def close(self) -> None:
+        """Shutting down: stop taking appends and release every log so clients move at once."""
+        self._closing = True
+        await asyncio.gather(*(self.release(name) for name in list(self._logs)), return_exceptions=True)
+
+    def stat(self) -> dict[str, Any]:
+        return {
+            **self.counters,
+            "owned": sorted(n for n, o in self._logs.items() if o.writer is not None),
+            "claiming": sorted(n for n, o in self._logs.items() if o.writer is None),
+        }
+
+    def owns(self, name: str) -> bool:
+        owned = self._logs.get(name)
+        return owned is not None and owned.writer is not None and owned.writer.error is None
+
+    # -- claiming ---------------------------------------------------------------------------------
+
+    async def _claim(self, owned: _OwnedLog) -> None:
+        name = owned.name
+        try:
+            current = await asyncio.get_running_loop().run_in_executor(None, self.meta.owner_of, name)
+            if current is not None:
+                info = owner_info(current[0])
+                raise NotOwnerError(f"log {name!r} is owned by {info['owner']}", owner=info.get("address"))
+            self.counters["claims"] += 1
+            writer = await LogWriter.open(
+                self.meta,
+                self.pool,
+                name,
+                owner_id=self.owner_id,
+                owner_info={"address": self.address, "node": self.node_id},
+                options=WriterOptions(
+                    batch_delay=self.options.batch_delay,
+                    max_pending_bytes=self.options.max_log_bytes,
+                    recovery_timeout=self.options.claim_timeout,
+                ),
+            )
+        except BaseException as exc:  # noqa: BLE001 - every failure is answered to the waiting requests
+            error = _error_for(exc, name)
+            if isinstance(error, NotOwnerError):
+                self.counters["not_owner"] += 1
+            else:
+                log.warning("could not claim log %r: %s", name, error.message)
+            self._abandon(owned, error)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        if self._logs.get(name) is not owned or self._closing:
+            await self._close_writer(writer)  # released or shutting down meanwhile
+            return
+        owned.writer = writer
+        recovered = [r.to_dict() for r in writer.recovered]
+        log.info("claimed log %r%s", name, f" (recovered {recovered})" if recovered else "")
+        self._pump(owned)
+
+    # -- moving requests into the writer -----------------------------------------------------------
+
+    def _pump(self, owned: _OwnedLog) -> None:
+        writer = owned.writer
+        if writer is None or owned.failed:
+            return
+        while owned.queue:
+            if writer.error is not None:
+                self._abandon(owned, _error_for(writer.error, owned.name))
+                return
+            if writer.pending_bytes > self.options.max_log_bytes:
+                if not owned.waiting:
+                    owned.waiting = True
+                    asyncio.ensure_future(self._wait_writable(owned, writer))
+                break
+            request = owned.queue.popleft()
+            owned.queued_bytes -= request.size
+            if request.barrier.closed:
+                # Its client has given up on it (and may resend elsewhere): writing it now could only
+                # duplicate it, late.
+                self._fail(request, OrderBarrierError(f"the connection that sent this append to {owned.name!r} is closed"))
+                continue
+            if request.key in request.barrier.failed:
+                self._fail(request, self._barrier_error(owned.name))
+                continue
+            try:
+                futures = writer.submit_group(request.records)
+            except (ValueError, WriterError) as exc:
+                self._fail(request, _error_for(exc, owned.name))
+                if isinstance(exc, WriterError):
+                    self._abandon(owned, _error_for(exc, owned.name))
+                    return
+                continue
+            self.counters["records"] += len(futures)
+            self._chain(owned, writer, request, futures)
+        self._release_holds(owned)
+
+    async def _wait_writable(self, owned: _OwnedLog, writer: LogWriter) -> None:
+        try:
+            await writer.wait_writable()
+        except WriterError:
+            pass  # _pump sees the error
+        finally:
+            owned.waiting = False
+        self._pump(owned)
+
+    def _chain(self, owned: _OwnedLog, writer: LogWriter, request: _Request, futures: list[asyncio.Future[DLSN]]) -> None:
+        # The writer acknowledges in order: when the last record is done, so are the others.
+        def done(last: asyncio.Future[DLSN]) -> None:
+            if request.result.done():
+                return
+            if last.cancelled() or last.exception() is not None:
+                exc = last.exception() if not last.cancelled() else WriterError("cancelled")
+                self._fail(request, _error_for(exc, owned.name))
+                if writer.error is not None:
+                    self._abandon(owned, _error_for(writer.error, owned.name))
+                return
+            request.result.set_result([f.result() for f in futures])
+            if owned.held:
+                self._release_holds(owned)
+
+        futures[-1].add_done_callback(done)
+
+    def _pending(self, owned: _OwnedLog) -> int:
+        return owned.writer.pending_bytes if owned.writer is not None else 0
+
+    def _release_holds(self, owned: _OwnedLog) -> None:
+        if not owned.held or owned.queued_bytes + self._pending(owned) > self.options.max_log_bytes // 2:
+            return
+        held, owned.held = owned.held, []
+        for hold in held:
+            hold.count -= 1
+            if hold.count == 0:
+                hold.resume()
+
+    # -- failure -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _barrier_error(name: str) -> OrderBarrierError:
+        return OrderBarrierError(f"an earlier append of this producer to {name!r} failed; resend from it with RESET_ORDER")
+
+    def _fail(self, request: _Request, error: AgentError) -> None:
+        self.counters["failed"] += 1
+        request.fail(error)
+
+    def _abandon(self, owned: _OwnedLog, error: AgentError) -> None:
+        """The log is lost to this agent (claim refused or writer stopped): fail what waits, forget it."""
+        owned.failed = True
+        while owned.queue:
+            self._fail(owned.queue.popleft(), error)
+        owned.queued_bytes = 0
+        self._forget(owned)
+        held, owned.held = owned.held, []
+        for hold in held:
+            hold.count -= 1
+            if hold.count == 0:
+                hold.resume()
+        writer, owned.writer = owned.writer, None
+        if writer is not None:
+            asyncio.ensure_future(self._close_writer(writer))
+
+    def _forget(self, owned: _OwnedLog) -> None:
+        if self._logs.get(owned.name) is owned:
+            del self._logs[owned.name]
+
+    async def _close_writer(self, writer: LogWriter) -> None:
+        try:
+            await asyncio.wait_for(writer.close(), self.options.close_timeout)
+        except Exception as exc:  # noqa: BLE001 - a failed writer closes quietly; anything else is logged
+            log.warning("closing the writer of log %r: %s", writer.name, exc)

@@ -1,0 +1,454 @@
+"""Appending to a log through write proxies (DESIGN.md §5): many producers, one owner.
+
+``LogProducer`` is the client library applications, the CLI and replication workers use. It
+never owns the log itself: it sends records to the agent that does, which batches the records
+of all its clients into entries (``dlagent.proxy``).
+
+Routing. The first candidate for a log is its cached owner; without one, agents are ranked by
+rendezvous (highest-random-weight) hashing of the log name — a consistent hash: when agents come
+and go only the logs mapped to them move — agents of the producer's own region first. An agent
+either owns the log, claims it (fence + recover, then accept), or answers NOT_OWNER with the
+owner's address; every answer updates the shared ownership cache (``ProxyRouter``). When the
+owner is unreachable the producer backs off and asks the next candidate until the owner's
+ZooKeeper session has expired and a candidate claims the log.
+
+Order and delivery. Records are sent in requests (up to ``max_request_bytes``), several in
+flight, all on one connection to one agent: the agent hands them to the writer in arrival order,
+so they land in submission order. A request is acknowledged or lost as a whole (its records
+share an entry). After any failure the producer waits until every request in flight has
+settled, then resends the failed ones, oldest first, with RESET_ORDER — the agent refuses a
+producer's later requests after a failed one until then (ORDER_BARRIER), so no record ever lands
+before one submitted earlier.
+
+Delivery is **at least once** for records whose acknowledgement was lost: a request that failed
+ambiguously (connection lost or timed out after it was sent, owner died after the quorum wrote
+it) is resent, and may then be in the log twice. Acknowledged records are never resent, so they
+are never duplicated by the producer, and no acknowledged record is lost (same durability as the
+library writer). A consumer that needs exactly once — the replication worker — deduplicates by
+a position carried in its records (their origin DLSN), as it must anyway after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import DlctlError, NotFoundError
+from .dlsn import DLSN
+from .errors import AgentError, AgentUnavailableError, BadRequestError, NoSuchLogError, NotOwnerError, ProxyDisabledError
+from .pool import AgentPool
+from .records import Record, encode_record
+
+log = logging.getLogger(__name__)
+
+
+class ProducerError(DlctlError):
+    """Records could not be appended through any agent within the retry timeout."""
+
+
+class ProducerClosedError(ProducerError):
+    """The producer was closed; create a new one to append."""
+
+
+@dataclass(frozen=True)
+class ProducerOptions:
+    max_request_bytes: int = 128 * 1024  # below the owner's entry size, so a request fits one entry
+    max_request_records: int = 8192
+    max_in_flight: int = 4  # requests sent and not yet answered, once the route is confirmed
+    max_pending_bytes: int = 16 * 1024 * 1024  # submit() back-pressure: see wait_writable()
+    retry_timeout: float = 60.0  # how long records may keep failing over before their futures fail
+    backoff_initial: float = 0.02
+    backoff_max: float = 0.25
+    suspect_seconds: float = 1.0  # an unreachable agent is not asked again for this long
+
+    def __post_init__(self) -> None:
+        if self.max_request_bytes < 1 or self.max_request_records < 1 or self.max_in_flight < 1:
+            raise ValueError("max_request_bytes, max_request_records and max_in_flight must be >= 1")
+
+
+def _rank(name: str, node_id: str) -> bytes:
+    return hashlib.blake2b(f"{name}\0{node_id}".encode(), digest_size=8).digest()
+
+
+class ProxyRouter:
+    """Where a log's appends go: the owner when known, else agents by rendezvous hashing.
+
+    One router may be shared by every producer of a process (they then share the ownership
+    cache and, through the pool, one connection per agent)."""
+
+    def __init__(self, pool: AgentPool, region: str | None = None, *, suspect_seconds: float = 1.0) -> None:
+        self.pool = pool
+        self.region = region
+        self.suspect_seconds = suspect_seconds
+        self.owners: dict[str, str] = {}  # log name -> node id of its owner (last known)
+        self._suspects: dict[str, float] = {}
+        self._refreshed = float("-inf")
+
+    async def refresh(self, *, force: bool = False) -> None:
+        if force or time.monotonic() - self._refreshed > 1.0:
+            await self.pool.refresh()
+            self._refreshed = time.monotonic()
+
+    def candidates(self, name: str) -> list[str]:
+        """Agents in the order to try for ``name``: own region first, each group by rendezvous rank."""
+        nodes = self.pool.nodes
+        local = sorted((n for n, info in nodes.items() if info.get("region") == self.region), key=lambda n: _rank(name, n), reverse=True)
+        other = sorted((n for n, info in nodes.items() if info.get("region") != self.region), key=lambda n: _rank(name, n), reverse=True)
+        return local + other
+
+    def node_at(self, address: str) -> str | None:
+        for node_id, info in self.pool.nodes.items():
+            if info.get("address") == address:
+                return node_id
+        return None
+
+    def suspect(self, node_id: str) -> None:
+        self._suspects[node_id] = time.monotonic() + self.suspect_seconds
+        for name, owner in list(self.owners.items()):
+            if owner == node_id:
+                del self.owners[name]
+
+    def is_suspect(self, node_id: str) -> bool:
+        until = self._suspects.get(node_id)
+        return until is not None and until > time.monotonic()
+
+    def choose(self, name: str, hint: str | None = None) -> str | None:
+        """The agent to ask next: the hinted owner, the cached owner, else the best candidate."""
+        for node_id in ([hint] if hint else []) + ([self.owners[name]] if name in self.owners else []) + self.candidates(name):
+            if node_id in self.pool.nodes and not self.is_suspect(node_id):
+                return node_id
+        return None
+
+
+class _Item:
+    __slots__ = ("encoded", "future")
+
+    def __init__(self, encoded: bytes, future: asyncio.Future[DLSN]) -> None:
+        self.encoded = encoded
+        self.future = future
+
+
+class _Request:
+    __slots__ = ("seq", "items", "size", "error")
+
+    def __init__(self, seq: int, items: list[_Item], size: int) -> None:
+        self.seq = seq
+        self.items = items
+        self.size = size
+        self.error: BaseException | None = None
+
+
+class LogProducer:
+    """Append to log ``name`` through its owning agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        meta: Any,
+        pool: AgentPool,
+        name: str,
+        *,
+        options: ProducerOptions | None = None,
+        region: str | None = None,
+        router: ProxyRouter | None = None,
+    ) -> None:
+        self.meta = meta
+        self.pool = pool
+        self.name = name
+        self.options = options or ProducerOptions()
+        self.router = router or ProxyRouter(pool, region, suspect_seconds=self.options.suspect_seconds)
+        self.producer_id = random.getrandbits(63)
+        self.node: str | None = None  # the agent appends go to now
+        self._token: object | None = None  # its connection (appends never switch connections mid-flight)
+        self._confirmed = False  # that agent accepted an append since the last failure
+        self._needs_reset = False
+        self._pending: deque[_Item] = deque()
+        self._inflight: dict[int, _Request] = {}
+        self._failed: list[_Request] = []
+        self._seq = 0
+        self._unsettled_bytes = 0
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._closed = False
+        self._failing_since: float | None = None
+        self._backoff = self.options.backoff_initial
+        self.stats = {"requests": 0, "records": 0, "failovers": 0, "resent_requests": 0}
+
+    # -- public ----------------------------------------------------------------------------------
+
+    def submit(self, payload: bytes | Record, *, key: bytes = b"", headers: Mapping[str, bytes] | None = None) -> asyncio.Future[DLSN]:
+        """Queue one record (never blocks; see ``wait_writable``); the future gets its DLSN once
+        the owner's ack quorum has it. A ``Record`` brings its key and headers; its txid is
+        ignored (the owner assigns txids)."""
+        if self._closing:
+            raise ProducerClosedError(f"producer of log {self.name!r} is closed", hint="create a new producer to append")
+        if isinstance(payload, Record):
+            payload, key, headers = payload.payload, payload.key, payload.headers
+        encoded = encode_record(bytes(payload), 0, key, headers)
+        if len(encoded) > self.options.max_request_bytes:
+            raise ValueError(f"record of {len(encoded)} bytes exceeds the {self.options.max_request_bytes}-byte request limit")
+        future: asyncio.Future[DLSN] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Item(encoded, future))
+        self._unsettled_bytes += len(encoded)
+        if self._unsettled_bytes > self.options.max_pending_bytes:
+            self._writable.clear()
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+        self._wake.set()
+        return future
+
+    async def append(self, payload: bytes | Record, *, key: bytes = b"", headers: Mapping[str, bytes] | None = None) -> DLSN:
+        await self.wait_writable()
+        return await self.submit(payload, key=key, headers=headers)
+
+    async def wait_writable(self) -> None:
+        """Wait while more than ``max_pending_bytes`` are submitted and not yet settled."""
+        await self._writable.wait()
+
+    async def flush(self) -> DLSN | None:
+        """Wait until every record submitted so far is settled; raise the first failure.
+        Returns the DLSN of the last record submitted."""
+        futures = [i.future for r in sorted(self._failed, key=lambda r: r.seq) for i in r.items]
+        futures += [i.future for r in sorted(self._inflight.values(), key=lambda r: r.seq) for i in r.items]
+        futures += [i.future for i in self._pending]
+        if not futures:
+            return None
+        await asyncio.wait(futures)
+        for future in futures:
+            if future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+        return futures[-1].result()
+
+    async def close(self) -> None:
+        """Flush, then stop. The log's ownership stays with its agent. Idempotent."""
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            await self.flush()
+        finally:
+            self._closed = True
+            self._wake.set()
+            if self._task is not None:
+                await asyncio.wait([self._task], timeout=1.0)
+                if not self._task.done():
+                    self._task.cancel()
+
+    async def __aenter__(self) -> LogProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def confirmed_owner(self) -> str | None:
+        """The agent that accepted this producer's last appends (None until one has)."""
+        return self.node if self._confirmed else None
+
+    # -- the sender ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while not (self._closed and not self._pending and not self._inflight and not self._failed):
+                if self._failed and not self._inflight:
+                    await self._recover()
+                elif self._pending and not self._failed and len(self._inflight) < self._window():
+                    await self._send_next()
+                else:
+                    self._wake.clear()
+                    await self._wake.wait()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a bug must not leave futures hanging
+            log.exception("producer of log %r failed", self.name)
+            self._fail_all(ProducerError(f"producer of log {self.name!r} failed: {exc}"))
+
+    def _window(self) -> int:
+        # Until an agent accepted an append on this connection, one request at a time: a refusal
+        # then costs one resend, and order holds even if a refusal and a claim race.
+        return self.options.max_in_flight if self._confirmed else 1
+
+    async def _send_next(self) -> None:
+        if self.node is None or self._token is None:
+            if not await self._connect():
+                return
+        request = self._take_request()
+        if request is None:
+            return
+        client = await self.pool.client(self.node)  # type: ignore[arg-type]
+        try:
+            reply = client.append_on(
+                self._token, self.name, self.producer_id, len(request.items), b"".join(i.encoded for i in request.items),
+                reset_order=self._needs_reset,
+            )
+        except AgentError as exc:  # the connection went away: nothing was sent
+            request.error = exc
+            self._failed.append(request)
+            return
+        self._needs_reset = False
+        self.stats["requests"] += 1
+        self._inflight[request.seq] = request
+        reply.add_done_callback(lambda fut, request=request: self._on_reply(request, fut))
+
+    def _take_request(self) -> _Request | None:
+        items: list[_Item] = []
+        size = 0
+        limit_bytes, limit_records = self.options.max_request_bytes, self.options.max_request_records
+        pending = self._pending
+        while pending and len(items) < limit_records and size + len(pending[0].encoded) <= limit_bytes:
+            item = pending.popleft()
+            if item.future.cancelled():
+                self._settle_bytes(len(item.encoded))
+                continue
+            items.append(item)
+            size += len(item.encoded)
+        if not items:  # only cancelled ones were waiting
+            return None
+        self._seq += 1
+        return _Request(self._seq, items, size)
+
+    async def _connect(self) -> bool:
+        """Pick the agent to send to and open its connection; False to come back later."""
+        if self.node is None:
+            await self.router.refresh()
+            self.node = self.router.choose(self.name)
+            if self.node is None:
+                await self.router.refresh(force=True)
+                self.node = self.router.choose(self.name)
+            if self.node is None:
+                self._fail_waiting(AgentUnavailableError(f"no agent of cluster {self.pool.meta.cluster!r} is available"))
+                await self._sleep_backoff()
+                return False
+        try:
+            client = await self.pool.client(self.node)
+            await client.connect()
+        except AgentError as exc:
+            self.router.suspect(self.node)
+            log.info("agent %s unreachable for log %r: %s", self.node, self.name, exc)
+            self.node = None
+            self._fail_waiting(exc)
+            await self._sleep_backoff()
+            return False
+        self._token = client.connection
+        self._needs_reset = True
+        return self._token is not None
+
+    def _on_reply(self, request: _Request, reply: asyncio.Future[list[tuple[int, int, int]]]) -> None:
+        self._inflight.pop(request.seq, None)
+        self._wake.set()
+        error = reply.exception() if not reply.cancelled() else AgentUnavailableError("append cancelled")
+        if error is None:
+            positions = reply.result()
+            if len(positions) != len(request.items):
+                error = AgentUnavailableError(f"agent {self.node} answered {len(positions)} positions for {len(request.items)} records")
+        if error is not None:
+            request.error = error
+            self._failed.append(request)
+            return
+        for item, (seg, entry, slot) in zip(request.items, positions):
+            if not item.future.done():
+                item.future.set_result(DLSN(seg, entry, slot))
+        self.stats["records"] += len(request.items)
+        self._settle_bytes(request.size)
+        self._confirmed = True
+        self._failing_since = None
+        self._backoff = self.options.backoff_initial
+        if self.node is not None:
+            self.router.owners[self.name] = self.node
+
+    # -- failures --------------------------------------------------------------------------------
+
+    async def _recover(self) -> None:
+        """Every request in flight has settled and some failed: decide where to go next and
+        put the failed records back at the head of the queue, oldest first."""
+        failed = sorted(self._failed, key=lambda r: r.seq)
+        self._failed = []
+        root = failed[0].error  # later failures are its consequences (order barrier, same cause)
+        if isinstance(root, (NoSuchLogError, NotFoundError)):
+            self._fail_all(NotFoundError(f"log {self.name!r} does not exist: {root}"), failed)
+            return
+        if isinstance(root, BadRequestError):  # this request can never succeed; the others can
+            self._fail_request(failed.pop(0), root)
+        for request in reversed(failed):
+            self._pending.extendleft(reversed(request.items))
+        self.stats["resent_requests"] += len(failed)
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        elif now - self._failing_since > self.options.retry_timeout:
+            self._failing_since = None
+            self._fail_all(ProducerError(
+                f"records for log {self.name!r} could not be appended within {self.options.retry_timeout:g}s: {root}",
+                hint="check `dlctl log show` for the owner and `dlctl cluster status` for the agents",
+            ))
+            return
+        previous = self.node
+        hint = await self._hint(root)
+        if isinstance(root, (AgentUnavailableError, ProxyDisabledError)) and previous is not None:
+            self.router.suspect(previous)
+        elif not isinstance(root, NotOwnerError):
+            self.router.owners.pop(self.name, None)  # fenced, deposed, stalled: ask again
+        self.node = self.router.choose(self.name, hint)
+        self._token = None
+        self._confirmed = False
+        self._needs_reset = True
+        if self.node != previous:
+            self.stats["failovers"] += 1
+            log.info("log %r: appends move from %s to %s (%s)", self.name, previous, self.node, root)
+        if self.node is None or (self.node == previous and hint is None) or isinstance(root, NotOwnerError) and hint is None:
+            await self._sleep_backoff()  # no new information: do not hammer the same agent
+
+    async def _hint(self, error: BaseException | None) -> str | None:
+        """The node id of the owner a NOT_OWNER answer named, if it is a live agent."""
+        if not isinstance(error, NotOwnerError) or not error.owner:
+            return None
+        node = self.router.node_at(error.owner)
+        if node is None:
+            await self.router.refresh(force=True)
+            node = self.router.node_at(error.owner)
+        if node is not None and not self.router.is_suspect(node):
+            self.router.owners[self.name] = node
+            return node
+        return None
+
+    async def _sleep_backoff(self) -> None:
+        await asyncio.sleep(self._backoff * random.uniform(0.5, 1.0))
+        self._backoff = min(self._backoff * 2, self.options.backoff_max)
+        await self.router.refresh()
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        """Fail pending records only once the retry timeout has passed since failures began."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        elif now - self._failing_since > self.options.retry_timeout:
+            self._failing_since = None
+            self._fail_all(ProducerError(f"records for log {self.name!r} could not be appended within {self.options.retry_timeout:g}s: {error}"))
+
+    def _fail_request(self, request: _Request, error: BaseException) -> None:
+        for item in request.items:
+            if not item.future.done():
+                item.future.set_exception(error)
+                item.future.exception()  # retrieved: a caller that dropped it gets no warning
+        self._settle_bytes(request.size)
+
+    def _fail_all(self, error: BaseException, failed: list[_Request] | None = None) -> None:
+        for request in failed or []:
+            self._fail_request(request, error)
+        items = list(self._pending)
+        self._pending.clear()
+        self._fail_request(_Request(0, items, sum(len(i.encoded) for i in items)), error)
+
+    def _settle_bytes(self, size: int) -> None:
+        self._unsettled_bytes -= size
+        if self._unsettled_bytes <= self.options.max_pending_bytes:
+            self._writable.set()
