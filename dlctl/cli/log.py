@@ -125,26 +125,48 @@ def log_tail(app: AppContext, name: str, from_dlsn: str | None, from_txid: int |
 @log_group.command("append")
 @click.argument("name")
 @click.option("--length-delimited", is_flag=True, help="Records on stdin are u32 big-endian length + bytes (default: one per line).")
+@click.option("--direct", is_flag=True, help="Write with the library writer (this process owns the log while it runs) instead of through the owning agent.")
+@click.option("--region", metavar="REGION", help="Where this producer runs: agents of this region are preferred as proxies.")
 @mutating(confirm=False)
-def log_append(app: AppContext, name: str, length_delimited: bool) -> Plan:
+def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool, region: str | None) -> Plan:
     """Append records read from standard input to NAME (for shell scripts).
 
-    Records are batched into entries and pipelined; the command returns once every record is
-    acknowledged by the ack quorum, and prints the first and last DLSN.
+    Records go through the agent that owns the log (write proxy), which batches them with other
+    producers' records; with --direct this process becomes the log's owner for the duration
+    (fencing any other writer). Either way the command returns once every record is
+    acknowledged by the ack quorum, and prints the first and last DLSN. Records whose
+    acknowledgement was lost in a failover are resent: at least once.
     """
     session = app.session()
     log = session.meta.get_log(name).value  # fails early (exit 1) when the log does not exist
     framing = "u32-length-prefixed" if length_delimited else "newline-separated"
+    via = "the library writer (taking ownership)" if direct else "the owning agent (write proxy)"
 
     def run() -> dict:
         stdin = click.get_binary_stream("stdin")
         with app.progress() as bar:
             task = bar.add_task(f"append to {name}", total=None)
             return asyncio.run(
-                logio.append_records(session, name, logio.iter_stdin_records(stdin, length_delimited), on_progress=lambda n: bar.update(task, completed=n))
+                logio.append_records(
+                    session, name, logio.iter_stdin_records(stdin, length_delimited),
+                    direct=direct, region=region, on_progress=lambda n: bar.update(task, completed=n),
+                )
             )
 
     return Plan.of(
         "log append",
-        [Step("append", f"{session.cluster.name}/{name}", f"append {framing} records from stdin to log {name} (log id {log.log_id})", run=run)],
+        [Step("append", f"{session.cluster.name}/{name}", f"append {framing} records from stdin to log {name} (log id {log.log_id}) through {via}", run=run)],
     )
+
+
+@log_group.command("release")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Remove the ownership even if the owner is not an agent or does not answer (it is fenced by the next owner).")
+@mutating(confirm=False)
+def log_release(app: AppContext, name: str, force: bool) -> Plan:
+    """Make the agent that owns NAME let it go (to move the log to another agent).
+
+    The owner flushes, completes the in-progress segment and drops its ownership; the next
+    append claims the log again, on the agent its producers route to.
+    """
+    return logs.release_log_plan(app.session(), name, force=force)

@@ -79,40 +79,90 @@ def iter_stdin_records(stream: BinaryIO, length_delimited: bool) -> Iterator[byt
         yield body
 
 
-async def append_records(session: ClusterSession, name: str, records: Iterable[bytes], *, owner_id: str | None = None, on_progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Append every record through the library writer (pipelined, batched) and close cleanly."""
-    from ..log.writer import LogWriter
+async def append_records(
+    session: ClusterSession,
+    name: str,
+    records: Iterable[bytes],
+    *,
+    direct: bool = False,
+    owner_id: str | None = None,
+    region: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Append every record, pipelined and batched, and wait until all are acknowledged.
 
+    By default through the write proxies (the agent owning the log, DESIGN.md §5), so this may
+    run while other producers write; ``direct`` opens the library writer instead, which takes
+    ownership of the log (fencing whoever owned it) and releases it at the end."""
     pool = AgentPool(session.meta, session.secret)
-    count = size = 0
-    first: DLSN | None = None
     started = time.monotonic()
     try:
-        writer = await LogWriter.open(session.meta, pool, name, owner_id=owner_id)
-        try:
-            for payload in records:
-                await writer.wait_writable()
-                fut = writer.submit(payload)
-                if first is None:
-                    first = await fut
-                count += 1
-                size += len(payload)
-                if on_progress is not None and count % 1000 == 0:
-                    on_progress(count)
-            last = await writer.flush()
-            recovered = [r.to_dict() for r in writer.recovered]
-        finally:
-            await writer.close()
+        if direct:
+            result = await _append_direct(session, pool, name, records, owner_id, on_progress)
+        else:
+            result = await _append_via_proxy(session, pool, name, records, region, on_progress)
     finally:
         await pool.close()
     elapsed = time.monotonic() - started
+    count = result["records"]
     return {
         "log": name,
+        **result,
+        "seconds": round(elapsed, 3),
+        "records_per_second": round(count / elapsed) if elapsed > 0 else None,
+    }
+
+
+async def _feed(sink: Any, records: Iterable[bytes], on_progress: Callable[[int], None] | None) -> tuple[int, int, DLSN | None, DLSN | None]:
+    """Submit every record to ``sink`` (a LogWriter or LogProducer) with back-pressure."""
+    count = size = 0
+    first_future = None
+    for payload in records:
+        await sink.wait_writable()
+        future = sink.submit(payload)
+        if first_future is None:
+            first_future = future
+        count += 1
+        size += len(payload)
+        if on_progress is not None and count % 1000 == 0:
+            on_progress(count)
+    last = await sink.flush()
+    first = await first_future if first_future is not None else None
+    return count, size, first, last
+
+
+async def _append_via_proxy(session: ClusterSession, pool: AgentPool, name: str, records: Iterable[bytes], region: str | None, on_progress: Any) -> dict[str, Any]:
+    from ..log.producer import LogProducer
+
+    producer = LogProducer(session.meta, pool, name, region=region)
+    try:
+        count, size, first, last = await _feed(producer, records, on_progress)
+    finally:
+        await producer.close()
+    return {
         "records": count,
         "bytes": size,
         "first_dlsn": str(first) if first else None,
         "last_dlsn": str(last) if last and count else None,
-        "seconds": round(elapsed, 3),
-        "records_per_second": round(count / elapsed) if elapsed > 0 else None,
+        "via": producer.confirmed_owner,
+        "resent_requests": producer.stats["resent_requests"],
+    }
+
+
+async def _append_direct(session: ClusterSession, pool: AgentPool, name: str, records: Iterable[bytes], owner_id: str | None, on_progress: Any) -> dict[str, Any]:
+    from ..log.writer import LogWriter
+
+    writer = await LogWriter.open(session.meta, pool, name, owner_id=owner_id)
+    try:
+        count, size, first, last = await _feed(writer, records, on_progress)
+        recovered = [r.to_dict() for r in writer.recovered]
+    finally:
+        await writer.close()
+    return {
+        "records": count,
+        "bytes": size,
+        "first_dlsn": str(first) if first else None,
+        "last_dlsn": str(last) if last and count else None,
+        "via": "library writer",
         "recovered_previous_owner": recovered,
     }

@@ -127,3 +127,51 @@ def delete_log_plan(session: ClusterSession, name: str) -> Plan:
         ],
         notes=[f"{sum(s.value.records for s in segments)} record(s) become unreachable; agents reclaim their files at the next gc"],
     )
+
+
+def release_log_plan(session: ClusterSession, name: str, *, force: bool = False) -> Plan:
+    """Move a log away from its owner: the owning agent flushes, completes the segment and lets
+    go (the next append claims it on another agent, or the same one). ``force`` removes the
+    owner znode instead — for an owner that is not an agent or does not answer; the owner then
+    finds itself deposed and the next owner fences and recovers what it left."""
+    session.meta.get_log(name)  # NotFoundError (exit 1) for a missing log
+    info = owner_record(session, name)
+    if info is None:
+        return Plan.of("log release", [], notes=[f"log {name!r} has no owner: nothing to release"])
+    who = f"{info['owner']} ({info['address']})" if info.get("address") else info["owner"]
+    if not force and not info.get("address"):
+        raise RefusedError(
+            f"log {name!r} is owned by {who}, a library writer, not an agent",
+            hint="close that writer, or remove its ownership with --force (it is then fenced by the next owner)",
+        )
+    if force:
+        step = Step("depose-owner", f"{session.cluster.name}/{name}", f"remove the owner znode of {name} held by {who}", run=lambda: _depose(session, name))
+    else:
+        step = Step("release-log", f"{session.cluster.name}/{name}", f"ask agent {who} to release {name}", run=lambda: _release(session, name, info["address"]))
+    return Plan.of("log release", [step])
+
+
+def _release(session: ClusterSession, name: str, address: str) -> dict[str, Any]:
+    import asyncio
+
+    from ..log.client import AgentClient
+
+    host, _, port = address.rpartition(":")
+
+    async def go() -> bool:
+        async with AgentClient(host, int(port), session.secret) as client:
+            return await client.release(name)
+
+    released = asyncio.run(go())
+    if not released:
+        raise ConflictError(f"agent {address} no longer owned log {name!r}", hint="run `dlctl log show` to see the current owner")
+    return {"released": True, "by": address}
+
+
+def _depose(session: ClusterSession, name: str) -> dict[str, Any]:
+    current = session.meta.owner_of(name)
+    if current is None:
+        return {"released": False, "reason": "no owner any more"}
+    if not session.meta.release_owner(name, current[1]):
+        raise ConflictError(f"the owner of log {name!r} changed meanwhile", hint="run the command again")
+    return {"released": True, "forced": True}

@@ -8,6 +8,10 @@ ensemble of E=3). Records are read back straight from the agents over the segmen
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -326,3 +330,72 @@ def test_malformed_append_is_refused_and_the_agent_keeps_serving(env, cluster):
 
     positions = run(scenario())
     assert len(positions) == 2
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_env(cluster, tmp_path):
+    from dlctl.secrets import write_secret_file
+
+    write_secret_file(tmp_path / "c1.secret", DEFAULT_SECRET)
+    nodes = "\n".join(
+        f'[[clusters.c1.regions.{node.region}.racks.a.nodes]]\nid = "{name}"\nhost = "{node.host}"\nlisten = "{node.address}"\n' for name, node in cluster.agents.items()
+    )
+    path = tmp_path / "config.toml"
+    path.write_text(f'[clusters.c1]\nzookeeper = "{cluster.ns.connect_string}"\nsecret_file = "c1.secret"\n{nodes}')
+    return {**os.environ, "DLCTL_CONFIG": str(path), "DLCTL_CLUSTER": "c1"}
+
+
+def dlctl(env: dict, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dlctl.cli", "-o", "json", *argv], input=stdin, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_cli_appends_through_the_owner_shows_it_and_releases_it(env, cli_env, cluster):
+    env.create_log()
+    lines = "".join(f"line-{i}\n" for i in range(500))
+    result = dlctl(cli_env, "--yes", "log", "append", env.name, stdin=lines)
+    assert result.returncode == 0, result.stderr
+    step = json.loads(result.stdout)["steps"][0]["result"]
+    owner = owner_node(env)
+    assert step["records"] == 500 and step["via"] == owner
+    shown = json.loads(dlctl(cli_env, "log", "show", env.name).stdout)
+    assert shown["owner"].startswith(f"{owner}/") and cluster.agents[owner].address in shown["owner"]
+
+    plan = dlctl(cli_env, "log", "release", env.name, "--dry-run")
+    assert plan.returncode == 0 and json.loads(plan.stdout)["steps"][0]["action"] == "release-log"
+    assert owner_node(env) == owner, "a dry run changes nothing"
+    released = dlctl(cli_env, "--yes", "log", "release", env.name)
+    assert released.returncode == 0, released.stderr
+    assert owner_node(env) is None
+
+    direct = dlctl(cli_env, "--yes", "log", "append", env.name, "--direct", stdin="direct-1\ndirect-2\n")
+    assert direct.returncode == 0, direct.stderr
+    assert json.loads(direct.stdout)["steps"][0]["result"]["via"] == "library writer"
+    assert owner_node(env) is None, "the library writer releases the log when it is done"
+    meta = env.meta()
+    pool = env.pool(meta)
+    payloads = [r.payload for _, r in run(read_back(meta, pool, env.name))]
+    run(pool.close())
+    assert payloads == [f"line-{i}".encode() for i in range(500)] + [b"direct-1", b"direct-2"]
+
+
+def test_cli_release_refuses_a_library_writer_unless_forced(env, cli_env):
+    env.create_log()
+
+    async def hold_and_release() -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess, bool]:
+        writer = await env.writer()
+        await writer.append(b"held")
+        loop = asyncio.get_running_loop()
+        refused = await loop.run_in_executor(None, lambda: dlctl(cli_env, "--yes", "log", "release", env.name))
+        forced = await loop.run_in_executor(None, lambda: dlctl(cli_env, "--yes", "log", "release", env.name, "--force"))
+        await eventually(lambda: writer.error is not None, message="the deposed writer to notice")
+        lost = writer.error is not None
+        await writer.close()
+        return refused, forced, lost
+
+    refused, forced, lost = run(hold_and_release())
+    assert refused.returncode == 4 and "library writer" in refused.stderr
+    assert forced.returncode == 0, forced.stderr
+    assert lost and owner_node(env) is None
