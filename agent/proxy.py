@@ -103,6 +103,7 @@ class _OwnedLog:
         self.queued_bytes = 0
         self.held: list[Hold] = []
         self.waiting = False  # a task waits for the writer to become writable
+        self.peak_bytes = 0  # high-water mark of queued + unacknowledged bytes (for operators and tests)
         self.task: asyncio.Task[None] | None = None  # the claim
         self.failed = False
 
@@ -169,7 +170,9 @@ class WriteProxy:
         owned.queue.append(request)
         owned.queued_bytes += request.size
         self._pump(owned)
-        if owned.queued_bytes + self._pending(owned) > self.options.max_log_bytes and self._logs.get(name) is owned:
+        held = owned.queued_bytes + self._pending(owned)
+        owned.peak_bytes = max(owned.peak_bytes, held)
+        if held > self.options.max_log_bytes and self._logs.get(name) is owned:
             hold.count += 1
             owned.held.append(hold)
         return request.result
@@ -197,8 +200,13 @@ class WriteProxy:
     def stat(self) -> dict[str, Any]:
         return {
             **self.counters,
+            "max_log_bytes": self.options.max_log_bytes,
             "owned": sorted(n for n, o in self._logs.items() if o.writer is not None),
             "claiming": sorted(n for n, o in self._logs.items() if o.writer is None),
+            "logs": {
+                n: {"queued_bytes": o.queued_bytes, "pending_bytes": self._pending(o), "peak_bytes": o.peak_bytes, "held_connections": len(o.held)}
+                for n, o in self._logs.items()
+            },
         }
 
     def owns(self, name: str) -> bool:

@@ -30,6 +30,7 @@ from harness.zk import ZkNamespace
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
 
 SESSION_TIMEOUT = 2.0  # the agents' ZooKeeper session timeout (harness default)
+MAX_LOG_BYTES = 2 * 1024 * 1024  # the agents' [proxy] bound on a log's queued + unacknowledged bytes
 REGIONS = {"n1": "r1", "n2": "r2", "n3": "r3", "n4": "r1"}
 
 
@@ -41,7 +42,10 @@ def cluster(zk_server, tmp_path_factory):
     try:
         admin = ns.client()
         agents = {
-            n: AgentNode(procs, base, ns.connect_string, cluster=CLUSTER, node_id=n, region=r, rack=f"rack-{n}", session_timeout=SESSION_TIMEOUT)
+            n: AgentNode(
+                procs, base, ns.connect_string, cluster=CLUSTER, node_id=n, region=r, rack=f"rack-{n}", session_timeout=SESSION_TIMEOUT,
+                extra_config=f"[proxy]\nmax_log_bytes = {MAX_LOG_BYTES}\n",
+            )
             for n, r in REGIONS.items()
         }
         for node in agents.values():
@@ -312,6 +316,56 @@ def test_release_moves_the_log_to_another_agent_without_losing_records(env, clus
     segments = meta.segments(env.name)
     assert segments[0].value.state.value == "completed", "a release completes the segment gracefully"
     assert run(records_in_log(env)) == [(0, i) for i in range(100)]
+
+
+def test_owner_holds_producers_back_when_a_log_cannot_drain_and_loses_nothing(env, cluster):
+    env.create_log()
+    producers_count, record = 3, b"r" * 1000
+
+    async def scenario():
+        producers = []
+        for _ in range(producers_count):
+            meta = env.meta()
+            producers.append(LogProducer(meta, env.pool(meta, request_timeout=30), env.name, options=ProducerOptions(max_in_flight=64, max_pending_bytes=64 * 1024 * 1024)))
+        await producers[0].append(b"claim")
+        owner = owner_node(env)
+        ensemble = env.meta().segments(env.name)[-1].value.ensembles[-1].nodes
+        stalled = [n for n in ensemble if n != owner][:2]
+        for n in stalled:  # without two of its three replicas no entry can be acknowledged
+            cluster.agents[n].proc.pause()
+        futures = [p.submit(record) for p in producers for _ in range(4000)]  # 12 MB, six times the bound
+        node = cluster.agents[owner]
+        async with AgentClient(node.host, node.port, DEFAULT_SECRET) as stat_client:
+            async def held_back() -> bool:
+                stat = (await stat_client.stat())["proxy"]["logs"].get(env.name, {})
+                return stat.get("held_connections", 0) > 0
+
+            await eventually(held_back, timeout=1.0, message="the owner to hold its producers back")
+            for n in stalled:
+                cluster.agents[n].proc.resume()
+            dlsns = await asyncio.gather(*futures)
+            peak = (await stat_client.stat())["proxy"]["logs"][env.name]["peak_bytes"]
+        for producer in producers:
+            await producer.close()
+            await producer.pool.close()
+        return dlsns, peak
+
+    dlsns, peak = run(scenario(), timeout=120)
+    # The bound is checked before each request is queued: it can be passed by at most one
+    # request per connection.
+    assert peak <= MAX_LOG_BYTES + producers_count * ProducerOptions().max_request_bytes, peak
+    assert len(set(dlsns)) == producers_count * 4000
+    found = run(records_in_log_raw(env))
+    assert found.count(record) == producers_count * 4000
+
+
+async def records_in_log_raw(env: LogEnv) -> list[bytes]:
+    meta = env.meta()
+    pool = env.pool(meta)
+    try:
+        return [r.payload for _, r in await read_back(meta, pool, env.name)]
+    finally:
+        await pool.close()
 
 
 def test_malformed_append_is_refused_and_the_agent_keeps_serving(env, cluster):
