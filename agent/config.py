@@ -25,6 +25,7 @@
     enabled = true             # false: APPEND/RELEASE are refused; the agent only stores segments
     max_log_bytes = 33554432   # per owned log: unacknowledged + queued bytes before clients are held back
     batch_delay_ms = 2.0       # how long the owner lets an entry fill with records from many clients
+    idle_release_seconds = 600 # give up a log nobody appended to for this long (0: keep it)
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class ProxySettings:
     enabled: bool = True
     max_log_bytes: int = 32 * 1024 * 1024
     batch_delay_ms: float = 2.0
+    idle_release_seconds: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -181,9 +183,10 @@ def _auditor_settings(raw: Any, path: Path) -> AuditorSettings:
 def _proxy_settings(raw: Any, path: Path) -> ProxySettings:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: key 'proxy' must be a table ([proxy])")
-    extra = sorted(set(raw) - {"enabled", "max_log_bytes", "batch_delay_ms"})
+    known = {"enabled", "max_log_bytes", "batch_delay_ms", "idle_release_seconds"}
+    extra = sorted(set(raw) - known)
     if extra:
-        raise ConfigError(f"{path}: unknown key(s) in [proxy]: {', '.join(extra)}", hint="known keys: enabled, max_log_bytes, batch_delay_ms")
+        raise ConfigError(f"{path}: unknown key(s) in [proxy]: {', '.join(extra)}", hint=f"known keys: {', '.join(sorted(known))}")
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{path}: [proxy] key 'enabled' must be true or false, got {enabled!r}")
@@ -193,4 +196,7 @@ def _proxy_settings(raw: Any, path: Path) -> ProxySettings:
     delay = raw.get("batch_delay_ms", ProxySettings.batch_delay_ms)
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 1000:
         raise ConfigError(f"{path}: [proxy] key 'batch_delay_ms' must be milliseconds in 0..1000, got {delay!r}")
-    return ProxySettings(enabled=enabled, max_log_bytes=size, batch_delay_ms=float(delay))
+    idle = raw.get("idle_release_seconds", ProxySettings.idle_release_seconds)
+    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not (idle == 0 or 1 <= idle <= 7 * 24 * 3600):
+        raise ConfigError(f"{path}: [proxy] key 'idle_release_seconds' must be 0 (never) or seconds in 1..604800, got {idle!r}")
+    return ProxySettings(enabled=enabled, max_log_bytes=size, batch_delay_ms=float(delay), idle_release_seconds=float(idle))

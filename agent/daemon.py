@@ -43,8 +43,12 @@ def _start_proxy(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: bytes,
         log.info("write proxy disabled by configuration ([proxy] enabled = false)")
         return None
     meta = MetaStore(zk, config.cluster, zk_auth)
-    options = ProxyOptions(max_log_bytes=config.proxy.max_log_bytes, batch_delay=config.proxy.batch_delay_ms / 1000.0)
-    proxy = WriteProxy(meta, AgentPool(meta, secret), config.node_id, config.advertise, options)
+    options = ProxyOptions(
+        max_log_bytes=config.proxy.max_log_bytes,
+        batch_delay=config.proxy.batch_delay_ms / 1000.0,
+        idle_release=config.proxy.idle_release_seconds,
+    )
+    proxy = WriteProxy(meta, AgentPool(meta, secret), config.node_id, config.advertise, options).start()
     server.proxy = proxy
     return proxy
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -54,6 +55,7 @@ class ProxyOptions:
     batch_delay: float = 0.002
     claim_timeout: float = 30.0  # bound on fencing + recovering the previous owner's segment
     close_timeout: float = 10.0  # per log, when the agent shuts down or an operator releases it
+    idle_release: float = 600.0  # release a log nobody appended to for this long (0: never)
 
 
 class Hold:
@@ -104,6 +106,7 @@ class _OwnedLog:
         self.held: list[Hold] = []
         self.waiting = False  # a task waits for the writer to become writable
         self.peak_bytes = 0  # high-water mark of queued + unacknowledged bytes (for operators and tests)
+        self.last_append = time.monotonic()
         self.task: asyncio.Task[None] | None = None  # the claim
         self.failed = False
 
@@ -135,7 +138,8 @@ class WriteProxy:
         self.owner_id = f"{node_id}/{uuid.uuid4().hex[:8]}"  # this incarnation of the agent
         self._logs: dict[str, _OwnedLog] = {}
         self._closing = False
-        self.counters = {"appends": 0, "records": 0, "claims": 0, "not_owner": 0, "failed": 0}
+        self._reaper: asyncio.Task[None] | None = None
+        self.counters = {"appends": 0, "records": 0, "claims": 0, "not_owner": 0, "failed": 0, "idle_releases": 0}
 
     # -- entry points (called by the protocol server, on the event loop) -------------------------
 
@@ -169,6 +173,7 @@ class WriteProxy:
             owned.task = asyncio.ensure_future(self._claim(owned))
         owned.queue.append(request)
         owned.queued_bytes += request.size
+        owned.last_append = time.monotonic()
         self._pump(owned)
         held = owned.queued_bytes + self._pending(owned)
         owned.peak_bytes = max(owned.peak_bytes, held)
@@ -192,9 +197,29 @@ class WriteProxy:
         log.info("released log %r on request", name)
         return True
 
+    def start(self) -> WriteProxy:
+        """Begin releasing idle logs (a writer per log costs a timer and a segment in progress)."""
+        if self.options.idle_release > 0:
+            self._reaper = asyncio.ensure_future(self._release_idle())
+        return self
+
+    async def _release_idle(self) -> None:
+        period = min(5.0, self.options.idle_release / 2)
+        while True:
+            await asyncio.sleep(period)
+            cutoff = time.monotonic() - self.options.idle_release
+            for name, owned in list(self._logs.items()):
+                writer = owned.writer
+                if writer is not None and owned.last_append < cutoff and not owned.queue and not writer.pending_bytes:
+                    self.counters["idle_releases"] += 1
+                    log.info("releasing log %r: no append for %.0fs", name, self.options.idle_release)
+                    await self.release(name)
+
     async def close(self) -> None:
         """Shutting down: stop taking appends and release every log so clients move at once."""
         self._closing = True
+        if self._reaper is not None:
+            self._reaper.cancel()
         await asyncio.gather(*(self.release(name) for name in list(self._logs)), return_exceptions=True)
 
     def stat(self) -> dict[str, Any]:

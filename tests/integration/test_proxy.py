@@ -453,3 +453,31 @@ def test_cli_release_refuses_a_library_writer_unless_forced(env, cli_env):
     assert refused.returncode == 4 and "library writer" in refused.stderr
     assert forced.returncode == 0, forced.stderr
     assert lost and owner_node(env) is None
+
+
+def test_an_idle_log_is_released_and_claimed_again_on_the_next_append(zk, procs, tmp_path):
+    from dlctl.log.pool import AgentPool
+    from dlctl.meta.records import LogConfig
+    from dlctl.meta.store import MetaStore
+
+    node = AgentNode(procs, tmp_path, zk.connect_string, cluster=CLUSTER, node_id="solo", extra_config="[proxy]\nidle_release_seconds = 1\n")
+    node.start(wait=False)
+    admin = zk.client()
+    node.wait_ready(admin)
+    meta = MetaStore(admin, CLUSTER)
+    meta.create_log("idle", LogConfig(1, 1, 1))
+
+    async def scenario():
+        pool = AgentPool(meta, DEFAULT_SECRET)
+        producer = LogProducer(meta, pool, "idle")
+        await producer.append(b"one")
+        assert meta.owner_of("idle") is not None
+        await eventually(lambda: meta.owner_of("idle") is None, timeout=10, message="the idle log to be released")
+        await producer.append(b"two")
+        await producer.close()
+        await pool.close()
+
+    run(scenario())
+    segments = meta.segments("idle")
+    assert [s.value.state.value for s in segments] == ["completed", "inprogress"]
+    assert meta.owner_of("idle") is not None
