@@ -270,7 +270,9 @@ class LogProducer:
             raise
         except BaseException as exc:  # noqa: BLE001 - a bug must not leave futures hanging
             log.exception("producer of log %r failed", self.name)
-            self._fail_all(ProducerError(f"producer of log {self.name!r} failed: {exc}"))
+            stuck = sorted([*self._failed, *self._inflight.values()], key=lambda r: r.seq)
+            self._failed, self._inflight = [], {}
+            self._fail_all(ProducerError(f"producer of log {self.name!r} failed: {exc}"), stuck)
 
     def _window(self) -> int:
         # Until an agent accepted an append on this connection, one request at a time: a refusal
@@ -404,8 +406,11 @@ class LogProducer:
         if self.node != previous:
             self.stats["failovers"] += 1
             log.info("log %r: appends move from %s to %s (%s)", self.name, previous, self.node, root)
-        if self.node is None or (self.node == previous and hint is None) or isinstance(root, NotOwnerError) and hint is None:
-            await self._sleep_backoff()  # no new information: do not hammer the same agent
+        if self.node is None or self.node == previous:
+            # No new information (the same agent again, e.g. one that answers for a dead owner
+            # until its session expires, or a stale ownership of its own previous incarnation):
+            # do not hammer it.
+            await self._sleep_backoff()
 
     async def _hint(self, error: BaseException | None) -> str | None:
         """The node id of the owner a NOT_OWNER answer named, if it is a live agent."""
