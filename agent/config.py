@@ -25,7 +25,13 @@
     enabled = true             # false: APPEND/RELEASE are refused; the agent only stores segments
     max_log_bytes = 33554432   # per owned log: unacknowledged + queued bytes before clients are held back
     batch_delay_ms = 2.0       # how long the owner lets an entry fill with records from many clients
-    idle_release_seconds = 600 # give up a log nobody appended to for this long (0: keep it)
+
+    [housekeeping]             # retention and GC of truncated segments (dlagent.housekeeping)
+    enabled = true             # false: never the elected housekeeper (still reclaims its own files)
+    check_seconds = 60         # how often retention/collection run and own stale files are reclaimed
+    disk_override_free_bytes = 0   # > 0: once an agent has less free disk, retention passes pins
+    delete_concurrency = 4     # replica deletions in flight at once (gentle on the disk)
+    delete_rate = 50           # replica deletions per second at most (0: no limit)
 """
 
 from __future__ import annotations
@@ -38,8 +44,10 @@ from typing import Any
 from dlctl.errors import ConfigError
 from dlctl.names import validate_name
 
+from .replication_config import ReplicationSettings, parse_replication
+
 _REQUIRED = ("node_id", "cluster", "region", "rack", "data_dir", "listen", "zookeeper", "secret_file")
-_OPTIONAL = ("advertise", "zk_auth_file", "storage", "tls", "session_timeout", "auditor", "proxy")
+_OPTIONAL = ("advertise", "zk_auth_file", "storage", "tls", "session_timeout", "auditor", "proxy", "replication", "housekeeping")
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,15 @@ class ProxySettings:
 
 
 @dataclass(frozen=True)
+class HousekeepingSettings:
+    enabled: bool = True
+    check_seconds: float = 60.0
+    disk_override_free_bytes: int = 0
+    delete_concurrency: int = 4
+    delete_rate: float = 50.0  # replica deletions per second (0: no limit)
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     path: Path
     node_id: str
@@ -82,6 +99,8 @@ class AgentConfig:
     session_timeout: float = 6.0
     auditor: AuditorSettings = AuditorSettings()
     proxy: ProxySettings = ProxySettings()
+    replication: ReplicationSettings = ReplicationSettings()  # [replication]: see dlagent.replication_config
+    housekeeping: HousekeepingSettings = HousekeepingSettings()
 
 
 def parse_address(text: str, *, where: str) -> tuple[str, int]:
@@ -139,6 +158,8 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         raise ConfigError(f"{where('session_timeout')} must be seconds in 0.5..120")
     auditor = _auditor_settings(raw.get("auditor", {}), path)
     proxy = _proxy_settings(raw.get("proxy", {}), path)
+    replication = parse_replication(raw.get("replication", {}), path)
+    housekeeping = _housekeeping_settings(raw.get("housekeeping", {}), path)
     base = path.parent
     return AgentConfig(
         path=path,
@@ -153,6 +174,8 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         session_timeout=float(session_timeout),
         auditor=auditor,
         proxy=proxy,
+        replication=replication,
+        housekeeping=housekeeping,
         **names,
     )
 
@@ -178,6 +201,41 @@ def _auditor_settings(raw: Any, path: Path) -> AuditorSettings:
     grace = seconds("grace_seconds", 300.0, 0.1, 7 * 24 * 3600)
     check = seconds("check_seconds", 10.0, 0.05, 3600)
     return AuditorSettings(enabled=enabled, grace_seconds=grace, check_seconds=check)
+
+
+def _housekeeping_settings(raw: Any, path: Path) -> HousekeepingSettings:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: key 'housekeeping' must be a table ([housekeeping])")
+    known = ("enabled", "check_seconds", "disk_override_free_bytes", "delete_concurrency", "delete_rate")
+    extra = sorted(set(raw) - set(known))
+    if extra:
+        raise ConfigError(f"{path}: unknown key(s) in [housekeeping]: {', '.join(extra)}", hint=f"known keys: {', '.join(known)}")
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{path}: [housekeeping] key 'enabled' must be true or false, got {enabled!r}")
+    check = raw.get("check_seconds", 60.0)
+    if isinstance(check, bool) or not isinstance(check, (int, float)) or not 0.05 <= check <= 86400:
+        raise ConfigError(f"{path}: [housekeeping] key 'check_seconds' must be seconds in 0.05..86400, got {check!r}")
+
+    def count(key: str, default: int, low: int) -> int:
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{path}: [housekeeping] key '{key}' must be an integer >= {low}, got {value!r}")
+        return value
+
+    return HousekeepingSettings(
+        enabled=enabled,
+        check_seconds=float(check),
+        disk_override_free_bytes=count("disk_override_free_bytes", 0, 0),
+        delete_concurrency=count("delete_concurrency", 4, 1),
+        delete_rate=_rate(raw.get("delete_rate", 50.0), path),
+    )
+
+
+def _rate(value: Any, path: Path) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"{path}: [housekeeping] key 'delete_rate' must be a number of deletions per second >= 0 (0: no limit), got {value!r}")
+    return float(value)
 
 
 def _proxy_settings(raw: Any, path: Path) -> ProxySettings:

@@ -24,6 +24,7 @@ from dlctl.secrets import read_secret_file
 
 from .auditor import Auditor
 from .config import AgentConfig
+from .housekeeping import Housekeeping
 from .identity import ensure_identity
 from .proxy import ProxyOptions, WriteProxy
 from .registry import Registration
@@ -51,6 +52,19 @@ def _start_proxy(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: bytes,
     proxy = WriteProxy(meta, AgentPool(meta, secret), config.node_id, config.advertise, options).start()
     server.proxy = proxy
     return proxy
+
+
+def _start_replication(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: bytes):
+    """Replication workers for the streams whose sink is this cluster (dlagent.worker)."""
+    if not config.replication.enabled:
+        log.info("replication workers disabled by configuration ([replication] enabled = false)")
+        return None
+    from .worker import ReplicationService
+
+    return ReplicationService(
+        zk, config.cluster, config.node_id, config.region, secret, zk_auth, config.replication,
+        secret_file=config.secret_file, zk_auth_file=config.zk_auth_file, session_timeout=max(config.session_timeout, 4.0),
+    ).start()
 
 
 async def serve(config: AgentConfig) -> int:
@@ -104,6 +118,10 @@ async def serve(config: AgentConfig) -> int:
         auditor = Auditor(zk, config.cluster, config.node_id, secret, config.auditor, zk_auth).start()
     else:
         log.info("re-replication auditor disabled by configuration ([auditor] enabled = false)")
+    replication = _start_replication(config, zk, zk_auth, secret)
+    # Housekeeping reclaims this agent's stale replicas at once (it may have been down during a
+    # collection) and, if elected, applies retention and collects truncated segments' records.
+    housekeeping = Housekeeping(zk, config.cluster, config.node_id, store, secret, config.housekeeping, zk_auth).start()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
@@ -115,6 +133,11 @@ async def serve(config: AgentConfig) -> int:
         waiter.cancel()
 
     log.info("shutting down")
+    # Give up the housekeeper role and stop deleting before the store and ZooKeeper go.
+    await housekeeping.stop()
+    if replication is not None:
+        # Workers flush, checkpoint and release their claims while both clusters still answer.
+        await replication.stop()
     if auditor is not None:
         # First, while ZooKeeper and the server still work: give up the role and cancel a
         # re-replication under way (resumable), so the next auditor takes over without waiting

@@ -16,6 +16,12 @@ the producer resends with RESET_ORDER (producers sharing a connection do not dis
 acknowledges in order and fails everything pending when it stops). So a client that resends its
 failed requests in order can never see a later record land before an earlier one.
 
+Replication streams. A worker's records carry their source position (``dl.src``, else their
+origin); per source those positions only grow. The owner remembers the highest one applied per
+source and answers a resent record at or below it with the DLSN of the copy already in the log
+instead of writing it again — after taking over from a dead owner it first reads the log's last
+entries for them. So a stream appending through proxies (at least once) is applied exactly once.
+
 Memory. Per log, unacknowledged plus queued bytes are bounded by ``max_log_bytes``: past it,
 the connections that keep sending are held (the server stops reading them: TCP pushes back)
 until the writer drains below half of it. Per connection the server bounds in-flight requests.
@@ -45,6 +51,8 @@ from dlctl.log.records import CorruptRecords, Record, decode_records
 from dlctl.log.writer import LogWriter, WriterDeposedError, WriterError, WriterOptions
 from dlctl.meta.store import MetaStore
 from dlctl.names import validate_name
+from dlctl.replication.origin import decode_source_position
+from dlctl.replication.positions import applied_in_tail
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,7 @@ class ProxyOptions:
     claim_timeout: float = 30.0  # bound on fencing + recovering the previous owner's segment
     close_timeout: float = 10.0  # per log, when the agent shuts down or an operator releases it
     idle_release: float = 600.0  # release a log nobody appended to for this long (0: never)
+    tail_scan_entries: int = 1024  # after taking over from a dead owner: entries read back for stream positions
 
 
 class Hold:
@@ -107,6 +116,8 @@ class _OwnedLog:
         self.waiting = False  # a task waits for the writer to become writable
         self.peak_bytes = 0  # high-water mark of queued + unacknowledged bytes (for operators and tests)
         self.last_append = time.monotonic()
+        # Replication sources -> (highest source position applied here, future of its DLSN).
+        self.applied: dict[str, tuple[DLSN, asyncio.Future[DLSN]]] = {}
         self.task: asyncio.Task[None] | None = None  # the claim
         self.failed = False
 
@@ -139,7 +150,7 @@ class WriteProxy:
         self._logs: dict[str, _OwnedLog] = {}
         self._closing = False
         self._reaper: asyncio.Task[None] | None = None
-        self.counters = {"appends": 0, "records": 0, "claims": 0, "not_owner": 0, "failed": 0, "idle_releases": 0}
+        self.counters = {"appends": 0, "records": 0, "claims": 0, "not_owner": 0, "failed": 0, "idle_releases": 0, "duplicates_dropped": 0}
 
     # -- entry points (called by the protocol server, on the event loop) -------------------------
 
@@ -273,10 +284,30 @@ class WriteProxy:
         if self._logs.get(name) is not owned or self._closing:
             await self._close_writer(writer)  # released or shutting down meanwhile
             return
+        try:
+            owned.applied = await self._applied_before(name, recovered=bool(writer.recovered))
+        except Exception as exc:  # noqa: BLE001 - without it a resend could be applied twice: give the log up
+            log.warning("could not read the tail of log %r after claiming it: %s", name, exc)
+            self._abandon(owned, AgentError(f"log {name!r}: reading its tail after the claim failed: {exc}"))
+            await self._close_writer(writer)
+            return
         owned.writer = writer
         recovered = [r.to_dict() for r in writer.recovered]
         log.info("claimed log %r%s", name, f" (recovered {recovered})" if recovered else "")
         self._pump(owned)
+
+    async def _applied_before(self, name: str, *, recovered: bool) -> dict[str, tuple[DLSN, asyncio.Future[DLSN]]]:
+        """Stream positions already in the log's tail (see ``_submit_once``). A previous owner
+        that died may have written a request whose acknowledgement was lost in its last
+        entries; one that let go cleanly answered everything, so a short look suffices."""
+        found = await applied_in_tail(self.meta, self.pool, name, max_entries=self.options.tail_scan_entries if recovered else 16)
+        loop = asyncio.get_running_loop()
+        out: dict[str, tuple[DLSN, asyncio.Future[DLSN]]] = {}
+        for cluster, (source, sink) in found.items():
+            fut: asyncio.Future[DLSN] = loop.create_future()
+            fut.set_result(sink)
+            out[cluster] = (source, fut)
+        return out
 
     # -- moving requests into the writer -----------------------------------------------------------
 
@@ -304,7 +335,7 @@ class WriteProxy:
                 self._fail(request, self._barrier_error(owned.name))
                 continue
             try:
-                futures = writer.submit_group(request.records)
+                futures = self._submit_once(owned, writer, request.records)
             except (ValueError, WriterError) as exc:
                 self._fail(request, _error_for(exc, owned.name))
                 if isinstance(exc, WriterError):
@@ -324,22 +355,69 @@ class WriteProxy:
             owned.waiting = False
         self._pump(owned)
 
-    def _chain(self, owned: _OwnedLog, writer: LogWriter, request: _Request, futures: list[asyncio.Future[DLSN]]) -> None:
-        # The writer acknowledges in order: when the last record is done, so are the others.
-        def done(last: asyncio.Future[DLSN]) -> None:
+    def _chain(self, owned: _OwnedLog, writer: LogWriter, request: _Request, results: list[asyncio.Future[DLSN]]) -> None:
+        """Answer ``request`` once every record's future is done (a duplicate's future is the
+        earlier copy's, already done or acknowledged before the new ones: the writer acks in order)."""
+        waiting = {f for f in results if not f.done()}
+
+        def finish() -> None:
             if request.result.done():
                 return
-            if last.cancelled() or last.exception() is not None:
-                exc = last.exception() if not last.cancelled() else WriterError("cancelled")
+            failed = next((f for f in results if f.cancelled() or f.exception() is not None), None)
+            if failed is not None:
+                exc = failed.exception() if not failed.cancelled() else WriterError("cancelled")
                 self._fail(request, _error_for(exc, owned.name))
                 if writer.error is not None:
                     self._abandon(owned, _error_for(writer.error, owned.name))
                 return
-            request.result.set_result([f.result() for f in futures])
+            request.result.set_result([f.result() for f in results])
             if owned.held:
                 self._release_holds(owned)
 
-        futures[-1].add_done_callback(done)
+        def done(fut: asyncio.Future[DLSN]) -> None:
+            waiting.discard(fut)
+            if not waiting:
+                finish()
+
+        if not waiting:
+            finish()
+        for fut in list(waiting):
+            fut.add_done_callback(done)
+
+    def _submit_once(self, owned: _OwnedLog, writer: LogWriter, records: list[Record]) -> list[asyncio.Future[DLSN]]:
+        """Submit ``records`` minus those a replication stream already applied here.
+
+        A worker appends through the proxy at least once; its records carry their source
+        position (``dl.src``, else their origin). Per source, positions only grow, so a record
+        at or below the highest position applied is a resend: it is answered with the DLSN of
+        the highest copy already in the log (a worker only uses it as where to resume looking)
+        instead of being written again."""
+        applied = owned.applied
+        highest = {cluster: position for cluster, (position, _) in applied.items()}
+        keep: list[Record] = []
+        slots: list[tuple[bool, Any]] = []  # (new?, its position | the source of the duplicate)
+        for record in records:
+            position = decode_source_position(record.headers) if record.headers else None
+            if position is not None:
+                cluster, source = position
+                if cluster in highest and source <= highest[cluster]:
+                    slots.append((False, cluster))
+                    continue
+                highest[cluster] = source
+            keep.append(record)
+            slots.append((True, position))
+        new = iter(writer.submit_group(keep) if keep else [])
+        results: list[asyncio.Future[DLSN]] = []
+        for is_new, info in slots:
+            if is_new:
+                fut = next(new)
+                if info is not None:
+                    applied[info[0]] = (info[1], fut)
+                results.append(fut)
+            else:
+                results.append(applied[info][1])
+        self.counters["duplicates_dropped"] += len(records) - len(keep)
+        return results
 
     def _pending(self, owned: _OwnedLog) -> int:
         return owned.writer.pending_bytes if owned.writer is not None else 0

@@ -13,7 +13,8 @@ What is made durable when:
   its directory, before fence() returns;
 - limbo: the .limbo marker file and its directory, when the corruption is found;
 - a cut tail: ftruncate + fsync of the file during open(), before anything is served;
-- a delete: unlink of the files, then an fsync of the directory.
+- a delete: unlink of the files, then an fsync of the directory, shared by the deletes that
+  arrive within SETTLE_DELAY (a collection deletes many replicas of one log in a row).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import math
 import os
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -53,6 +55,8 @@ log = logging.getLogger("dlagent.storage")
 
 _CRC_COVERED = HEADER_SIZE - 4
 _DIGEST_ITEM = struct.Struct(">qI")
+RECLAIMED_FILE = "reclaimed.json"  # in the data dir: bytes and replicas freed by deletes, ever
+SETTLE_DELAY = 0.02  # seconds deletes wait to share one directory fsync
 
 
 def digest_of(pairs: Iterable[tuple[int, int]]) -> str:
@@ -103,6 +107,13 @@ class SegmentStore:
         self._serving = False
         self._failure: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Deletes: directories whose unlinks still need an fsync, and what deleting freed
+        # (kept across restarts in RECLAIMED_FILE, shown by `cluster status`).
+        self._settle_lock = threading.Lock()
+        self._unsettled_dirs: set[Path] = set()
+        self._reclaimed_bytes = 0
+        self._reclaimed_replicas = 0
+        self._settling: asyncio.Task | None = None  # the next settle, which deletes join
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,6 +139,7 @@ class SegmentStore:
         self._lock.acquire_exclusive()
         try:
             segments, report = await asyncio.to_thread(self._recover)
+            self._load_reclaimed()
         except BaseException:
             self._lock.release()
             raise
@@ -323,25 +335,88 @@ class SegmentStore:
             raise AgentIOError(f"cannot persist limbo state of {path}: {exc}") from exc
 
     def _remove_files(self, key: Key) -> bool:
+        """Unlink the replica's files; ``_settle_deletes`` makes the unlinks durable."""
         existed = False
+        freed = 0
         # The log first: a delete cut short leaves markers alone, which read back as an
         # empty fenced replica or a limbo one — both refuse writes, neither serves stale data.
         for suffix in (LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX):
+            path = layout.segment_path(self.data_dir, key, suffix)
             try:
-                os.unlink(layout.segment_path(self.data_dir, key, suffix))
+                size = os.stat(path).st_size
+                os.unlink(path)
                 existed = True
+                freed += size
             except FileNotFoundError:
                 pass
         ldir = layout.log_dir(self.data_dir, key[0])
-        if existed:
-            self._sync_dir(ldir)
-        try:
-            ldir.rmdir()
-        except OSError:
-            pass  # not empty (other segments of the log) or already gone
-        else:
-            self._sync_dir(ldir.parent)
+        with self._settle_lock:
+            self._unsettled_dirs.add(ldir)
+            if existed:
+                self._reclaimed_bytes += freed
+                self._reclaimed_replicas += 1
         return existed
+
+    def _settle_deletes(self) -> None:
+        """Make every unlink done so far durable: one fsync per directory touched, however many
+        deletes touched it (a collection deletes many segments of one log in a row, and this
+        thread also creates the files writers wait for), then remove log directories left empty.
+
+        Each delete runs this after its unlink, on the same (FIFO) thread: either an earlier run
+        already took its directory after the unlink and synced it, or this run does."""
+        with self._settle_lock:
+            dirs, self._unsettled_dirs = self._unsettled_dirs, set()
+            counters = (self._reclaimed_bytes, self._reclaimed_replicas)
+        if not dirs:
+            return
+        for ldir in sorted(dirs):
+            if ldir.is_dir():
+                self._sync_dir(ldir)
+            try:
+                ldir.rmdir()
+            except OSError:
+                pass  # not empty (other segments of the log) or already gone
+            else:
+                self._sync_dir(ldir.parent)
+        self._save_reclaimed(*counters)
+
+    async def _settle_soon(self, key: Key) -> None:
+        """Wait until this delete's unlink is durable: deletes that arrive within
+        ``SETTLE_DELAY`` share one settle (one directory fsync) — group commit for deletes, so a
+        paced collection does not force a journal commit per replica while writers fsync."""
+        task = self._settling
+        if task is None:
+            task = self._settling = self._loop.create_task(self._settle_after(SETTLE_DELAY))  # type: ignore[union-attr]
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        try:
+            await asyncio.shield(task)
+        except AgentIOError as exc:
+            raise AgentIOError(f"cannot delete {_seg_name(key)}: {exc}") from exc
+
+    async def _settle_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        # Unlinks that finish from here on wait for the next settle; every one finished before
+        # is in the set this one takes.
+        self._settling = None
+        await self._blocking("cannot make deletes durable", self._settle_deletes)
+
+    def _load_reclaimed(self) -> None:
+        try:
+            raw = json.loads((self.data_dir / RECLAIMED_FILE).read_text())
+            self._reclaimed_bytes, self._reclaimed_replicas = int(raw["bytes"]), int(raw["replicas"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # never written, or torn by a crash: statistics start again from zero
+
+    def _save_reclaimed(self, nbytes: int, replicas: int) -> None:
+        # Statistics for `cluster status`, not data: replaced atomically but not fsynced (a
+        # crash may lose the last increments, never a replica).
+        tmp = self.data_dir / (RECLAIMED_FILE + ".tmp")
+        try:
+            tmp.write_text(json.dumps({"bytes": nbytes, "replicas": replicas}) + "\n")
+            os.replace(tmp, self.data_dir / RECLAIMED_FILE)
+        except OSError as exc:
+            log.warning("cannot record reclaimed space in %s: %s", self.data_dir, exc)
 
     async def _blocking(self, what: str, fn: Callable, *args):
         """Run a metadata job on the sync thread; a failed fsync there is fatal."""
@@ -696,6 +771,8 @@ class SegmentStore:
             "entries": sum(s.index.count for s in segs),
             "bytes": sum(s.size for s in segs),
             "limbo": sum(1 for s in segs if s.limbo is not None),
+            "reclaimed_bytes": self._reclaimed_bytes,  # freed by deleting replicas, since the data dir exists
+            "reclaimed_replicas": self._reclaimed_replicas,
             "fenced": sum(1 for s in segs if s.fenced),
             "sync_mode": self.sync.mode,
             "failed": self._failure is not None,
@@ -744,6 +821,7 @@ class SegmentStore:
                         pass
                 self._fds.close(seg)
             removed = await self._blocking(f"cannot delete {_seg_name(key)}", self._remove_files, key)
+            await self._settle_soon(key)
             return seg is not None or removed
         finally:
             self._deleting.pop(key, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..ops import cluster as cluster_ops
-from ..output import Table
+from ..output import Table, human_bytes
 from ..plan import Plan
 from .context import AppContext, command_options, mutating, pass_app
 
@@ -28,6 +28,15 @@ def cluster_init(app: AppContext) -> Plan:
 @command_options
 @pass_app
 def cluster_status(app: AppContext, timeout: float) -> None:
-    """Nodes by region and rack: up, down or unreachable; address, version, segments, disk."""
+    """Nodes by region and rack: up, down or unreachable; address, version, segments, disk, and
+    the space reclaimed by deleting replicas (garbage collection of truncated segments)."""
     rows = cluster_ops.status(app.session(), timeout)
-    app.render(Table(rows, columns=["region", "rack", "node", "address", "state", "version", "segments", "data_bytes", "disk_free_bytes", "limbo"], title=f"cluster {app.session().cluster.name}"))
+    reclaimed = sum(r.get("reclaimed_bytes") or 0 for r in rows)
+    app.render(
+        Table(
+            rows,
+            columns=["region", "rack", "node", "address", "state", "version", "segments", "data_bytes", "reclaimed_bytes", "disk_free_bytes", "limbo"],
+            title=f"cluster {app.session().cluster.name}",
+            caption=f"reclaimed by garbage collection: {human_bytes(reclaimed)} on the agents that answered",
+        )
+    )

@@ -13,6 +13,7 @@ from ..ops import logio, logs
 from ..output import render_item
 from ..plan import Plan, Step
 from .context import AppContext, command_options, mutating, pass_app
+from .truncate import DURATION, SIZE
 
 
 @click.group("log")
@@ -27,14 +28,44 @@ def log_group() -> None:
 @click.option("-a", "--ack-quorum", type=click.IntRange(1), default=2, show_default=True, help="A: acknowledgements before an entry counts.")
 @click.option("--roll-bytes", type=click.IntRange(1), default=256 * 1024 * 1024, show_default=True, help="Roll to a new segment after this many bytes.")
 @click.option("--roll-seconds", type=click.FloatRange(min=0.001), default=3600.0, show_default=True, help="Roll to a new segment after this long.")
+@click.option("--retention", "retention_seconds", type=DURATION, metavar="DURATION", help="Truncate completed segments this long after their completion (e.g. 7d; default: keep for ever).")
+@click.option("--retention-bytes", type=SIZE, metavar="SIZE", help="Truncate the oldest completed segments while the log holds more than SIZE (e.g. 10GiB).")
 @mutating(confirm=False)
-def log_create(app: AppContext, name: str, ensemble_size: int, write_quorum: int, ack_quorum: int, roll_bytes: int, roll_seconds: float) -> Plan:
-    """Create log NAME with its quorums (E >= W >= A) and rolling policy."""
+def log_create(app: AppContext, name: str, ensemble_size: int, write_quorum: int, ack_quorum: int, roll_bytes: int, roll_seconds: float, retention_seconds: float | None, retention_bytes: int | None) -> Plan:
+    """Create log NAME with its quorums (E >= W >= A), rolling and retention policy."""
     try:
-        config = LogConfig(ensemble_size, write_quorum, ack_quorum, roll_bytes, roll_seconds)
+        config = LogConfig(ensemble_size, write_quorum, ack_quorum, roll_bytes, roll_seconds, retention_seconds, retention_bytes)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     return logs.create_log_plan(app.session(), name, config)
+
+
+def _keep_or(convert):
+    def parse(value: str | None):
+        if value is None:
+            return False  # not given: unchanged
+        return None if value.strip().lower() in ("none", "forever", "off") else convert(value)
+
+    return parse
+
+
+@log_group.command("retention")
+@click.argument("name")
+@click.option("--age", metavar="DURATION|none", help="Truncate completed segments this long after their completion (none: keep for ever).")
+@click.option("--max-bytes", metavar="SIZE|none", help="Size cap: truncate the oldest completed segments beyond it (none: no cap).")
+@mutating(confirm=False)
+def log_retention(app: AppContext, name: str, age: str | None, max_bytes: str | None) -> Plan:
+    """Set NAME's retention (by CAS on its record). The elected agent's housekeeping applies it;
+    `dlctl gc` applies it at once. Retention never passes a live replication pin and never
+    touches the in-progress segment."""
+    try:
+        seconds = _keep_or(lambda v: DURATION.convert(v, None, None))(age)
+        size = _keep_or(lambda v: SIZE.convert(v, None, None))(max_bytes)
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message) from None
+    if seconds is False and size is False:
+        raise click.UsageError("give --age and/or --max-bytes")
+    return logs.retention_plan(app.session(), name, seconds=seconds, max_bytes=size)
 
 
 @log_group.command("list")

@@ -14,13 +14,16 @@ from ..output import FORMATS
 from .context import AppContext
 from .agent import agent_group
 from .bench import bench_group
+from .bootstrap import bootstrap_command
 from .cluster import cluster_group
 from .configcmd import config_group
 from .log import log_group
 from .misc import completion_command, version_command
 from .placement import placement_group
 from .recover import fence_command, recover_group
+from .replication import init_replication_command, replication_group
 from .sandbox import sandbox_group
+from .truncate import gc_command, truncate_command
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -82,7 +85,11 @@ cli.add_command(sandbox_group)
 cli.add_command(bench_group)
 cli.add_command(fence_command)
 cli.add_command(recover_group)
+cli.add_command(bootstrap_command)
 cli.add_command(placement_group)
+cli.add_command(truncate_command); cli.add_command(gc_command)  # noqa: E702 - one line per feature
+cli.add_command(init_replication_command)
+cli.add_command(replication_group)
 
 
 def _report(app: AppContext, error: DlctlError) -> None:

@@ -24,8 +24,9 @@ Delivery is **at least once** for records whose acknowledgement was lost: a requ
 ambiguously (connection lost or timed out after it was sent, owner died after the quorum wrote
 it) is resent, and may then be in the log twice. Acknowledged records are never resent, so they
 are never duplicated by the producer, and no acknowledged record is lost (same durability as the
-library writer). A consumer that needs exactly once — the replication worker — deduplicates by
-a position carried in its records (their origin DLSN), as it must anyway after a restart.
+library writer). Records that carry a replication stream's source position (``dl.src`` or
+their origin) are the exception: the owner drops a resent one it already holds, so a worker
+appending through proxies applies each source record exactly once.
 """
 
 from __future__ import annotations

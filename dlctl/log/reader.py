@@ -16,6 +16,13 @@ Two halves share one event loop:
 
 Every entry is CRC-verified by the client; a corrupt answer is that replica failing. An entry no
 replica could serve surfaces from ``read_next`` as ``EntryReadError``; reading again retries it.
+
+**Truncation** (DESIGN.md §9): nothing before the log's truncation point is delivered. A reader
+asked to start before it, or overtaken by a truncation while it reads (segments marked
+truncated, or an entry whose replicas were collected), continues at the truncation point — the
+min-active DLSN — and says so: a warning in the log and a ``TruncationSkip`` in
+``reader.truncation_skips``. Reading from the beginning of a truncated log starts at the point
+without a warning (that is where the log now begins).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 from ..errors import DlctlError, UsageError
 from ..meta.records import SegmentRecord, SegmentState
 from ..meta.store import MetaStore
+from ..meta.truncation import TruncationStore
 from .dlsn import DLSN
 from .errors import AgentError
 from .format import HEADER_SIZE, Entry, decode
@@ -51,7 +59,18 @@ from .speculative import EntryReadError, ReplicaReader
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EntryReadError", "LogReader", "ReadAhead", "ReadRecord", "ReaderClosedError", "ReaderStats"]
+__all__ = ["EntryReadError", "LogReader", "ReadAhead", "ReadRecord", "ReaderClosedError", "ReaderStats", "TruncationSkip"]
+
+
+@dataclass(frozen=True, slots=True)
+class TruncationSkip:
+    """The reader was before the log's truncation point and continued at ``start``."""
+
+    requested: str  # where it was, or was asked to start (a DLSN, or "txid N")
+    start: DLSN  # where it continued: the min-active DLSN
+
+    def __str__(self) -> str:
+        return f"{self.requested} -> {self.start}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +144,8 @@ class LogReader:
         self.long_poll_timeout = long_poll_timeout
         self.stats = ReaderStats()
         self.log_id = 0
+        self.truncation_point: DLSN | None = None  # as read at open (and after a skip)
+        self.truncation_skips: list[TruncationSkip] = []
         self._opened = False
         self._closed = False
         self._failure: BaseException | None = None
@@ -139,6 +160,7 @@ class LogReader:
         self._segments: dict[int, SegmentRecord] = {}
         self._fetch_seq = 1
         self._next_entry = 0
+        self._fetch_last: int | None = None  # last entry of segment _fetch_seq, once known closed
         self._lac = -1  # known LAC of segment _fetch_seq
         self._buffer: deque[_Fetch] = deque()
         self._in_flight = 0
@@ -182,14 +204,32 @@ class LogReader:
             segments = await self._watcher.segments()
             self.stats.metadata_reads += 1
             live = live_segments(segments)
+            truncation = await loop.run_in_executor(None, TruncationStore(self.meta).get, self.name)
+            point = self.truncation_point = truncation.value.point if truncation is not None else None
+            skipped: str | None = None  # what the caller asked for, when truncation moved it
             if self._start_dlsn is not None:
                 start = start_for_dlsn(live, self._start_dlsn)
                 self._skip_before = start
+                if start > self._start_dlsn:  # it fell in what truncation removed
+                    skipped = str(self._start_dlsn)
             elif self._start_txid is not None:
                 start = await self._locate_txid(live, self._start_txid, record.value.max_segment_seq)
                 self._min_txid = self._start_txid
+                if truncation is not None and self._start_txid <= truncation.value.truncated_txid:
+                    skipped = f"txid {self._start_txid}"
             else:
                 start = start_of_log(live, record.value.max_segment_seq)
+            if point is not None and start < point:
+                # The point wins, to the slot (the boundary entry keeps the records after it; and
+                # the segments may not all be marked yet).
+                if self._start_dlsn is not None:
+                    skipped = str(self._start_dlsn)
+                elif self._start_txid is not None:
+                    skipped = f"txid {self._start_txid}"
+                start = start_for_dlsn(live, point)
+                self._skip_before = point
+            if skipped is not None:
+                self._note_skip(skipped, max(start, self._skip_before or start))
             self._segments = {s.seq: s for s in segments if s.seq >= start.segment_seq}
             self.position = start
             self._fetch_seq, self._next_entry = start.segment_seq, start.entry_id
@@ -228,10 +268,64 @@ class LogReader:
             record = self._next_record()
             if record is not None:
                 return record
-            fetched = await self._next_entry_from_buffer(deadline)
+            try:
+                fetched = await self._next_entry_from_buffer(deadline)
+            except EntryReadError:
+                # Every replica failed: if the entry was truncated meanwhile (its files may be
+                # collected already), continue at the truncation point instead.
+                if await self._skip_truncated():
+                    continue
+                raise
             if fetched is None:
                 return None
             self._load(fetched)
+
+    # -- truncation ---------------------------------------------------------------------------
+
+    def _note_skip(self, requested: str, start: DLSN) -> None:
+        skip = TruncationSkip(requested, start)
+        if self.truncation_skips and self.truncation_skips[-1].start >= start:
+            return  # already said (a jump noticed twice, by the fetcher and the consumer)
+        self.truncation_skips.append(skip)
+        log.warning("log %r is truncated: reading continues at %s (the min-active DLSN) instead of %s", self.name, start, requested)
+
+    async def _skip_truncated(self) -> bool:
+        """After an entry failed on every replica: was it truncated meanwhile? Then move to the
+        truncation point (and say so) and return True; False leaves the error to the caller."""
+        if self._watcher is None or self._closed:
+            return False
+        seq, entry_id = self._fetch_seq, self._next_entry  # where _reset_fetch left the fetcher
+        here = DLSN(seq, entry_id, 0)
+        loop = asyncio.get_running_loop()
+        try:
+            truncation = await loop.run_in_executor(None, TruncationStore(self.meta).get, self.name)
+            segments = await self._watcher.segments(min(seq, self.position.segment_seq))
+        except Exception:  # noqa: BLE001 - cannot tell: the read error stands
+            return False
+        self.stats.metadata_reads += 1
+        self._segments = {s.seq: s for s in segments}
+        point = truncation.value.point if truncation is not None else None
+        if point is not None:
+            self.truncation_point = point
+        seg = self._segments.get(seq)
+        gone = (
+            (point is not None and here < DLSN(point.segment_seq, point.entry_id, 0))
+            or (seg is None and any(s > seq for s in self._segments))
+            or (seg is not None and (seg.state is SegmentState.TRUNCATED or entry_id < seg.min_active_entry))
+        )
+        if not gone:
+            return False
+        live = live_segments(segments)
+        target = start_for_dlsn(live, max(here, point) if point is not None else here)
+        if point is not None and point > here:
+            self._skip_before = point  # to the slot: the boundary entry keeps what follows it
+        self._note_skip(str(max(here, self.position)), max(target, self._skip_before or target))
+        self._records, self._slot = [], 0
+        self.position = target
+        self._retry_paused = False
+        self._move_to(target.segment_seq, target.entry_id)
+        self._wake.set()
+        return True
 
     async def tail(self) -> AsyncIterator[ReadRecord]:
         """Every record from the position on, waiting at the end for more; ends when closed."""
@@ -360,21 +454,40 @@ class LogReader:
             self._move_to(seg.seq + 1, 0)  # closed and every entry requested
 
     def _current_segment(self) -> SegmentRecord | None:
+        origin: DLSN | None = None  # where unread entries were truncated away under us
         while True:
             seg = self._segments.get(self._fetch_seq)
             if seg is not None and seg.state is not SegmentState.TRUNCATED:
+                self._fetch_last = seg.last_entry_id if seg.state is not SegmentState.INPROGRESS else None
                 if self._next_entry < seg.min_active_entry:
-                    self._next_entry = seg.min_active_entry  # truncated away: start where data is
+                    origin = origin or DLSN(seg.seq, self._next_entry, 0)
+                    self._next_entry = seg.min_active_entry  # start where data is
+                if origin is not None:
+                    self._overtaken(origin, DLSN(seg.seq, self._next_entry, 0))
                 return seg
             later = [s for s in self._segments if s > self._fetch_seq]
             if not later:
                 return None
             # Sequence numbers are allocated one by one, so a missing one below an existing one
             # was truncated and deleted; nothing of it is left to read.
+            last = seg.last_entry_id if seg is not None else self._fetch_last
+            if origin is None and (last is None or self._next_entry <= last):  # entries were left unread
+                origin = DLSN(self._fetch_seq, self._next_entry, 0)
             self._move_to(min(later), 0)
+
+    def _overtaken(self, origin: DLSN, landing: DLSN) -> None:
+        """A truncation passed the fetcher: records before the point must not be delivered (to
+        the slot, when the point is inside the landing entry); say so once."""
+        point = self.truncation_point
+        if point is not None and landing <= point:
+            if self._skip_before is None or self._skip_before < point:
+                self._skip_before = point
+            landing = point
+        self._note_skip(str(origin), landing)
 
     def _move_to(self, seq: int, entry_id: int) -> None:
         if seq != self._fetch_seq:
+            self._fetch_last = None
             self._cancel_polls()
             self._lac = -1
             self._polled.clear()
@@ -520,6 +633,12 @@ class LogReader:
             since = min(self.position.segment_seq, self._fetch_seq)
             try:
                 segments = await self._watcher.segments(since)
+                if any(s.state in (SegmentState.TRUNCATED, SegmentState.PARTIALLY_TRUNCATED) for s in segments) or (segments and segments[0].seq > since):
+                    # Truncation is under way or done: the point (read after the segments, so
+                    # it is at least what their marks imply) gives slot precision to a jump.
+                    truncation = await asyncio.get_running_loop().run_in_executor(None, TruncationStore(self.meta).get, self.name)
+                    if truncation is not None:
+                        self.truncation_point = truncation.value.point
             except DlctlError as exc:  # the log was deleted
                 self._failure = exc
                 self._arrived.set()

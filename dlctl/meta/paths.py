@@ -67,3 +67,38 @@ def log_truncation(cluster: str, name: str) -> str:
 
 
 CLUSTER_CHILDREN = ("nodes", "available", "logs", "counters", "streams", "pins", "ops")
+
+
+# -- replication streams (sink side; DESIGN.md §3, §7) -----------------------------------------
+
+
+def streams(cluster: str) -> str:
+    return f"{cluster_root(cluster)}/streams"
+
+
+def stream(cluster: str, stream_id: str) -> str:
+    return f"{streams(cluster)}/{validate_name('stream', stream_id)}"
+
+
+def stream_config(cluster: str, stream_id: str) -> str:
+    return f"{stream(cluster, stream_id)}/config"
+
+
+def stream_state(cluster: str, stream_id: str) -> str:
+    return f"{stream(cluster, stream_id)}/state"
+
+
+def stream_checkpoints(cluster: str, stream_id: str) -> str:
+    return f"{stream(cluster, stream_id)}/checkpoints"
+
+
+def stream_checkpoint(cluster: str, stream_id: str, log_name: str) -> str:
+    return f"{stream_checkpoints(cluster, stream_id)}/{validate_name('log', log_name)}"
+
+
+def stream_workers(cluster: str, stream_id: str) -> str:
+    return f"{stream(cluster, stream_id)}/workers"
+
+
+def stream_worker(cluster: str, stream_id: str, log_name: str) -> str:
+    return f"{stream_workers(cluster, stream_id)}/{validate_name('log', log_name)}"

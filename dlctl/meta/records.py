@@ -32,6 +32,13 @@ class LogConfig:
     ack_quorum: int = 2
     roll_bytes: int = 256 * 1024 * 1024
     roll_seconds: float = 3600.0
+    # Retention (DESIGN.md §9), applied by the agents' elected housekeeper and `dlctl gc`:
+    # completed segments older than ``retention_seconds`` (by completion time) are truncated,
+    # and the oldest completed ones while the log holds more than ``retention_bytes``.
+    # None keeps data for ever. Both default to None so records written before they existed
+    # read back unchanged.
+    retention_seconds: float | None = None
+    retention_bytes: int | None = None
 
     def __post_init__(self) -> None:
         e, w, a = self.ensemble_size, self.write_quorum, self.ack_quorum
@@ -41,6 +48,11 @@ class LogConfig:
             raise ValueError(f"quorums must satisfy E >= W >= A >= 1 (got E={e}, W={w}, A={a})")
         if self.roll_bytes <= 0 or self.roll_seconds <= 0:
             raise ValueError("roll_bytes and roll_seconds must be positive")
+        ttl, cap = self.retention_seconds, self.retention_bytes
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0):
+            raise ValueError(f"retention_seconds must be a positive number of seconds or None (got {ttl!r})")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not cap > 0):
+            raise ValueError(f"retention_bytes must be a positive integer or None (got {cap!r})")
 
 
 @dataclass(frozen=True)

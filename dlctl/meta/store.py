@@ -286,6 +286,70 @@ class MetaStore:
         except NoNodeError:
             pass
 
+    # -- bulk copies (bootstrap, DESIGN.md §8): numbers reserved up front, segments committed at once --
+
+    def reserve_segment_seqs(self, name: str, log: Versioned[LogRecord], count: int) -> Versioned[LogRecord]:
+        """Reserve the next ``count`` segment sequence numbers of log ``name`` by CAS on its record.
+
+        Reserved numbers are never handed to a writer, so replicas a copy leaves behind (an
+        interrupted job) can never be mistaken for a later segment's. ``ConflictError`` when the
+        log record changed since it was read."""
+        if count < 1:
+            raise ValueError("reserve at least one segment number")
+        path = paths.log(self.cluster, name)
+        updated = replace(log.value, max_segment_seq=log.value.max_segment_seq + count)
+        try:
+            stat = self.client.set(path, to_json(updated), version=log.version)
+        except BadVersionError:
+            raise self._conflict(path, log.version) from None
+        except NoNodeError:
+            raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
+        return Versioned(updated, stat.version)
+
+    def commit_segments(self, name: str, log: Versioned[LogRecord], segments: list[SegmentRecord]) -> Versioned[LogRecord]:
+        """Make copied segments visible, in order, in one ZooKeeper transaction, or change nothing.
+
+        The transaction checks the log record is still at ``log.version`` (re-setting it, so the
+        version moves on: no writer created a segment since the numbers were reserved), that the
+        log has no owner (an ephemeral owner znode is created and deleted again inside the
+        transaction: it fails if one exists), and creates every segment znode. ``RefusedError``
+        says which of those stood in the way."""
+        if not segments:
+            return log
+        seqs = [s.seq for s in segments]
+        if seqs != sorted(seqs) or len(set(seqs)) != len(seqs) or seqs[-1] > log.value.max_segment_seq:
+            raise ValueError(f"segments {seqs[0]}..{seqs[-1]} are not in order within the reserved numbers (max {log.value.max_segment_seq})")
+        log_path = paths.log(self.cluster, name)
+        owner_path = paths.log_owner(self.cluster, name)
+        tx = self.client.transaction()
+        tx.set_data(log_path, to_json(log.value), version=log.version)
+        tx.create(owner_path, b"bootstrap-commit", acl=self.acl, ephemeral=True)
+        tx.delete(owner_path)
+        for seg in segments:
+            tx.create(paths.segment(self.cluster, name, seg.seq), to_json(seg), acl=self.acl)
+        results = tx.commit()
+        failures = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+        if not failures:
+            return Versioned(log.value, log.version + 1)
+        index, failure = failures[0]
+        if index == 0 and isinstance(failure, BadVersionError):
+            raise RefusedError(
+                f"log {name!r} in cluster {self.cluster!r} changed since the copy reserved segments {seqs[0]}..{seqs[-1]} "
+                "(a writer created a segment or its configuration changed): the copied segments cannot go before it",
+                hint="nothing was committed; stop writers of the sink log and re-run (the copy is redone under new numbers)",
+            )
+        if index == 0 and isinstance(failure, NoNodeError):
+            raise NotFoundError(f"log {name!r} was deleted from cluster {self.cluster!r} during the copy")
+        if index == 1 and isinstance(failure, NodeExistsError):
+            raise RefusedError(
+                f"log {name!r} in cluster {self.cluster!r} has an owner (a writer or replication worker holds it): the copied "
+                "segments would have to go before what it is writing",
+                hint="nothing was committed; stop that writer (pause the stream) and re-run: verified copies are kept",
+            )
+        if isinstance(failure, NodeExistsError):
+            raise RefusedError(f"log {name!r}: a segment {seqs[0]}..{seqs[-1]} already exists in cluster {self.cluster!r}", hint="nothing was committed")
+        raise ConflictError(f"aborted: committing segments {seqs[0]}..{seqs[-1]} of log {name!r}: {failure!r}", hint="nothing was committed; retry")
+
     # -- errors -----------------------------------------------------------------------------
 
     def _conflict(self, path: str, version: int) -> ConflictError:
@@ -333,3 +397,4 @@ def _decode_op(data: bytes, where: str) -> dict:
     if not isinstance(record, dict):
         raise ValueError(f"{where}: operation record is not a JSON object")
     return record
+

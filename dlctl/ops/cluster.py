@@ -144,8 +144,10 @@ def status(session: ClusterSession, timeout: float = 3.0) -> list[dict[str, Any]
         }
         if isinstance(stat, dict):
             row.update(segments=stat.get("segments"), data_bytes=stat.get("bytes"), disk_free_bytes=stat.get("disk_free_bytes"), limbo=stat.get("limbo"))
+            # Space given back by deleting replicas (truncation GC, orphans), over the data dir's life.
+            row.update(reclaimed_bytes=stat.get("reclaimed_bytes"), reclaimed_replicas=stat.get("reclaimed_replicas"))
         else:
-            row.update(segments=None, data_bytes=None, disk_free_bytes=None, limbo=None)
+            row.update(segments=None, data_bytes=None, disk_free_bytes=None, limbo=None, reclaimed_bytes=None, reclaimed_replicas=None)
             if info is not None:
                 row["error"] = stat
         rows.append(row)

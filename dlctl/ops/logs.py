@@ -38,7 +38,46 @@ def _config_dict(config: LogConfig) -> dict[str, Any]:
         "ack_quorum": config.ack_quorum,
         "roll_bytes": config.roll_bytes,
         "roll_seconds": config.roll_seconds,
+        "retention_seconds": config.retention_seconds,
+        "retention_bytes": config.retention_bytes,
     }
+
+
+def retention_plan(session: ClusterSession, name: str, *, seconds: float | None | bool = False, max_bytes: int | None | bool = False) -> Plan:
+    """Change a log's retention (``False``: leave as is; ``None``: keep for ever), by CAS on the
+    log record at the version read now. A writer that races it re-reads the record and goes on
+    (only its segment counter matters to it)."""
+    from dataclasses import replace
+
+    current = session.meta.get_log(name)
+    config = current.value.config
+    changes: dict[str, Any] = {}
+    if seconds is not False:
+        changes["retention_seconds"] = seconds
+    if max_bytes is not False:
+        changes["retention_bytes"] = max_bytes
+    new = replace(config, **changes)
+    if new == config:
+        return Plan.of("log retention", [], notes=[f"log {name!r} already has this retention"])
+
+    def describe(c: LogConfig) -> str:
+        age = f"{c.retention_seconds:g}s" if c.retention_seconds is not None else "for ever"
+        size = f"{c.retention_bytes} bytes" if c.retention_bytes is not None else "no size cap"
+        return f"age {age}, {size}"
+
+    return Plan.of(
+        "log retention",
+        [
+            Step(
+                "set-retention",
+                f"{session.cluster.name}/{name}",
+                f"set the retention of log {name} to {describe(new)} (was {describe(config)})",
+                params={"retention_seconds": new.retention_seconds, "retention_bytes": new.retention_bytes, "version": current.version},
+                run=lambda: _config_dict(session.meta.update_log_config(name, new, current.version).value.config),
+            )
+        ],
+        notes=["applied by the elected agent's housekeeping (every [housekeeping] check_seconds) or at once by `dlctl gc`"],
+    )
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -90,10 +129,12 @@ def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
         "created": _iso(log.value.created),
         "config": _config_dict(log.value.config),
         "owner": owner_of(session, name),
+        "truncated_before": _truncation_point(session, name),
         "segments": [
             {
                 "seq": s.value.seq,
                 "state": s.value.state.value,
+                "min_active_entry": s.value.min_active_entry,
                 "ensemble": ",".join(s.value.ensembles[-1].nodes),
                 "ensemble_changes": len(s.value.ensembles) - 1,
                 "last_entry_id": s.value.last_entry_id,
@@ -125,8 +166,20 @@ def delete_log_plan(session: ClusterSession, name: str) -> Plan:
                 run=lambda: session.meta.delete_log(name, log.version),
             )
         ],
-        notes=[f"{sum(s.value.records for s in segments)} record(s) become unreachable; agents reclaim their files at the next gc"],
+        notes=[
+            (
+                f"{sum(s.value.records for s in segments)} record(s) become unreachable; their replica files become orphans "
+                "(no metadata): `dlctl gc` lists them and `dlctl gc --force` deletes them"
+            )
+        ],
     )
+
+
+def _truncation_point(session: ClusterSession, name: str) -> str | None:
+    from ..meta.truncation import TruncationStore
+
+    record = TruncationStore(session.meta).get(name)
+    return str(record.value.point) if record is not None else None
 
 
 def release_log_plan(session: ClusterSession, name: str, *, force: bool = False) -> Plan:

@@ -102,7 +102,18 @@ def _node_plan(directory: Path, layout: Layout) -> list[dict[str, Any]]:
     return nodes
 
 
-def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path) -> None:
+def _replication_sources(node: dict[str, Any], zk: str, cluster_dir: Path, clusters: list[str]) -> str:
+    """Every other sandbox cluster as a replication source: its secret files (0600, made by
+    `cluster init`) so this agent's workers can read it (dlagent.replication_config)."""
+    lines = []
+    for other in clusters:
+        if other != node["cluster"]:
+            other_dir = cluster_dir.parent / other
+            lines += [f"[replication.sources.{other}]", f'zookeeper = "{zk}"', f'secret_file = "{other_dir / "secret"}"', f'zk_auth_file = "{other_dir / "zk-auth"}"']
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path, clusters: list[str] = ()) -> None:
     node_dir = Path(node["dir"])
     node_dir.mkdir(parents=True, exist_ok=True)
     (node_dir / "agent.toml").write_text(
@@ -121,6 +132,7 @@ def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path) -> Non
                 "",
             ]
         )
+        + _replication_sources(node, zk, cluster_dir, list(clusters))
     )
 
 
@@ -199,7 +211,7 @@ def up_plan(directory: Path, layout: Layout, init_cluster) -> Plan:
         inventory_path.parent.mkdir(parents=True, exist_ok=True)
         inventory_path.write_text(_inventory(directory, layout, zk, nodes))
         for node in nodes:
-            _write_agent_config(node, zk, directory / node["cluster"])
+            _write_agent_config(node, zk, directory / node["cluster"], layout.cluster_names())
         return {"inventory": str(inventory_path), "nodes": len(nodes)}
 
     def start_zookeeper() -> dict[str, Any]:

@@ -481,3 +481,66 @@ def test_an_idle_log_is_released_and_claimed_again_on_the_next_append(zk, procs,
     segments = meta.segments("idle")
     assert [s.value.state.value for s in segments] == ["completed", "inprogress"]
     assert meta.owner_of("idle") is not None
+
+
+def stream_records(first: int, last: int) -> bytes:
+    """Records as a replication worker sends them: each carries its source position (origin)."""
+    from dlctl.replication.origin import ORIGIN_CLUSTER, ORIGIN_DLSN, VECTOR_TIME
+
+    return b"".join(
+        encode_record(f"east-{i}".encode(), headers={ORIGIN_CLUSTER: b"east", ORIGIN_DLSN: f"1/{i}/0".encode(), VECTOR_TIME: f"east={i}".encode()})
+        for i in range(first, last + 1)
+    )
+
+
+async def stream_payloads(env: LogEnv) -> list[bytes]:
+    return [p for p in await records_in_log_raw(env) if p.startswith(b"east-")]
+
+
+def test_resent_stream_records_are_applied_once_by_the_owner(env, cluster):
+    env.create_log()
+
+    async def scenario():
+        node = cluster.agents["n2"]
+        async with AgentClient(node.host, node.port, DEFAULT_SECRET) as client:
+            first = await client.append(env.name, 11, 10, stream_records(1, 10))
+            again = await client.append(env.name, 11, 11, stream_records(5, 15))
+        return first, again
+
+    first, again = run(scenario())
+    assert again[:6] == [first[-1]] * 6, "a resent record is answered with the copy already in the log"
+    assert len(set(again[6:])) == 5 and min(again[6:]) > first[-1]
+    assert run(stream_payloads(env)) == [f"east-{i}".encode() for i in range(1, 16)]
+
+
+def test_a_new_owner_drops_stream_records_its_dead_predecessor_already_wrote(env, cluster):
+    env.create_log()
+
+    async def scenario():
+        meta = env.meta()
+        pool = env.pool(meta)
+        producer = LogProducer(meta, pool, env.name)
+        await producer.append(b"claim")  # some agent owns the log now
+        owner = owner_node(env)
+        node = cluster.agents[owner]
+        async with AgentClient(node.host, node.port, DEFAULT_SECRET) as client:
+            await client.append(env.name, 12, 10, stream_records(1, 10))
+        node.proc.kill()  # as if the acknowledgement of 1..10 had been lost with it
+        other = next(n for n in cluster.agents if n != owner)
+        peer = cluster.agents[other]
+
+        async def resend() -> list:
+            async with AgentClient(peer.host, peer.port, DEFAULT_SECRET, request_timeout=30) as client:
+                try:
+                    return await client.append(env.name, 12, 15, stream_records(1, 15))
+                except NotOwnerError:
+                    return []  # the dead owner's session has not expired yet
+
+        positions = await eventually(resend, timeout=15, message="another agent to take the log over")
+        await producer.close()
+        await pool.close()
+        return positions
+
+    positions = run(scenario(), timeout=60)
+    assert len(positions) == 15
+    assert run(stream_payloads(env)) == [f"east-{i}".encode() for i in range(1, 16)], "each stream record exactly once"

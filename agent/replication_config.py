@@ -1,0 +1,101 @@
+"""The ``[replication]`` table of agent.toml: this agent as a sink-side replication worker.
+
+    [replication]
+    enabled = true                 # false: this agent never runs replication workers
+    poll_seconds = 1.0             # how often streams and claims are looked at
+    claim_grace_seconds = 10       # claim work left unclaimed this long even above the fair share
+    checkpoint_seconds = 0.5       # how often a worker checkpoints while records flow
+    pin_seconds = 5                # how often a worker refreshes its retention pin at the source
+
+    [replication.sources.east]     # how to reach source cluster "east" (one table per source)
+    zookeeper = "10.0.0.5:2181"    # optional: default is the connect string in the stream config
+    secret_file = "/etc/dlagent/east.secret"    # optional (0600): default is this agent's secret
+    zk_auth_file = "/etc/dlagent/east.zk-auth"  # optional (0600): default is this agent's
+    region = "us-east"             # optional: the source region to read from first (default: ours)
+    addresses = { "use-1" = "10.9.0.1:3181" }   # optional: reach these source agents elsewhere
+
+Secrets stay in 0600 files; only their paths are here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlctl.errors import ConfigError
+from dlctl.names import validate_name
+from dlctl.replication.source import SourceSettings
+
+_KEYS = {"enabled", "poll_seconds", "claim_grace_seconds", "checkpoint_seconds", "pin_seconds", "sources"}
+_SOURCE_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "region", "addresses"}
+
+
+@dataclass(frozen=True)
+class ReplicationSettings:
+    enabled: bool = True
+    poll_seconds: float = 1.0
+    claim_grace_seconds: float = 10.0
+    checkpoint_seconds: float = 0.5
+    pin_seconds: float = 5.0
+    sources: dict[str, SourceSettings] = field(default_factory=dict)
+
+
+def parse_replication(raw: Any, path: Path) -> ReplicationSettings:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: key 'replication' must be a table ([replication])")
+    extra = sorted(set(raw) - _KEYS)
+    if extra:
+        raise ConfigError(f"{path}: unknown key(s) in [replication]: {', '.join(extra)}", hint=f"known keys: {', '.join(sorted(_KEYS))}")
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{path}: [replication] key 'enabled' must be true or false, got {enabled!r}")
+
+    def seconds(key: str, default: float, low: float, high: float) -> float:
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ConfigError(f"{path}: [replication] key '{key}' must be seconds in {low:g}..{high:g}, got {value!r}")
+        return float(value)
+
+    sources_raw = raw.get("sources", {})
+    if not isinstance(sources_raw, dict):
+        raise ConfigError(f"{path}: [replication] key 'sources' must be a table of tables ([replication.sources.NAME])")
+    sources = {}
+    for name, table in sources_raw.items():
+        sources[name] = _source(name, table, path)
+    return ReplicationSettings(
+        enabled=enabled,
+        poll_seconds=seconds("poll_seconds", 1.0, 0.05, 600),
+        claim_grace_seconds=seconds("claim_grace_seconds", 10.0, 0.0, 3600),
+        checkpoint_seconds=seconds("checkpoint_seconds", 0.5, 0.01, 600),
+        pin_seconds=seconds("pin_seconds", 5.0, 0.05, 3600),
+        sources=sources,
+    )
+
+
+def _source(name: str, table: Any, path: Path) -> SourceSettings:
+    where = f"{path}: [replication.sources.{name}]"
+    try:
+        validate_name("cluster", name)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    extra = sorted(set(table) - _SOURCE_KEYS)
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s): {', '.join(extra)}", hint=f"known keys: {', '.join(sorted(_SOURCE_KEYS))}")
+    for key in ("zookeeper", "secret_file", "zk_auth_file", "region"):
+        if key in table and not isinstance(table[key], str):
+            raise ConfigError(f"{where}: key '{key}' must be a string")
+    addresses = table.get("addresses", {})
+    if not isinstance(addresses, dict) or not all(isinstance(k, str) and isinstance(v, str) and ":" in v for k, v in addresses.items()):
+        raise ConfigError(f"{where}: key 'addresses' must map node ids to 'host:port' strings")
+    base = path.parent
+    return SourceSettings(
+        cluster=name,
+        zookeeper=table.get("zookeeper"),
+        secret_file=(base / table["secret_file"]).resolve() if table.get("secret_file") else None,
+        zk_auth_file=(base / table["zk_auth_file"]).resolve() if table.get("zk_auth_file") else None,
+        region=table.get("region"),
+        addresses=dict(addresses),
+    )

@@ -1,0 +1,239 @@
+"""The replication worker runtime of a sink agent (DESIGN.md §7).
+
+Every agent of a sink cluster looks at the cluster's streams every ``poll_seconds``: the running
+streams' logs are the work; claims are ephemeral znodes ``streams/<id>/workers/<log>`` held
+through the agent's ZooKeeper session. Each agent claims and releases by the balancing rule of
+``dlctl.replication.assignment`` and runs a ``StreamWorker`` for each claim it holds. When an
+agent dies its session expires, its claims vanish and other agents claim them in their next
+round; the new worker resumes exactly where the sink log says (see ``dlctl.replication.worker``).
+
+A worker that fails is restarted with a growing delay (up to 30 s) while its claim is held; its
+error goes into the checkpoint, where ``dlctl replication status`` shows it. A paused, deleted or
+bootstrap-needing stream's workers stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kazoo.client import KazooClient
+
+from dlctl.errors import NotFoundError
+from dlctl.log.pool import AgentPool
+from dlctl.meta.store import MetaStore
+from dlctl.meta.zk import ZkAuth
+from dlctl.replication.assignment import WorkItem, plan_claims
+from dlctl.replication.records import StreamConfig, StreamState
+from dlctl.replication.source import SourceLink, SourceSettings
+from dlctl.replication.store import StreamStore
+from dlctl.replication.worker import (
+    NeedsBootstrap,
+    StreamGone,
+    StreamWorker,
+    WorkerOptions,
+    record_error,
+)
+
+from .replication_config import ReplicationSettings
+
+log = logging.getLogger("dlagent.replication")
+
+MAX_RESTART_DELAY = 30.0
+
+
+@dataclass
+class _Running:
+    config: StreamConfig
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+    worker: StreamWorker | None = None
+
+
+class ReplicationService:
+    def __init__(
+        self,
+        zk: KazooClient,
+        cluster: str,
+        node_id: str,
+        region: str,
+        secret: bytes,
+        zk_auth: ZkAuth | None,
+        settings: ReplicationSettings,
+        *,
+        secret_file: Path,
+        zk_auth_file: Path | None,
+        session_timeout: float = 10.0,
+    ) -> None:
+        self.node_id = node_id
+        self.region = region
+        self.settings = settings
+        self.sink_meta = MetaStore(zk, cluster, zk_auth)
+        self.sink_pool = AgentPool(self.sink_meta, secret)
+        self.streams = StreamStore(self.sink_meta)
+        self._secret_file = secret_file
+        self._zk_auth_file = zk_auth_file
+        self._session_timeout = session_timeout
+        self._sources: dict[str, SourceLink] = {}
+        self._running: dict[WorkItem, _Running] = {}
+        self._unclaimed_since: dict[WorkItem, float] = {}
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> ReplicationService:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.ensure_future(self._main())
+        return self
+
+    async def stop(self) -> None:
+        """Stop every worker (each writes a final checkpoint) and release their claims."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.gather(*(self._stop_worker(item) for item in list(self._running)), return_exceptions=True)
+        for link in self._sources.values():
+            await link.close()
+        await self.sink_pool.close()
+
+    @property
+    def running(self) -> list[WorkItem]:
+        return sorted(self._running)
+
+    async def _zk(self, fn, *args):
+        assert self._loop is not None
+        return await self._loop.run_in_executor(None, fn, *args)
+
+    async def _main(self) -> None:
+        while True:
+            try:
+                await self._round()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper trouble: try again next round
+                log.warning("replication: round failed: %r", exc)
+            await asyncio.sleep(self.settings.poll_seconds)
+
+    async def _round(self) -> None:
+        work: dict[WorkItem, StreamConfig] = {}
+        claims: dict[WorkItem, str] = {}
+        for stream_id in await self._zk(self.streams.list_streams):
+            try:
+                config = (await self._zk(self.streams.get_config, stream_id)).value
+                state = (await self._zk(self.streams.get_state, stream_id)).value
+                stream_claims = await self._zk(self.streams.claims, stream_id)
+            except (NotFoundError, ValueError) as exc:
+                log.debug("stream %s skipped: %s", stream_id, exc)
+                continue
+            for log_name, claim in stream_claims.items():
+                claims[(stream_id, log_name)] = str(claim.get("node", ""))
+            if state.state is not StreamState.RUNNING:
+                continue
+            checkpoints = set(await self._zk(self.streams.checkpoints, stream_id))
+            for log_name in config.logs:
+                if log_name in checkpoints:
+                    work[(stream_id, log_name)] = config
+        # Workers whose stream stopped, or whose claim this session no longer holds, stop.
+        for item in list(self._running):
+            if item not in work or claims.get(item) != self.node_id or not await self._zk(self.streams.holds, *item):
+                await self._stop_worker(item)
+        now = time.monotonic()
+        for item in work:
+            if item in claims:
+                self._unclaimed_since.pop(item, None)
+            else:
+                self._unclaimed_since.setdefault(item, now)
+        agents = list((await self._zk(self.sink_meta.available_nodes)).keys())
+        plan = plan_claims(
+            work, claims, self.node_id, agents,
+            {i: now - t for i, t in self._unclaimed_since.items()}, self.settings.claim_grace_seconds,
+        )
+        for item in plan.release:
+            log.info("replication: handing %s/%s to a less loaded agent", *item)
+            await self._stop_worker(item)
+        for item in plan.claim:
+            if await self._zk(self.streams.claim, item[0], item[1], self.node_id):
+                log.info("replication: claimed stream %s, log %s", *item)
+                claims[item] = self.node_id
+                self._unclaimed_since.pop(item, None)
+        for item, config in work.items():
+            if claims.get(item) == self.node_id and item not in self._running:
+                self._start_worker(item, config)
+
+    def _start_worker(self, item: WorkItem, config: StreamConfig) -> None:
+        running = _Running(config)
+        running.task = asyncio.ensure_future(self._supervise(item, running))
+        self._running[item] = running
+
+    async def _stop_worker(self, item: WorkItem) -> None:
+        running = self._running.pop(item, None)
+        if running is not None:
+            running.stop.set()
+            if running.task is not None:
+                try:
+                    await asyncio.wait_for(asyncio.shield(running.task), 30.0)
+                except TimeoutError:
+                    running.task.cancel()
+                    await asyncio.gather(running.task, return_exceptions=True)
+        try:
+            await self._zk(self.streams.release, *item)
+        except Exception:  # noqa: BLE001 - the session's end releases it anyway
+            pass
+
+    async def _supervise(self, item: WorkItem, running: _Running) -> None:
+        stream_id, log_name = item
+        delay = 0.5
+        while not running.stop.is_set():
+            started = time.monotonic()
+            try:
+                link = await self._source(running.config)
+                settings = link.settings
+                worker = StreamWorker(
+                    running.config, log_name, self.node_id,
+                    sink_meta=self.sink_meta, sink_pool=self.sink_pool,
+                    source_meta=link.meta, source_pool=link.pool, stop=running.stop,
+                    options=WorkerOptions(
+                        checkpoint_interval=self.settings.checkpoint_seconds,
+                        pin_interval=self.settings.pin_seconds,
+                        region=settings.region or self.region,
+                    ),
+                )
+                running.worker = worker
+                await worker.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except StreamGone as exc:
+                log.info("replication: %s", exc.message)
+                return
+            except NeedsBootstrap as exc:
+                log.error("replication: %s", exc.message)
+                await record_error(self.streams, stream_id, log_name, exc.message)
+                delay = MAX_RESTART_DELAY  # nothing changes until a bootstrap; look again rarely
+            except Exception as exc:  # noqa: BLE001 - any failure: record it, back off, retry
+                message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+                log.warning("replication: worker of stream %s, log %s failed: %s", stream_id, log_name, message)
+                await record_error(self.streams, stream_id, log_name, f"worker on {self.node_id}: {message}")
+                if time.monotonic() - started > 60:
+                    delay = 0.5  # it ran fine for a while: this is a new problem
+            try:
+                await asyncio.wait_for(running.stop.wait(), delay)
+            except TimeoutError:
+                pass
+            delay = min(delay * 2, MAX_RESTART_DELAY)
+
+    async def _source(self, config: StreamConfig) -> SourceLink:
+        link = self._sources.get(config.source_cluster)
+        if link is None:
+            settings = self.settings.sources.get(config.source_cluster) or SourceSettings(config.source_cluster)
+            link = await self._zk(
+                lambda: SourceLink.open(
+                    settings, config.source_zookeeper,
+                    default_secret_file=self._secret_file, default_zk_auth_file=self._zk_auth_file,
+                    session_timeout=self._session_timeout,
+                )
+            )
+            self._sources[config.source_cluster] = link
+        return link

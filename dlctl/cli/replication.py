@@ -1,0 +1,193 @@
+"""``dlctl init-replication`` and ``dlctl replication list|status|pause|resume|delete|check|wait-drain``."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import ConfigError, NotFoundError
+from ..ops import replication as ops
+from ..ops.session import ClusterSession
+from ..output import Table
+from ..plan import Plan
+from ..replication.store import StreamStore
+from .context import (
+    AppContext,
+    command_options,
+    mutating,
+    output_option,
+    pass_app,
+    yes_option,
+)
+
+
+def _session(app: AppContext, name: str | None) -> ClusterSession:
+    """A session to cluster ``name`` (the selected cluster when None), closed with the command."""
+    if name is None or name == app.cluster:
+        return app.session()
+    session = ClusterSession(app.inventory().cluster(name))
+    click.get_current_context().call_on_close(session.close)
+    return session
+
+
+def _source_of(app: AppContext, sink: ClusterSession, stream_id: str) -> ClusterSession | None:
+    config = StreamStore(sink.meta).get_config(stream_id).value
+    try:
+        return _session(app, config.source_cluster)
+    except (ConfigError, NotFoundError):
+        return None
+
+
+sink_option = click.option("--sink", metavar="CLUSTER", default=None, help="The stream's sink cluster (default: the selected cluster).")
+
+
+@click.command("init-replication")
+@click.option("--source", required=True, metavar="CLUSTER", help="Cluster to replicate from.")
+@click.option("--sink", required=True, metavar="CLUSTER", help="Cluster to replicate to.")
+@click.option("--logs", "patterns", multiple=True, metavar="PATTERN", help="Logs to replicate (shell patterns; repeatable). Default: every log.")
+@click.option("--bidirectional", is_flag=True, help="Active-active: also replicate SINK -> SOURCE, with the causality filter.")
+@click.option("--bootstrap", type=click.Choice(ops.BOOTSTRAP_MODES), default="auto", show_default=True, help="auto: copy only where needed; never: refuse if needed; always: copy every log.")
+@click.option("--throttle", type=click.IntRange(0), default=0, show_default=True, help="Bytes per second per log and direction (0: unlimited).")
+@click.option("--pin-max-age", type=click.FloatRange(min=1.0), default=7 * 24 * 3600.0, show_default=True, help="Seconds after which an unrefreshed retention pin stops protecting source data.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (each log's decision and why) and change nothing.")
+@yes_option
+@output_option
+@pass_app
+def init_replication_command(app: AppContext, source: str, sink: str, patterns: tuple[str, ...], bidirectional: bool, bootstrap: str, throttle: int, pin_max_age: float, dry_run: bool) -> None:
+    """Set up replication of logs from SOURCE to SINK (and back with --bidirectional).
+
+    Registers the stream in both clusters (sink: config, state, checkpoints; source: retention
+    pins), creates missing sink logs, and decides per log: stream from the start (new stream,
+    the source holds the whole log), resume (existing stream, checkpoint still retained) or
+    bootstrap (the sink has data or the source truncated what it needs). Idempotent: re-run it
+    after any failure to complete the setup. Exit 4 when a bootstrap is required and unavailable."""
+    built = ops.init_plan(
+        _session(app, source), _session(app, sink),
+        patterns=patterns or ("*",), bidirectional=bidirectional, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age,
+    )
+    if dry_run:
+        app.render(built.plan)
+        return
+    ops.refuse_unavailable_bootstrap(built)
+    if built.plan.empty:
+        app.render(built.plan)
+        return
+    app.confirm(built.plan)
+    app.render(app.run_plan(built.plan))
+
+
+@click.group("replication")
+def replication_group() -> None:
+    """Inspect and operate replication streams between clusters."""
+
+
+@replication_group.command("list")
+@command_options
+@pass_app
+def list_command(app: AppContext) -> None:
+    """Streams of every cluster in the inventory (as sinks), with state and worker count."""
+    inventory = app.inventory()
+    sessions = [_session(app, name) for name in inventory.clusters]
+    app.render(Table(ops.list_streams(sessions), ["stream", "source", "sink", "state", "logs", "workers", "bidirectional"], title="replication streams"))
+
+
+def _status_table(status: dict) -> Table:
+    columns = ["log", "state", "lag_records", "lag_bytes", "lag_seconds", "last_applied", "last_contact_ago", "worker", "worker_region", "last_error", "needs_bootstrap"]
+    return Table(status["logs"], columns, title=f"stream {status['stream']}: {status['source']} -> {status['sink']} ({status['state']})")
+
+
+def _statuses(app: AppContext, stream: str | None, sink_name: str | None) -> list[dict]:
+    sink = _session(app, sink_name)
+    ids = [stream] if stream else StreamStore(sink.meta).list_streams()
+    if not ids:
+        raise NotFoundError(f"no stream has cluster {sink.cluster.name!r} as its sink", hint="create one with `dlctl init-replication`")
+    return [ops.stream_status(sink, _source_of(app, sink, i), i) for i in ids]
+
+
+@replication_group.command("status")
+@click.argument("stream", required=False)
+@sink_option
+@command_options
+@pass_app
+def status_command(app: AppContext, stream: str | None, sink: str | None) -> None:
+    """Per log: lag in records, bytes and seconds, last applied source position, last contact,
+    last error, worker and its region, paused/running, and whether a bootstrap is needed."""
+    statuses = _statuses(app, stream, sink)
+    if app.output == "table":
+        for status in statuses:
+            app.render(_status_table(status))
+    else:
+        app.render(statuses if stream is None else statuses[0])
+
+
+@replication_group.command("check")
+@click.argument("stream", required=False)
+@sink_option
+@click.option("--max-lag-seconds", type=click.FloatRange(min=0), default=None, help="Critical above this lag in seconds.")
+@click.option("--max-lag-records", type=click.IntRange(0), default=None, help="Critical above this lag in records.")
+@command_options
+@pass_app
+def check_command(app: AppContext, stream: str | None, sink: str | None, max_lag_seconds: float | None, max_lag_records: int | None) -> None:
+    """Monitoring check: exit 0 ok, 1 warning (paused, no worker, recent error), 2 critical
+    (a threshold exceeded, or a log needs a bootstrap)."""
+    worst, results = 0, []
+    for status in _statuses(app, stream, sink):
+        code, problems = ops.check(status, max_lag_seconds=max_lag_seconds, max_lag_records=max_lag_records)
+        worst = max(worst, code)
+        results.append({"stream": status["stream"], "status": ("OK", "WARNING", "CRITICAL")[code], "problems": problems})
+    if app.output == "table":
+        for r in results:
+            app.stdout.print(f"{r['status']}: stream {r['stream']}" + ("".join(f"\n  {p}" for p in r["problems"])), markup=False, highlight=False)
+    else:
+        app.render(results if stream is None else results[0])
+    if worst:
+        raise click.exceptions.Exit(worst)
+
+
+@replication_group.command("pause")
+@click.argument("stream")
+@sink_option
+@mutating(confirm=False)
+def pause_command(app: AppContext, stream: str, sink: str | None) -> Plan:
+    """Pause STREAM: its workers checkpoint and stop; pins keep the source data it needs."""
+    return ops.pause_plan(_session(app, sink), stream)
+
+
+@replication_group.command("resume")
+@click.argument("stream")
+@sink_option
+@mutating(confirm=False)
+def resume_command(app: AppContext, stream: str, sink: str | None) -> Plan:
+    """Resume a paused STREAM from its checkpoints."""
+    return ops.resume_plan(_session(app, sink), stream)
+
+
+@replication_group.command("delete")
+@click.argument("stream")
+@sink_option
+@mutating(confirm=True)
+def delete_command(app: AppContext, stream: str, sink: str | None) -> Plan:
+    """Delete STREAM: stop its workers, remove its pins at the source and its state at the sink.
+    The sink logs and their data stay."""
+    sink_session = _session(app, sink)
+    return ops.delete_plan(sink_session, _source_of(app, sink_session, stream), stream)
+
+
+@replication_group.command("wait-drain")
+@click.argument("stream")
+@sink_option
+@click.option("--timeout", type=click.FloatRange(min=0), default=None, help="Give up (exit 1) after this many seconds.")
+@command_options
+@pass_app
+def wait_drain_command(app: AppContext, stream: str, sink: str | None, timeout: float | None) -> None:
+    """Wait until the sink has everything the source held when this command started."""
+    sink_session = _session(app, sink)
+    source = _source_of(app, sink_session, stream)
+    if source is None:
+        raise ConfigError(f"the source cluster of stream {stream!r} is not in the inventory; wait-drain needs to read it")
+    with app.progress() as bar:
+        task = bar.add_task(f"draining {stream}", total=None)
+
+        def on_progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        app.render(ops.wait_drain(sink_session, source, stream, timeout=timeout, on_progress=on_progress))

@@ -1,0 +1,544 @@
+"""Replication streams between clusters (DESIGN.md §7): set up, inspect, pause, resume, delete,
+check and wait for them. Every mutating verb builds a ``Plan``.
+
+``init-replication`` registers a stream in both clusters — sink: config, state, per-log
+checkpoints; source: retention pins — and creates missing sink logs. Each step is idempotent
+and the stream is switched to ``running`` only by the last one, so re-running after any
+failure completes the setup, and no worker ever runs half a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import (
+    ConflictError,
+    NotFoundError,
+    RefusedError,
+    TimeoutExpired,
+    UsageError,
+)
+from ..log.dlsn import DLSN
+from ..log.pool import AgentPool
+from ..meta.pins import PinRecord, PinStore
+from ..meta.records import LogConfig
+from ..plan import Plan, Step
+from ..replication import positions
+from ..replication.decision import (
+    Decision,
+    LogFacts,
+    decide,
+    first_retained,
+    start_position,
+)
+from ..replication.records import (
+    Checkpoint,
+    StreamConfig,
+    StreamState,
+    default_stream_id,
+)
+from ..replication.store import StreamStore
+from .session import ClusterSession
+
+BOOTSTRAP_MODES = ("auto", "never", "always")
+
+
+# -- init-replication ------------------------------------------------------------------------
+
+
+@dataclass
+class LogDecision:
+    stream: str
+    log: str
+    decision: Decision
+    reason: str
+    start: DLSN
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stream": self.stream, "log": self.log, "decision": self.decision.value, "start": str(self.start), "reason": self.reason}
+
+
+@dataclass
+class InitPlan:
+    plan: Plan
+    decisions: list[LogDecision] = field(default_factory=list)
+
+    @property
+    def needs_bootstrap(self) -> list[LogDecision]:
+        return [d for d in self.decisions if d.decision is Decision.BOOTSTRAP]
+
+
+def _matching(names: Iterable[str], patterns: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+
+
+def _records_held(session: ClusterSession, name: str) -> tuple[int, DLSN | None] | None:
+    """(data records, first retained position) of a log, or None when it does not exist. An
+    in-progress segment's records are counted from its agents (its metadata says 0 until it
+    is closed)."""
+    try:
+        record = session.meta.get_log(name)
+        segments = [s.value for s in session.meta.segments(name)]
+    except NotFoundError:
+        return None
+    first = first_retained(segments, record.value.max_segment_seq)
+    if not any(s.state.value == "inprogress" for s in segments):
+        return sum(s.records for s in segments), first
+
+    async def count() -> int:
+        pool = AgentPool(session.meta, session.secret)
+        try:
+            return (await positions.log_end(session.meta, pool, name)).records
+        finally:
+            await pool.close()
+
+    return asyncio.run(count()), first
+
+
+def _log_facts(source: ClusterSession, sink: ClusterSession, name: str, checkpoint: Checkpoint | None, pin_reason: str) -> LogFacts:
+    held = _records_held(source, name)
+    source_records, source_first = held if held is not None else (0, None)
+    sink_held = _records_held(sink, name)
+    return LogFacts(
+        log=name,
+        source_first=source_first,
+        source_records=source_records,
+        sink_exists=sink_held is not None,
+        sink_records=sink_held[0] if sink_held is not None else 0,
+        checkpoint_next=checkpoint.next if checkpoint is not None else None,
+        needs_bootstrap=(checkpoint.needs_bootstrap if checkpoint is not None else "") or pin_reason,
+    )
+
+
+def _direction(
+    source: ClusterSession,
+    sink: ClusterSession,
+    logs: list[str],
+    *,
+    bidirectional: bool,
+    bootstrap: str,
+    throttle: int,
+    pin_max_age: float,
+) -> tuple[list[Step], list[LogDecision]]:
+    src, snk = source.cluster.name, sink.cluster.name
+    stream_id = default_stream_id(src, snk)
+    streams = StreamStore(sink.meta)
+    pins = PinStore(source.meta)
+    existing = None
+    try:
+        existing = streams.get_config(stream_id)
+    except NotFoundError:
+        pass
+    if existing is not None and existing.value.source_cluster != src:
+        raise ConflictError(f"stream {stream_id!r} in cluster {snk!r} replicates from {existing.value.source_cluster!r}, not {src!r}")
+    if existing is not None and existing.value.bidirectional != bidirectional:
+        raise RefusedError(
+            f"stream {stream_id!r} is {'active-active' if existing.value.bidirectional else 'one-way'}; "
+            f"init-replication was asked for {'active-active' if bidirectional else 'one-way'}",
+            hint="a stream's mode applies to all its logs: keep the mode, or delete the stream and set it up again",
+        )
+    all_logs = sorted(set(logs) | set(existing.value.logs if existing else ()))
+    config = StreamConfig(
+        stream_id=stream_id,
+        source_cluster=src,
+        source_zookeeper=source.cluster.zookeeper,
+        sink_cluster=snk,
+        logs=tuple(all_logs),
+        bidirectional=bidirectional,
+        throttle_bytes_per_second=throttle,
+        pin_max_age_seconds=pin_max_age,
+        created=existing.value.created if existing else time.time(),
+    )
+    decisions: list[LogDecision] = []
+    steps: list[Step] = []
+    checkpoints = set(streams.checkpoints(stream_id)) if existing else set()
+    for name in all_logs:
+        checkpoint = streams.get_checkpoint(stream_id, name).value if name in checkpoints else None
+        pin_reason = ""
+        try:
+            pin = pins.get(stream_id, name).value
+            if pin.needs_bootstrap:
+                pin_reason = pin.reason or "the source deleted data the stream's pin protected"
+        except NotFoundError:
+            pass
+        facts = _log_facts(source, sink, name, checkpoint, pin_reason)
+        decision, reason = decide(facts, bidirectional=config.bidirectional)
+        if bootstrap == "always" and decision is not Decision.BOOTSTRAP:
+            decision, reason = Decision.BOOTSTRAP, "--bootstrap always"
+        decisions.append(LogDecision(stream_id, name, decision, reason, start_position(decision, facts)))
+    where = f"{snk}/{stream_id}"
+    if existing is None:
+        steps.append(Step("register-stream", where, f"register stream {stream_id} ({src} -> {snk}) in {snk}: config, state setting-up", run=lambda: streams.create(config) and None))
+    elif existing.value.logs != config.logs or existing.value.throttle_bytes_per_second != throttle or existing.value.pin_max_age_seconds != pin_max_age:
+        steps.append(Step("update-stream", where, f"update stream {stream_id}: logs {', '.join(config.logs)}", run=lambda: streams.update_config(streams.get_config(stream_id), config) and None))
+    for d in decisions:
+        if d.decision is Decision.BOOTSTRAP:
+            steps.append(_bootstrap_step(source, sink, stream_id, d))
+            continue
+        pin = PinRecord(holder=stream_id, log=d.log, position=d.start, sink_cluster=snk, max_age_seconds=pin_max_age)
+        steps.append(Step("pin", f"{src}/{d.log}", f"pin {src}/{d.log} from {d.start} for {stream_id}", run=lambda pin=pin: pins.set(pin) and None))
+    for d in decisions:
+        if d.decision is Decision.BOOTSTRAP:
+            continue
+        if not _exists(sink, d.log):
+            log_config = _source_log_config(source, d.log)
+            steps.append(Step("create-sink-log", f"{snk}/{d.log}", f"create log {d.log} in {snk} (E={log_config.ensemble_size}, W={log_config.write_quorum}, A={log_config.ack_quorum})", run=lambda name=d.log, c=log_config: _create_if_missing(sink, name, c)))
+        if d.decision is Decision.START:
+            steps.append(Step("checkpoint", f"{snk}/{stream_id}/{d.log}", f"checkpoint {d.log}: stream from {d.start} ({d.reason})", run=lambda d=d: streams.create_checkpoint(stream_id, Checkpoint(d.log, next=d.start)) and None))
+    activate = existing is None or streams.get_state(stream_id).value.state is StreamState.SETTING_UP
+    if activate:
+        steps.append(Step("activate", where, f"start stream {stream_id}: workers in {snk} pick it up", run=lambda: _activate(streams, stream_id)))
+    return steps, decisions
+
+
+def _bootstrap_step(source: ClusterSession, sink: ClusterSession, stream_id: str, decision: LogDecision) -> Step:
+    """THE call site of the bootstrap copy (issue: Spark bootstrap). Until
+    ``dlctl.ops.bootstrap.bootstrap_logs`` exists, ``init-replication`` refuses (exit 4) before
+    applying anything when a log needs it (see ``refuse_unavailable_bootstrap``)."""
+
+    def run() -> Any:
+        from .bootstrap import bootstrap_logs  # type: ignore[import-not-found]
+
+        result = bootstrap_logs(source, sink, [decision.log], holder=stream_id)
+        snapshot = result.snapshots[decision.log] if hasattr(result, "snapshots") else result[decision.log]
+        streams = StreamStore(sink.meta)
+        streams.create_checkpoint(stream_id, Checkpoint(decision.log, next=snapshot))
+        PinStore(source.meta).reset(PinRecord(holder=stream_id, log=decision.log, position=snapshot, sink_cluster=sink.cluster.name))
+        return {"snapshot": str(snapshot)}
+
+    return Step("bootstrap", f"{sink.cluster.name}/{decision.log}", f"bootstrap copy of {decision.log} from {source.cluster.name}: {decision.reason}", run=run)
+
+
+def bootstrap_available() -> bool:
+    try:
+        from .bootstrap import bootstrap_logs  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def refuse_unavailable_bootstrap(built: InitPlan) -> None:
+    if built.needs_bootstrap and not bootstrap_available():
+        names = ", ".join(f"{d.log} ({d.reason})" for d in built.needs_bootstrap)
+        raise RefusedError(
+            f"init-replication: a bootstrap copy is required for: {names}; the bootstrap engine is not available yet, so nothing was changed",
+            hint="empty the sink log or replicate other logs (--logs); see the plan with --dry-run",
+            details=[d.to_dict() for d in built.decisions],
+        )
+
+
+def _exists(session: ClusterSession, name: str) -> bool:
+    return name in session.meta.list_logs()
+
+
+def _source_log_config(source: ClusterSession, name: str) -> LogConfig:
+    try:
+        return source.meta.get_log(name).value.config
+    except NotFoundError:
+        return LogConfig()
+
+
+def _create_if_missing(session: ClusterSession, name: str, config: LogConfig) -> dict[str, Any]:
+    try:
+        return {"log_id": session.meta.create_log(name, config).log_id}
+    except ConflictError:
+        return {"existed": True}
+
+
+def _activate(streams: StreamStore, stream_id: str) -> str:
+    state = streams.get_state(stream_id)
+    if state.value.state is StreamState.SETTING_UP:
+        streams.set_state(stream_id, state, StreamState.RUNNING)
+    return "running"
+
+
+def init_plan(
+    source: ClusterSession,
+    sink: ClusterSession,
+    *,
+    patterns: tuple[str, ...] = ("*",),
+    bidirectional: bool = False,
+    bootstrap: str = "auto",
+    throttle: int = 0,
+    pin_max_age: float = 7 * 24 * 3600.0,
+    causal: bool = False,
+) -> InitPlan:
+    """``causal``: a one-way stream that is one edge of an active-active network (e.g. a cycle
+    a -> b -> c -> a): the sink takes local writes too and applies the causality filter."""
+    if bootstrap not in BOOTSTRAP_MODES:
+        raise UsageError(f"--bootstrap must be one of {', '.join(BOOTSTRAP_MODES)}")
+    if source.cluster.name == sink.cluster.name:
+        raise UsageError(f"source and sink are the same cluster ({source.cluster.name!r})")
+    logs = _matching(source.meta.list_logs(), patterns)
+    if bidirectional:
+        logs = sorted(set(logs) | set(_matching(sink.meta.list_logs(), patterns)))
+    if not logs:
+        raise NotFoundError(f"no log of cluster {source.cluster.name!r} matches {' '.join(patterns)}", hint="list logs with `dlctl log list`")
+    opts = dict(bidirectional=bidirectional or causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age)
+    steps, decisions = _direction(source, sink, logs, **opts)
+    if bidirectional:
+        back_steps, back_decisions = _direction(sink, source, logs, **opts)
+        steps += back_steps
+        decisions += back_decisions
+    notes = [f"{d.stream} {d.log}: {d.decision.value} — {d.reason}" for d in decisions]
+    if bootstrap == "never" and any(d.decision is Decision.BOOTSTRAP for d in decisions):
+        raise RefusedError(
+            "init-replication: --bootstrap never, but a bootstrap copy is required for: " + ", ".join(d.log for d in decisions if d.decision is Decision.BOOTSTRAP),
+            details=[d.to_dict() for d in decisions],
+        )
+    name = f"init-replication {source.cluster.name} -> {sink.cluster.name}" + (" (bidirectional)" if bidirectional else "")
+    return InitPlan(Plan.of(name, steps, notes), decisions)
+
+
+# -- inspecting ------------------------------------------------------------------------------
+
+
+def list_streams(sessions: Iterable[ClusterSession]) -> list[dict[str, Any]]:
+    rows = []
+    for session in sessions:
+        streams = StreamStore(session.meta)
+        for stream_id in streams.list_streams():
+            try:
+                config = streams.get_config(stream_id).value
+                state = streams.get_state(stream_id).value
+            except (NotFoundError, ValueError):
+                continue
+            claims = streams.claims(stream_id)
+            rows.append(
+                {
+                    "stream": stream_id,
+                    "source": config.source_cluster,
+                    "sink": config.sink_cluster,
+                    "state": state.state.value,
+                    "logs": len(config.logs),
+                    "workers": len(claims),
+                    "bidirectional": config.bidirectional,
+                }
+            )
+    return rows
+
+
+def _age(epoch: float, now: float) -> float | None:
+    return round(now - epoch, 1) if epoch else None
+
+
+async def _lags(source: ClusterSession, checkpoints: dict[str, Checkpoint], region: str | None) -> dict[str, tuple[int, int] | str]:
+    pool = AgentPool(source.meta, source.secret)
+    out: dict[str, tuple[int, int] | str] = {}
+    try:
+        for name, cp in checkpoints.items():
+            try:
+                out[name] = await asyncio.wait_for(positions.records_from(source.meta, pool, name, cp.next, region=region), 15.0)
+            except Exception as exc:  # noqa: BLE001 - status shows what could not be measured
+                out[name] = f"unknown ({getattr(exc, 'message', None) or exc!r})"
+    finally:
+        await pool.close()
+    return out
+
+
+def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id: str) -> dict[str, Any]:
+    """Per log: lag (records, bytes, seconds), last applied source position, last contact, last
+    error, worker and where it runs, state; loud when a log needs a bootstrap."""
+    streams = StreamStore(sink.meta)
+    config = streams.get_config(stream_id).value
+    state = streams.get_state(stream_id).value
+    claims = streams.claims(stream_id)
+    nodes = sink.meta.available_nodes()
+    checkpoints = {}
+    for name in config.logs:
+        try:
+            checkpoints[name] = streams.get_checkpoint(stream_id, name).value
+        except NotFoundError:
+            pass
+    pins: dict[str, PinRecord] = {}
+    lags: dict[str, Any] = {}
+    if source is not None:
+        pin_store = PinStore(source.meta)
+        for name in config.logs:
+            try:
+                pins[name] = pin_store.get(stream_id, name).value
+            except NotFoundError:
+                pass
+        lags = asyncio.run(_lags(source, checkpoints, None))
+    now = time.time()
+    rows = []
+    for name in config.logs:
+        cp = checkpoints.get(name)
+        claim = claims.get(name)
+        pin = pins.get(name)
+        needs = (cp.needs_bootstrap if cp else "") or (pin.reason or "the source deleted pinned data" if pin and pin.needs_bootstrap else "")
+        if pin is not None and not needs and pin.expired(now):
+            needs = f"its retention pin expired (not refreshed for {now - pin.updated:.0f}s > {pin.max_age_seconds:.0f}s): the source may delete what it needs"
+        lag = lags.get(name)
+        lag_records = lag[0] if isinstance(lag, tuple) else None
+        lag_bytes = lag[1] if isinstance(lag, tuple) else None
+        if lag_records == 0:
+            lag_seconds: float | None = 0.0
+        elif lag_records is None:
+            lag_seconds = None
+        else:
+            lag_seconds = round(now - (cp.caught_up_at if cp and cp.caught_up_at else config.created), 1)
+        if cp is None:
+            log_state = "no checkpoint"
+        elif needs:
+            log_state = "NEEDS BOOTSTRAP"
+        elif state.state is not StreamState.RUNNING:
+            log_state = state.state.value
+        else:
+            log_state = "running" if claim else "waiting for a worker"
+        last = cp.next if cp else None
+        rows.append(
+            {
+                "log": name,
+                "state": log_state,
+                "lag_records": lag_records if lag_records is not None else (lag if isinstance(lag, str) else None),
+                "lag_bytes": lag_bytes,
+                "lag_seconds": lag_seconds,
+                "last_applied": str(DLSN(last.segment_seq, last.entry_id, last.slot - 1)) if last and last.slot > 0 else None,
+                "next": str(last) if last else None,
+                "applied_records": cp.applied_records if cp else 0,
+                "last_contact_ago": _age(cp.last_contact, now) if cp else None,
+                "worker": (claim or {}).get("node"),
+                "worker_region": nodes.get((claim or {}).get("node", ""), {}).get("region") if claim else None,
+                "last_error": (cp.last_error if cp else "") or None,
+                "last_error_ago": _age(cp.last_error_at, now) if cp and cp.last_error else None,
+                "needs_bootstrap": needs or None,
+            }
+        )
+    return {
+        "stream": stream_id,
+        "source": config.source_cluster,
+        "sink": config.sink_cluster,
+        "state": state.state.value,
+        "bidirectional": config.bidirectional,
+        "throttle_bytes_per_second": config.throttle_bytes_per_second,
+        "logs": rows,
+    }
+
+
+def check(status: dict[str, Any], *, max_lag_seconds: float | None, max_lag_records: int | None) -> tuple[int, list[str]]:
+    """Monitoring verdict: 0 ok, 1 warning (paused, no worker, a recent error, lag unknown),
+    2 critical (a threshold exceeded, a log needs a bootstrap)."""
+    critical, warning = [], []
+    for row in status["logs"]:
+        name = row["log"]
+        if row["needs_bootstrap"]:
+            critical.append(f"{name}: needs bootstrap: {row['needs_bootstrap']}")
+            continue
+        if isinstance(row["lag_records"], int):
+            if max_lag_records is not None and row["lag_records"] > max_lag_records:
+                critical.append(f"{name}: lag {row['lag_records']} records > {max_lag_records}")
+        else:
+            warning.append(f"{name}: lag unknown: {row['lag_records']}")
+        if max_lag_seconds is not None and row["lag_seconds"] is not None and row["lag_seconds"] > max_lag_seconds:
+            critical.append(f"{name}: lag {row['lag_seconds']}s > {max_lag_seconds}s")
+        if row["state"] in ("paused", "setting-up", "waiting for a worker", "no checkpoint"):
+            warning.append(f"{name}: {row['state']}")
+        if row["last_error"] and (row["last_error_ago"] or 0) < 60:
+            warning.append(f"{name}: recent error: {row['last_error']}")
+    if critical:
+        return 2, critical + warning
+    return (1, warning) if warning else (0, [])
+
+
+# -- pause, resume, delete -------------------------------------------------------------------
+
+
+def _set_state_plan(sink: ClusterSession, stream_id: str, target: StreamState, verb: str) -> Plan:
+    streams = StreamStore(sink.meta)
+    current = streams.get_state(stream_id)
+    if current.value.state is target:
+        return Plan.of(f"replication {verb} {stream_id}", [], notes=[f"stream {stream_id} is already {target.value}"])
+    if current.value.state is StreamState.SETTING_UP:
+        raise RefusedError(f"stream {stream_id!r} is still being set up", hint="re-run init-replication to finish it first")
+    return Plan.of(
+        f"replication {verb} {stream_id}",
+        [Step(verb, f"{sink.cluster.name}/{stream_id}", f"{verb} stream {stream_id} ({current.value.state.value} -> {target.value})", run=lambda: streams.set_state(stream_id, current, target, reason=verb).value.state.value)],
+    )
+
+
+def pause_plan(sink: ClusterSession, stream_id: str) -> Plan:
+    return _set_state_plan(sink, stream_id, StreamState.PAUSED, "pause")
+
+
+def resume_plan(sink: ClusterSession, stream_id: str) -> Plan:
+    return _set_state_plan(sink, stream_id, StreamState.RUNNING, "resume")
+
+
+def delete_plan(sink: ClusterSession, source: ClusterSession | None, stream_id: str, *, wait_workers: float = 60.0) -> Plan:
+    """Pause, wait for the workers to stop (they write a last checkpoint and pin), delete the
+    pins at the source, then the stream at the sink. Idempotent: re-run after any failure."""
+    streams = StreamStore(sink.meta)
+    config = streams.get_config(stream_id).value
+    if source is not None and source.cluster.name != config.source_cluster:
+        raise UsageError(f"stream {stream_id!r} replicates from {config.source_cluster!r}, not {source.cluster.name!r}")
+    steps = []
+
+    def pause() -> str:
+        try:
+            state = streams.get_state(stream_id)
+        except NotFoundError:
+            return "gone"
+        if state.value.state is not StreamState.PAUSED:
+            streams.set_state(stream_id, state, StreamState.PAUSED, reason="delete")
+        return "paused"
+
+    def workers_stopped() -> int:
+        deadline = time.monotonic() + wait_workers
+        while streams.claims(stream_id):
+            if time.monotonic() > deadline:
+                raise TimeoutExpired(f"workers of stream {stream_id!r} still hold {sorted(streams.claims(stream_id))} after {wait_workers:g}s", hint="check the sink agents; re-run delete")
+            time.sleep(0.1)
+        return 0
+
+    steps.append(Step("pause", f"{sink.cluster.name}/{stream_id}", f"pause stream {stream_id} so no worker runs", run=pause))
+    steps.append(Step("wait-workers", f"{sink.cluster.name}/{stream_id}", "wait until every worker stopped", run=workers_stopped))
+    if source is not None:
+        pins = PinStore(source.meta)
+        steps.append(Step("delete-pins", f"{source.cluster.name}/pins/{stream_id}", f"delete the retention pins of {stream_id} in {source.cluster.name}", run=lambda: pins.delete(stream_id)))
+    steps.append(Step("delete-stream", f"{sink.cluster.name}/{stream_id}", f"delete stream {stream_id} (config, state, checkpoints) in {sink.cluster.name}", run=lambda: streams.delete(stream_id)))
+    notes = [] if source is not None else [f"source cluster {config.source_cluster!r} is not in the inventory: its pins stay (they expire after {config.pin_max_age_seconds:.0f}s)"]
+    return Plan.of(f"replication delete {stream_id}", steps, notes)
+
+
+# -- waiting ---------------------------------------------------------------------------------
+
+
+def wait_drain(sink: ClusterSession, source: ClusterSession, stream_id: str, *, timeout: float | None = None, on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Return once the sink has applied everything the source held when this started."""
+    streams = StreamStore(sink.meta)
+    config = streams.get_config(stream_id).value
+    started = time.monotonic()
+
+    async def ends() -> dict[str, DLSN | None]:
+        pool = AgentPool(source.meta, source.secret)
+        try:
+            return {name: (await positions.log_end(source.meta, pool, name)).next for name in config.logs}
+        finally:
+            await pool.close()
+
+    targets = asyncio.run(ends())
+    pending = {n: t for n, t in targets.items() if t is not None}
+    total = len(pending)
+    while True:
+        for name in list(pending):
+            cp = streams.get_checkpoint(stream_id, name).value
+            if cp.needs_bootstrap:
+                raise RefusedError(f"stream {stream_id!r}, log {name!r} needs a bootstrap: {cp.needs_bootstrap}; it will not drain")
+            if cp.next >= pending[name]:
+                del pending[name]
+        if on_progress is not None:
+            on_progress(total - len(pending), total)
+        if not pending:
+            return {"stream": stream_id, "drained": True, "seconds": round(time.monotonic() - started, 3), "targets": {n: str(t) if t else None for n, t in targets.items()}}
+        if timeout is not None and time.monotonic() - started > timeout:
+            raise TimeoutExpired(
+                f"stream {stream_id!r} did not drain within {timeout:g}s; behind: " + ", ".join(f"{n} (target {t})" for n, t in pending.items()),
+                hint="see `dlctl replication status`",
+            )
+        time.sleep(0.1)

@@ -1,0 +1,177 @@
+"""Positions in live logs, read from the agents: where a stream's records end in the sink log,
+where the source log ends, and how many records and bytes lie between a position and the end.
+
+Every entry ends with a totals record (records and bytes of its segment so far; see
+``dlctl.log.recovery``), so counting needs one entry read per segment boundary, not a scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ..log import format as fmt
+from ..log.dlsn import DLSN
+from ..log.pool import AgentPool
+from ..log.records import decode_records
+from ..log.recovery import entry_summary
+from ..log.speculative import ReplicaReader
+from ..meta.records import SegmentRecord, SegmentState
+from ..meta.store import MetaStore
+from .origin import decode_source_position
+
+
+@dataclass(frozen=True)
+class AppliedPosition:
+    source: DLSN  # the last source position applied by the stream
+    sink: DLSN  # where that record sits in the sink log
+
+
+async def _segments(meta: MetaStore, log: str) -> tuple[int, list[SegmentRecord]]:
+    loop = asyncio.get_running_loop()
+    record = await loop.run_in_executor(None, meta.get_log, log)
+    segments = await loop.run_in_executor(None, meta.segments, log)
+    return record.value.log_id, [s.value for s in segments if s.value.state is not SegmentState.TRUNCATED]
+
+
+async def _last_entry(replicas: ReplicaReader, log_id: int, seg: SegmentRecord) -> int:
+    if seg.state is SegmentState.INPROGRESS:
+        return await replicas.read_lac(log_id, seg)
+    return seg.last_entry_id
+
+
+async def find_applied(meta: MetaStore, pool: AgentPool, log: str, source_cluster: str, floor: DLSN | None = None, region: str | None = None) -> AppliedPosition | None:
+    """The last record of the sink log ``log`` that stream source ``source_cluster`` applied
+    (its ``dl.src`` header), scanning back from the end of the log to ``floor`` (a sink position
+    known to hold an applied record, or None to scan down to the start)."""
+    log_id, segments = await _segments(meta, log)
+    replicas = ReplicaReader(pool, region=region)
+    await pool.refresh()
+    for seg in reversed(segments):
+        if floor is not None and seg.seq < floor.segment_seq:
+            return None
+        last = await _last_entry(replicas, log_id, seg)
+        for entry_id in range(last, seg.min_active_entry - 1, -1):
+            if floor is not None and (seg.seq, entry_id) < (floor.segment_seq, floor.entry_id):
+                return None
+            entry = await replicas.read(log_id, seg, entry_id)
+            records = list(decode_records(entry.payload))
+            for slot in range(len(records) - 1, -1, -1):
+                record = records[slot]
+                if record.control:
+                    continue
+                position = decode_source_position(record.headers)
+                if position is not None and position[0] == source_cluster:
+                    return AppliedPosition(position[1], DLSN(seg.seq, entry_id, slot))
+    return None
+
+
+@dataclass(frozen=True)
+class LogEnd:
+    next: DLSN | None  # the position just after the last data record (None: the log is empty)
+    records: int  # data records held (live segments)
+    bytes: int
+
+
+async def log_end(meta: MetaStore, pool: AgentPool, log: str, region: str | None = None) -> LogEnd:
+    """Where log ``log`` ends right now (in-progress segments up to their LAC)."""
+    log_id, segments = await _segments(meta, log)
+    replicas = ReplicaReader(pool, region=region)
+    await pool.refresh()
+    total_records = total_bytes = 0
+    end: DLSN | None = None
+    for seg in reversed(segments):
+        last = await _last_entry(replicas, log_id, seg)
+        if seg.state is SegmentState.INPROGRESS:
+            summary = await _summary(replicas, log_id, seg, last)
+            total_records += summary[0]
+            total_bytes += summary[1]
+        else:
+            total_records += seg.records
+            total_bytes += seg.bytes
+        if end is None and last >= seg.min_active_entry and (seg.state is SegmentState.INPROGRESS or seg.records > 0):
+            end = await _last_data(replicas, log_id, seg, last)
+    return LogEnd(end, total_records, total_bytes)
+
+
+async def _summary(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, entry_id: int) -> tuple[int, int]:
+    """(records, bytes) of the segment up to and including ``entry_id``."""
+    if entry_id < 0:
+        return 0, 0
+    entry = await replicas.read(log_id, seg, entry_id)
+    summary = entry_summary(fmt.encode(entry))
+    if summary is None:
+        raise ValueError(f"entry {entry_id} of segment {seg.seq} carries no totals record")
+    return summary.records, summary.bytes
+
+
+async def _last_data(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, last: int) -> DLSN | None:
+    for entry_id in range(last, seg.min_active_entry - 1, -1):
+        entry = await replicas.read(log_id, seg, entry_id)
+        records = list(decode_records(entry.payload))
+        for slot in range(len(records) - 1, -1, -1):
+            if not records[slot].control:
+                return DLSN(seg.seq, entry_id, slot + 1)
+    return None
+
+
+async def records_from(meta: MetaStore, pool: AgentPool, log: str, position: DLSN, region: str | None = None) -> tuple[int, int]:
+    """(records, bytes) at or after ``position`` in log ``log``: a stream's lag."""
+    log_id, segments = await _segments(meta, log)
+    replicas = ReplicaReader(pool, region=region)
+    await pool.refresh()
+    records = nbytes = 0
+    for seg in segments:
+        if seg.seq < position.segment_seq:
+            continue
+        last = await _last_entry(replicas, log_id, seg)
+        if seg.state is SegmentState.INPROGRESS:
+            seg_records, seg_bytes = await _summary(replicas, log_id, seg, last)
+        else:
+            seg_records, seg_bytes = seg.records, seg.bytes
+        if seg.seq == position.segment_seq and (position.entry_id > 0 or position.slot > 0):
+            before_records, before_bytes = await _summary(replicas, log_id, seg, min(position.entry_id, last + 1) - 1)
+            seg_records -= before_records + position.slot
+            seg_bytes -= before_bytes
+        if seg_records > 0:  # (an entry's bytes count until its last record is applied)
+            records += seg_records
+            nbytes += max(0, seg_bytes)
+    return records, nbytes
+
+
+async def applied_in_tail(
+    meta: MetaStore, pool: AgentPool, log: str, *, max_entries: int = 1024, region: str | None = None, concurrency: int = 32
+) -> dict[str, tuple[DLSN, DLSN]]:
+    """For each stream source found in the last ``max_entries`` entries of log ``log``: the
+    highest source position applied there and where that record sits (source cluster ->
+    (source DLSN, sink DLSN)). A new owner of a shared sink log reads this so that a worker's
+    resent append (at least once through a proxy) is not applied twice: an append whose
+    acknowledgement was lost can only be among the last entries its old owner wrote."""
+    log_id, segments = await _segments(meta, log)
+    replicas = ReplicaReader(pool, region=region)
+    await pool.refresh()
+    wanted: list[tuple[SegmentRecord, int]] = []
+    for seg in reversed(segments):
+        last = await _last_entry(replicas, log_id, seg)
+        for entry_id in range(last, seg.min_active_entry - 1, -1):
+            wanted.append((seg, entry_id))
+            if len(wanted) >= max_entries:
+                break
+        if len(wanted) >= max_entries:
+            break
+    gate = asyncio.Semaphore(concurrency)
+
+    async def read(seg: SegmentRecord, entry_id: int) -> tuple[SegmentRecord, int, list]:
+        async with gate:
+            entry = await replicas.read(log_id, seg, entry_id)
+        return seg, entry_id, list(decode_records(entry.payload))
+
+    found: dict[str, tuple[DLSN, DLSN]] = {}
+    for seg, entry_id, records in await asyncio.gather(*(read(s, e) for s, e in wanted)):
+        for slot, record in enumerate(records):
+            if record.control:
+                continue
+            position = decode_source_position(record.headers)
+            if position is not None and (position[0] not in found or found[position[0]][0] < position[1]):
+                found[position[0]] = (position[1], DLSN(seg.seq, entry_id, slot))
+    return found

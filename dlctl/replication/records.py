@@ -1,0 +1,144 @@
+"""Stream metadata as immutable values and their JSON form (pure data; no ZooKeeper here).
+
+In the sink cluster, under ``streams/<id>/``: ``config`` (what is replicated from where),
+``state`` (setting-up, running, paused), ``checkpoints/<log>`` (how far each log is applied,
+written only by the worker that holds ``workers/<log>``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+from ..log.dlsn import DLSN, INITIAL
+from ..names import validate_name
+
+DEFAULT_PIN_MAX_AGE = 7 * 24 * 3600.0
+
+
+class StreamState(str, Enum):
+    SETTING_UP = "setting-up"  # init-replication has not finished: no worker runs
+    RUNNING = "running"
+    PAUSED = "paused"
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    stream_id: str
+    source_cluster: str
+    source_zookeeper: str  # connect string of the source's ZooKeeper (credentials: agent config)
+    sink_cluster: str
+    logs: tuple[str, ...]
+    bidirectional: bool = False  # part of an active-active pair: the causality filter applies
+    throttle_bytes_per_second: int = 0  # 0: unlimited
+    pin_max_age_seconds: float = DEFAULT_PIN_MAX_AGE
+    created: float = 0.0
+
+    def __post_init__(self) -> None:
+        validate_name("stream", self.stream_id)
+        validate_name("cluster", self.source_cluster)
+        validate_name("cluster", self.sink_cluster)
+        for name in self.logs:
+            validate_name("log", name)
+        if self.source_cluster == self.sink_cluster:
+            raise ValueError(f"stream {self.stream_id!r}: source and sink are the same cluster ({self.sink_cluster!r})")
+        if self.throttle_bytes_per_second < 0 or self.pin_max_age_seconds <= 0:
+            raise ValueError("throttle must be >= 0 and the pin maximum age > 0")
+
+    def to_json(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> StreamConfig:
+        raw = _load(data, where)
+        try:
+            return cls(**{**raw, "logs": tuple(raw["logs"])})
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ValueError(f"{where}: malformed stream config: {exc}") from None
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    state: StreamState
+    updated: float = 0.0
+    reason: str = ""  # who paused it, and why
+
+    def to_json(self) -> bytes:
+        return _dump({"state": self.state.value, "updated": self.updated, "reason": self.reason})
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> StreamStatus:
+        raw = _load(data, where)
+        try:
+            return cls(StreamState(raw["state"]), float(raw.get("updated", 0.0)), str(raw.get("reason", "")))
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ValueError(f"{where}: malformed stream state: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """How far log ``log`` of a stream is applied at the sink.
+
+    ``next`` is the first source position not yet applied (everything before it is in the sink
+    log, or was skipped by the causality filter). ``source_vv`` is the source log's version
+    vector before ``next`` (to derive the timestamps of local records from there on);
+    ``sink_vv`` the version vector of what this stream appended (the causality filter's memory);
+    ``sink_dlsn`` the sink position of the last record appended as of this checkpoint (a
+    restart looks for later ones from there)."""
+
+    log: str
+    next: DLSN = INITIAL
+    source_vv: dict[str, int] = field(default_factory=dict)
+    sink_vv: dict[str, int] = field(default_factory=dict)
+    sink_dlsn: DLSN | None = None
+    processed_records: int = 0  # source records handled (appended or filtered) by this stream
+    applied_records: int = 0  # of those, appended to the sink
+    applied_bytes: int = 0  # payload bytes appended
+    updated: float = 0.0
+    last_applied_at: float = 0.0  # when a record was last appended
+    last_contact: float = 0.0  # when the source last answered (a record or a caught-up read)
+    caught_up_at: float = 0.0  # when the worker last had read everything the source had
+    worker: str = ""  # node id of the worker that wrote this
+    last_error: str = ""
+    last_error_at: float = 0.0
+    needs_bootstrap: str = ""  # non-empty: why this log can only continue after a bootstrap
+
+    def to_json(self) -> bytes:
+        raw = asdict(self)
+        raw["next"] = str(self.next)
+        raw["sink_dlsn"] = str(self.sink_dlsn) if self.sink_dlsn else None
+        return _dump(raw)
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> Checkpoint:
+        raw = _load(data, where)
+        try:
+            raw["next"] = DLSN.parse(raw["next"])
+            raw["sink_dlsn"] = DLSN.parse(raw["sink_dlsn"]) if raw.get("sink_dlsn") else None
+            return cls(**raw)
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ValueError(f"{where}: malformed checkpoint: {exc}") from None
+
+    def with_error(self, message: str) -> Checkpoint:
+        return replace(self, last_error=message[:1000], last_error_at=time.time())
+
+
+def default_stream_id(source: str, sink: str) -> str:
+    return validate_name("stream", f"{source}-to-{sink}")
+
+
+def _dump(raw: dict[str, Any]) -> bytes:
+    return json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _load(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    return raw

@@ -1,0 +1,458 @@
+"""One replication worker: applies log ``log`` of a stream from the source to the sink, exactly once.
+
+The loop (DESIGN.md §7):
+
+1. Read the checkpoint (sink ZooKeeper) and take the sink log's appender (today the log's
+   ``LogWriter``: ownership, fencing and recovery of whatever a previous worker left in progress).
+2. Find the last record this stream applied by scanning the sink log back from its end to the
+   checkpoint's sink position (``dl.src`` header). Records up to that source position are in
+   the sink already: they are re-read (to rebuild the vector clocks) but not appended again.
+3. Read the source log from the checkpoint (speculative reads, long-poll tailing, nearest
+   region first), stamp each record's origin (cluster, DLSN, vector timestamp) and its source
+   position, drop what the causality filter says the sink has seen (active-active only), and
+   submit the rest to the sink appender, pipelined.
+4. Every ``checkpoint_interval``, once the records submitted so far are acknowledged, write the
+   checkpoint by compare-and-set (a lost CAS means another worker took over: stop); every
+   ``pin_interval`` move the stream's retention pin on the source to the checkpoint.
+
+So a crash anywhere loses nothing and applies nothing twice: what was appended but not yet
+checkpointed is found again in step 2. An ambiguous append failure ends the run; the supervisor
+starts a new one, which goes through step 2 again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from ..errors import ConflictError, DlctlError, NotFoundError
+from ..log.dlsn import DLSN
+from ..log.errors import AgentError
+from ..log.pool import AgentPool
+from ..log.reader import LogReader, ReadAhead
+from ..log.readpolicy import AdaptiveTimeout
+from ..log.records import Record
+from ..log.speculative import EntryReadError
+from ..meta.pins import PinRecord, PinStore
+from ..meta.records import Versioned
+from ..meta.store import MetaStore
+from .causal import CausalityFilter, SourceClock
+from .decision import first_retained
+from .origin import (
+    ORIGIN_CLUSTER,
+    ORIGIN_DLSN,
+    RESERVED_PREFIX,
+    SOURCE_POSITION,
+    VECTOR_TIME,
+    Origin,
+    encode_vt,
+)
+from .positions import find_applied
+from .records import Checkpoint, StreamConfig
+from .store import StreamStore
+
+log = logging.getLogger(__name__)
+
+
+class NeedsBootstrap(DlctlError):
+    """The source no longer holds what this stream needs; only a bootstrap copy can continue."""
+
+
+class StreamGone(DlctlError):
+    """The stream or this worker's claim went away (deleted, or another worker took over)."""
+
+
+class SinkAppender(Protocol):
+    """What the worker needs from the sink side: ``LogWriter`` today, ``LogProducer`` (write
+    proxy, issue #7) later; both have this shape."""
+
+    def submit(self, payload: bytes | Record, *, key: bytes = b"", headers: Mapping[str, bytes] | None = None) -> asyncio.Future[DLSN]: ...
+
+    async def wait_writable(self) -> None: ...
+
+    async def flush(self) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+async def open_appender(meta: MetaStore, pool: AgentPool, name: str, *, owner_id: str, region: str | None, ownership_wait: float, shared: bool) -> SinkAppender:
+    """The sink log's appender.
+
+    One-way streams (``shared`` false) own the sink log outright with the library writer: no
+    one else writes a standby, and a sole owner that re-reads the tail after any failure
+    applies every record exactly once. Active-active sinks also take local writes, so the worker
+    appends through the log's owner (write proxy) like any other producer; to do that for
+    one-way streams too, return the ``LogProducer`` unconditionally (exactly once then needs the
+    owner to drop records whose ``dl.src`` it already holds, see the module doc of
+    ``dlctl.replication.worker`` and the design notes)."""
+    if shared:
+        from ..log.producer import LogProducer, ProducerOptions
+
+        return LogProducer(meta, pool, name, options=ProducerOptions(), region=region)
+    from ..log.writer import LogWriter, WriterOptions
+
+    return await LogWriter.open(meta, pool, name, owner_id=owner_id, options=WriterOptions(ownership_wait=ownership_wait))
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    checkpoint_interval: float = 0.5  # seconds between checkpoints while records flow
+    pin_interval: float = 5.0  # seconds between pin refreshes at the source
+    idle_read_timeout: float = 0.5  # a read that waits this long means: caught up
+    contact_interval: float = 2.0  # while idle, probe the source this often (last contact)
+    ownership_wait: float = 60.0  # how long to wait for a dead predecessor's sink ownership
+    region: str | None = None  # the source region nearest to this worker
+    # A stream reads across a WAN: keep a bandwidth-delay product of entries in flight
+    # (at 100 ms round trip, 64 entries in flight would cap a stream at 640 entries/s).
+    read_ahead_entries: int = 2048
+    read_ahead_bytes: int = 32 * 1024 * 1024
+    # Across a WAN every replica is a round trip away: ask a second one only when the first is
+    # clearly slower than that, not on every read.
+    speculative_floor: float = 0.25
+
+
+@dataclass
+class _Progress:
+    """The worker's state after the last record it handled (what a checkpoint records)."""
+
+    last: DLSN | None
+    processed: int
+    applied: int
+    applied_bytes: int
+    last_applied_at: float
+
+
+class _Throttle:
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self.tokens = float(rate)
+        self.at = time.monotonic()
+
+    async def take(self, size: int) -> None:
+        if self.rate <= 0:
+            return
+        now = time.monotonic()
+        self.tokens = min(float(self.rate), self.tokens + (now - self.at) * self.rate) - size
+        self.at = now
+        if self.tokens < 0:
+            await asyncio.sleep(-self.tokens / self.rate)
+
+
+class StreamWorker:
+    """Runs one (stream, log); ``run`` returns when ``stop`` is set, raises on failure."""
+
+    def __init__(
+        self,
+        config: StreamConfig,
+        log_name: str,
+        node_id: str,
+        *,
+        sink_meta: MetaStore,
+        sink_pool: AgentPool,
+        source_meta: MetaStore,
+        source_pool: AgentPool,
+        stop: asyncio.Event,
+        options: WorkerOptions | None = None,
+    ) -> None:
+        self.config = config
+        self.log_name = log_name
+        self.node_id = node_id
+        self.sink_meta, self.sink_pool = sink_meta, sink_pool
+        self.source_meta, self.source_pool = source_meta, source_pool
+        self.stop = stop
+        self.options = options or WorkerOptions()
+        self.streams = StreamStore(sink_meta)
+        self.pins = PinStore(source_meta)
+        self.source = config.source_cluster
+        self.here = config.sink_cluster
+        self._loop = asyncio.get_running_loop()
+        self._checkpoint: Versioned[Checkpoint] | None = None
+        self._appender: SinkAppender | None = None
+        self._reader: LogReader | None = None
+        self._last_contact = 0.0
+        self._caught_up_at = 0.0
+        self._last_probe = 0.0
+        self._last_pin = 0.0
+        self._pin_error = ""
+        self._pin_task: asyncio.Task[str] | None = None
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        return self._checkpoint.value if self._checkpoint is not None else None
+
+    async def _zk(self, fn: Any, *args: Any) -> Any:
+        return await self._loop.run_in_executor(None, fn, *args)
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            await self._shutdown()
+
+    async def _run(self) -> None:
+        self._checkpoint = await self._zk(self.streams.get_checkpoint, self.config.stream_id, self.log_name)
+        cp = self._checkpoint.value
+        if cp.needs_bootstrap:
+            raise NeedsBootstrap(f"stream {self.config.stream_id!r}, log {self.log_name!r} needs a bootstrap: {cp.needs_bootstrap}")
+        await self._check_retained(cp.next)
+        self._appender = await open_appender(
+            self.sink_meta, self.sink_pool, self.log_name, owner_id=f"replication:{self.config.stream_id}:{self.node_id}",
+            region=None, ownership_wait=self.options.ownership_wait, shared=self.config.bidirectional,
+        )
+        applied = await find_applied(self.sink_meta, self.sink_pool, self.log_name, self.source, floor=cp.sink_dlsn)
+        already = applied.source if applied is not None else None
+        log.info(
+            "stream %s, log %s: resuming at %s (sink has up to source position %s)",
+            self.config.stream_id, self.log_name, cp.next, already,
+        )
+        clock = SourceClock(self.source, cp.source_vv)
+        causal = CausalityFilter(self.here, cp.sink_vv) if self.config.bidirectional else None
+        progress = _Progress(None, cp.processed_records, cp.applied_records, cp.applied_bytes, cp.last_applied_at)
+        sink_dlsn = applied.sink if applied is not None else cp.sink_dlsn
+        throttle = _Throttle(self.config.throttle_bytes_per_second)
+        source_prefix = f"{self.source}@"
+        source_name = self.source.encode()
+        self._reader = reader = LogReader(
+            self.source_meta, self.source_pool, self.log_name, start_dlsn=cp.next, region=self.options.region,
+            read_ahead=ReadAhead(self.options.read_ahead_entries, self.options.read_ahead_bytes),
+            speculative_timeout=AdaptiveTimeout(floor=self.options.speculative_floor, ceiling=max(1.0, 2 * self.options.speculative_floor)),
+        )
+        await reader.open()
+        appender = self._appender
+        last_future: asyncio.Future[DLSN] | None = None
+        candidate: tuple[asyncio.Future[DLSN] | None, Checkpoint] | None = None
+        next_checkpoint = time.monotonic() + self.options.checkpoint_interval
+        read_errors = 0
+        count = 0
+        while not self.stop.is_set():
+            try:
+                record = await reader.read_next(self.options.idle_read_timeout)
+                read_errors = 0
+            except EntryReadError as exc:
+                read_errors += 1
+                await self._note_error(f"reading the source: {exc.message}")
+                await self._wait_stop(min(5.0, 0.1 * 2**read_errors))
+                continue
+            now = time.monotonic()
+            if record is None:
+                await self._idle(now, reader)
+            else:
+                self._last_contact = time.time()
+                headers = record.headers
+                origin = Origin.from_headers(headers) if ORIGIN_CLUSTER in headers else None
+                vt = clock.stamp(origin)
+                progress.last = record.dlsn
+                progress.processed += 1
+                origin_cluster = origin.cluster if origin is not None else self.source
+                if already is not None and record.dlsn <= already:
+                    if causal is not None:
+                        causal.seen(vt)  # in the sink already, appended by an earlier run
+                elif causal is None or causal.admit(origin_cluster, vt):
+                    # (Not admitted: in the sink's causal past — seen already, or its own.)
+                    out = {k: v for k, v in headers.items() if not k.startswith(RESERVED_PREFIX)} if headers else {}
+                    if origin is None:  # written at the source: its origin is its source position
+                        out[ORIGIN_CLUSTER] = source_name
+                        out[ORIGIN_DLSN] = str(record.dlsn).encode()
+                    else:  # relayed: keep its origin, say where this stream read it
+                        out[ORIGIN_CLUSTER] = headers[ORIGIN_CLUSTER]
+                        out[ORIGIN_DLSN] = headers[ORIGIN_DLSN]
+                        out[SOURCE_POSITION] = (source_prefix + str(record.dlsn)).encode()
+                    out[VECTOR_TIME] = encode_vt(vt)
+                    await throttle.take(len(record.payload))
+                    last_future = appender.submit(record.payload, key=record.key, headers=out)
+                    progress.applied += 1
+                    progress.applied_bytes += len(record.payload)
+                    progress.last_applied_at = time.time()
+                    count += 1
+                    if count & 255 == 0:
+                        await appender.wait_writable()
+            # Checkpoints: snapshot now, write once what was submitted up to here is acknowledged.
+            if candidate is None and now >= next_checkpoint and progress.last is not None:
+                candidate = (last_future, self._snapshot(progress, clock, causal))
+            if candidate is not None and (candidate[0] is None or candidate[0].done()):
+                future, snapshot = candidate
+                if future is not None:
+                    sink_dlsn = future.result()  # raises the appender's failure: the run ends
+                await self._write_checkpoint(replace(snapshot, sink_dlsn=sink_dlsn))
+                candidate = None
+                last_future = None if last_future is future else last_future
+                next_checkpoint = time.monotonic() + self.options.checkpoint_interval
+                await self._maybe_pin()
+        # Stopping: apply what was submitted, then a final checkpoint.
+        if progress.last is not None:
+            snapshot = self._snapshot(progress, clock, causal)
+            if last_future is not None:
+                await appender.flush()
+                sink_dlsn = last_future.result()
+            await self._write_checkpoint(replace(snapshot, sink_dlsn=sink_dlsn))
+            await self._maybe_pin(force=True)
+
+    def _snapshot(self, progress: _Progress, clock: SourceClock, causal: CausalityFilter | None) -> Checkpoint:
+        assert self._checkpoint is not None and progress.last is not None
+        last = progress.last
+        return replace(
+            self._checkpoint.value,
+            next=DLSN(last.segment_seq, last.entry_id, last.slot + 1),
+            source_vv=dict(clock.vv),
+            sink_vv=dict(causal.vv) if causal is not None else {},
+            processed_records=progress.processed,
+            applied_records=progress.applied,
+            applied_bytes=progress.applied_bytes,
+            last_applied_at=progress.last_applied_at,
+            last_contact=self._last_contact,
+            caught_up_at=self._caught_up_at,
+            worker=self.node_id,
+            last_error="" if time.time() - self._checkpoint.value.last_error_at > 30 else self._checkpoint.value.last_error,
+        )
+
+    async def _write_checkpoint(self, new: Checkpoint) -> None:
+        assert self._checkpoint is not None
+        try:
+            self._checkpoint = await self._zk(self.streams.update_checkpoint, self.config.stream_id, self._checkpoint, new)
+        except (ConflictError, NotFoundError) as exc:
+            raise StreamGone(f"stream {self.config.stream_id!r}, log {self.log_name!r}: checkpoint taken over or deleted ({exc.message})") from None
+
+    async def _idle(self, now: float, reader: LogReader) -> None:
+        """Caught up (a read waited in vain): probe the source now and then, so status can tell
+        'nothing to do' from 'cannot reach the source'."""
+        if now - self._last_probe < self.options.contact_interval:
+            return
+        self._last_probe = now
+        if await self._probe():
+            self._last_contact = self._caught_up_at = time.time()
+            cp = self._checkpoint
+            if cp is not None and time.time() - cp.value.updated > self.options.checkpoint_interval:
+                await self._write_checkpoint(replace(cp.value, last_contact=self._last_contact, caught_up_at=self._caught_up_at))
+        await self._maybe_pin()
+
+    async def _probe(self) -> bool:
+        nodes = await self.source_pool.refresh() if not self.source_pool.nodes else self.source_pool.nodes
+        for node in list(nodes)[:3]:
+            try:
+                client = await self.source_pool.client(node)
+                await asyncio.wait_for(client.stat(), 2.0)
+                return True
+            except (AgentError, TimeoutError):
+                continue
+        return False
+
+    async def _maybe_pin(self, force: bool = False) -> None:
+        """Move the retention pin at the source to the checkpoint. In the background: the
+        source's ZooKeeper is far away (a WAN round trip or more) and the stream must not wait
+        for it; one refresh at a time. ``force`` (stopping) refreshes now and waits."""
+        if self._pin_task is not None:
+            if force:
+                await asyncio.wait([self._pin_task])
+            if not self._pin_task.done():
+                return
+            await self._collect_pin()
+        now = time.monotonic()
+        cp = self._checkpoint
+        if cp is None or (not force and now - self._last_pin < self.options.pin_interval):
+            return
+        self._last_pin = now
+        pin = PinRecord(
+            holder=self.config.stream_id,
+            log=self.log_name,
+            position=cp.value.next,
+            sink_cluster=self.here,
+            max_age_seconds=self.config.pin_max_age_seconds,
+        )
+        self._pin_task = asyncio.ensure_future(self._set_pin(pin))
+        if force:
+            await asyncio.wait([self._pin_task])
+            await self._collect_pin()
+
+    async def _collect_pin(self) -> None:
+        assert self._pin_task is not None
+        task, self._pin_task = self._pin_task, None
+        reason = task.result()
+        if reason:
+            await self._mark_needs_bootstrap(reason)
+
+    async def _set_pin(self, pin: PinRecord) -> str:
+        """Refresh the pin; returns why the stream needs a bootstrap when the pin says so."""
+        try:
+            current = await self._zk(self.pins.set, pin)
+        except Exception as exc:  # noqa: BLE001 - the source's ZooKeeper may be unreachable: retry next time
+            self._pin_error = f"cannot refresh the retention pin at the source: {exc}"
+            log.warning("stream %s, log %s: %s", self.config.stream_id, self.log_name, self._pin_error)
+            return ""
+        if current.value.needs_bootstrap:
+            return current.value.reason or "the source deleted pinned data"
+        return ""
+
+    async def _check_retained(self, position: DLSN) -> None:
+        try:
+            record = await self._zk(self.source_meta.get_log, self.log_name)
+            segments = await self._zk(self.source_meta.segments, self.log_name)
+        except NotFoundError:
+            raise NeedsBootstrap(f"log {self.log_name!r} does not exist in source cluster {self.source!r}") from None
+        first = first_retained([s.value for s in segments], record.value.max_segment_seq)
+        if first is not None and position < first:
+            await self._mark_needs_bootstrap(f"the source starts at {first}, the stream needs {position}")
+        try:
+            pin = await self._zk(self.pins.get, self.config.stream_id, self.log_name)
+        except NotFoundError:
+            return
+        if pin.value.needs_bootstrap:
+            await self._mark_needs_bootstrap(pin.value.reason or "the source deleted pinned data")
+
+    async def _mark_needs_bootstrap(self, reason: str) -> None:
+        assert self._checkpoint is not None
+        await self._write_checkpoint(replace(self._checkpoint.value, needs_bootstrap=reason).with_error(f"needs bootstrap: {reason}"))
+        raise NeedsBootstrap(f"stream {self.config.stream_id!r}, log {self.log_name!r} needs a bootstrap: {reason}")
+
+    async def _note_error(self, message: str) -> None:
+        log.warning("stream %s, log %s: %s", self.config.stream_id, self.log_name, message)
+        cp = self._checkpoint
+        if cp is not None:
+            try:
+                await self._write_checkpoint(cp.value.with_error(message))
+            except StreamGone:
+                raise
+            except Exception:  # noqa: BLE001 - ZooKeeper trouble too: the log line stays
+                pass
+
+    async def _wait_stop(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.stop.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _shutdown(self) -> None:
+        if self._pin_task is not None:
+            self._pin_task.cancel()
+            await asyncio.gather(self._pin_task, return_exceptions=True)
+        if self._reader is not None:
+            await self._reader.close()
+        if self._appender is not None:
+            try:
+                await self._appender.close()
+            except Exception as exc:  # noqa: BLE001 - the run's own error matters more
+                log.debug("closing the sink appender of %s: %s", self.log_name, exc)
+
+
+async def record_error(streams: StreamStore, stream_id: str, log_name: str, message: str) -> None:
+    """Write ``message`` as the checkpoint's last error (for status), by CAS; best effort."""
+    loop = asyncio.get_running_loop()
+
+    def update() -> None:
+        for _ in range(3):
+            try:
+                current = streams.get_checkpoint(stream_id, log_name)
+                streams.update_checkpoint(stream_id, current, current.value.with_error(message))
+                return
+            except ConflictError:
+                continue
+
+    try:
+        await loop.run_in_executor(None, update)
+    except Exception:  # noqa: BLE001 - status just misses this one
+        pass

@@ -1,0 +1,360 @@
+"""What one Spark task does in an executor: copy one source segment into one sink segment.
+
+``copy_segment(task, endpoints)`` (and ``scan_clock`` for the clock pre-pass) are plain
+functions of picklable values. They talk to agents only — no ZooKeeper — with the cluster
+secrets from ``SecretRef`` and the agents' addresses as the driver saw them.
+
+The copy, for one segment:
+
+1. **Ensemble.** Choose the sink ensemble with ``dlctl.placement.choose_ensemble`` under the
+   sink log's policy, over the sink agents that answer a probe right now (a retried task
+   avoids the agents that failed the previous attempt the same way). Delete whatever an
+   earlier, unverified attempt left of this sink segment on those agents: the segment is not
+   in the sink's metadata yet, so nothing can be reading it.
+2. **Pipeline.** Up to ``window`` source entries are read ahead, each from any replica of its
+   write set (nearest first, speculative after an adaptive timeout, CRC-verified end to end; a
+   corrupt or missing replica hands over to the next). Entries are re-encoded in entry order
+   (``transform.EntryCopier``) and each sink entry is added to all W agents of its write set,
+   with many adds in flight and bounded bytes outstanding. A ``throttle`` caps this task's
+   rate (token bucket).
+3. **Verify.** The content digest of the source entries as read must equal the content digest
+   of the sink entries as written, and every sink replica's own DIGEST (entry ids and CRCs it
+   stores) must equal the digest of the entries sent to it.
+
+The result is a JSON-able dict; errors are returned in it (``error``, naming the segment), not
+raised, so one bad segment does not hide the others and the driver can record the good ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import DlctlError, RefusedError
+from ..log.client import AgentClient
+from ..log.errors import AgentError, NoSuchSegmentError
+from ..log.format import decode_header
+from ..log.readpolicy import AdaptiveTimeout
+from ..log.records import CorruptRecords
+from ..log.rereplication import digest_of
+from ..log.speculative import EntryReadError, ReplicaReader
+from ..placement import choose_ensemble
+from .credentials import SecretRef
+from .plan import SegmentTask
+from .transform import Clock, ClockScanner, ContentDigest, EntryCopier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The two clusters as an executor needs them: agents' availability records and secrets."""
+
+    source_cluster: str
+    source_nodes: dict[str, dict]
+    source_secret: SecretRef
+    sink_cluster: str
+    sink_nodes: dict[str, dict]
+    sink_secret: SecretRef
+    window: int = 32  # source entries read ahead
+    max_outstanding_bytes: int = 32 * 1024 * 1024  # sink bytes sent but not yet acknowledged
+    request_timeout: float = 30.0
+    throttle: float | None = None  # bytes per second for this task (None: unlimited)
+
+
+class StaticPool:
+    """An ``AgentPool`` over a fixed set of availability records (executors have no ZooKeeper)."""
+
+    def __init__(self, nodes: Mapping[str, Mapping[str, Any]], secret: bytes, request_timeout: float) -> None:
+        self._nodes = {n: dict(i) for n, i in nodes.items()}
+        self._secret = secret
+        self._timeout = request_timeout
+        self._clients: dict[str, AgentClient] = {}
+
+    def __repr__(self) -> str:
+        return f"StaticPool({sorted(self._nodes)})"
+
+    @property
+    def nodes(self) -> dict[str, dict]:
+        return dict(self._nodes)
+
+    async def refresh(self) -> dict[str, dict]:
+        return self.nodes
+
+    async def client(self, node_id: str) -> AgentClient:
+        client = self._clients.get(node_id)
+        if client is None:
+            info = self._nodes.get(node_id)
+            if info is None:
+                from ..log.errors import AgentUnavailableError
+
+                raise AgentUnavailableError(f"agent {node_id!r} was not available when the job started")
+            host, _, port = str(info["address"]).rpartition(":")
+            client = self._clients[node_id] = AgentClient(host, int(port), self._secret, request_timeout=self._timeout)
+        return client
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+class CopyFailed(DlctlError):
+    """A segment could not be copied; the message names it and why."""
+
+
+class _Bucket:
+    """A token bucket of ``rate`` bytes/s with one second of burst."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.tokens = rate
+        self.stamp = time.monotonic()
+
+    async def take(self, n: int) -> None:
+        while True:
+            now = time.monotonic()
+            self.tokens = min(self.rate, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+            if self.tokens >= n or self.tokens >= self.rate:
+                self.tokens -= n
+                return
+            await asyncio.sleep((n - self.tokens) / self.rate)
+
+
+# -- the entry points Spark calls ------------------------------------------------------------------
+
+
+def copy_segment(task: SegmentTask, endpoints: Endpoints, attempt: int = 0) -> dict[str, Any]:
+    """Copy one segment (see the module docstring); never raises for a per-segment failure."""
+    started = time.monotonic()
+    base = {"log": task.log, "source_seq": task.source.seq, "sink_seq": task.sink_seq, "first_entry": task.source.min_active_entry, "last_entry": task.source.last_entry_id, "start_vv": dict(task.start_vv)}
+    try:
+        result = asyncio.run(_copy(task, endpoints, attempt))
+    except _NeedsClock as exc:
+        return dict(base, error=str(exc), needs_clock=True, seconds=round(time.monotonic() - started, 3))
+    except (DlctlError, CorruptRecords, ValueError, OSError) as exc:
+        message = exc.message if isinstance(exc, DlctlError) else f"{type(exc).__name__}: {exc}"
+        return dict(base, error=message, seconds=round(time.monotonic() - started, 3))
+    return dict(base, **result, seconds=round(time.monotonic() - started, 3))
+
+
+def copy_segments(tasks: list[SegmentTask], endpoints: Endpoints) -> list[dict[str, Any]]:
+    """One Spark task covering a range of segments (fewer, larger tasks: Spark's per-task cost
+    is tens of ms, more than copying a small segment)."""
+    return [copy_segment(t, endpoints) for t in tasks]
+
+
+def scan_clocks(tasks: list[SegmentTask], endpoints: Endpoints) -> list[dict[str, Any]]:
+    return [scan_clock(t, endpoints) for t in tasks]
+
+
+def scan_clock(task: SegmentTask, endpoints: Endpoints) -> dict[str, Any]:
+    """The clock pre-pass: read the segment and return its ``ClockEffect`` (for logs that hold
+    records replicated from elsewhere, whose timestamps are not derivable from metadata)."""
+    try:
+        effect, replicated = asyncio.run(_scan(task, endpoints))
+    except (DlctlError, CorruptRecords, ValueError, OSError) as exc:
+        message = exc.message if isinstance(exc, DlctlError) else f"{type(exc).__name__}: {exc}"
+        return {"log": task.log, "source_seq": task.source.seq, "error": f"segment {task.source.seq} of log {task.log!r}: {message}"}
+    return {"log": task.log, "source_seq": task.source.seq, "effect": effect, "replicated": replicated}
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+
+class _NeedsClock(Exception):
+    """The task assumed a log of local records only and met a replicated one."""
+
+
+class EncodedReader(ReplicaReader):
+    """Speculative reads that hand back the encoded entry (CRC-checked by the client, not
+    decoded: the copy splices its bytes)."""
+
+    async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int) -> bytes:  # type: ignore[override]
+        client = await self.pool.client(node)
+        return await client.read(log_id, segment_seq, entry_id)
+
+
+async def _read_entries(task: SegmentTask, pool: StaticPool, window: int, stats: dict[str, int]):
+    """Yield the segment's encoded entries in entry-id order, ``window`` read ahead."""
+    reader = EncodedReader(pool, timeout=AdaptiveTimeout(floor=0.05, ceiling=2.0))  # type: ignore[arg-type]
+    seg = task.source
+    first, last = seg.min_active_entry, seg.last_entry_id
+    pending: dict[int, asyncio.Task] = {}
+    next_id = first
+
+    async def one(entry_id: int) -> bytes:
+        return await reader.read(task.source_log_id, seg, entry_id)  # type: ignore[return-value]
+
+    try:
+        for entry_id in range(first, last + 1):
+            while next_id <= last and next_id < entry_id + window:
+                pending[next_id] = asyncio.ensure_future(one(next_id))
+                next_id += 1
+            try:
+                entry = await pending.pop(entry_id)
+            except EntryReadError as exc:
+                raise CopyFailed(f"segment {seg.seq} of log {task.log!r} (source): {exc.message}", hint=exc.hint) from None
+            stats["replica_failures"] = reader.stats.replica_failures
+            yield entry
+    finally:
+        for fut in pending.values():
+            fut.cancel()
+        await asyncio.gather(*pending.values(), return_exceptions=True)
+
+
+async def _scan(task: SegmentTask, endpoints: Endpoints) -> tuple[dict, int]:
+    pool = StaticPool(endpoints.source_nodes, endpoints.source_secret.get(), endpoints.request_timeout)
+    scanner = ClockScanner(task.source_cluster)
+    try:
+        async for entry in _read_entries(task, pool, endpoints.window, {}):
+            scanner.add_entry(entry)
+    finally:
+        await pool.close()
+    return scanner.effect.to_dict(), scanner.replicated
+
+
+# -- writing --------------------------------------------------------------------------------------
+
+
+async def _healthy(pool: StaticPool, node: str) -> bool:
+    try:
+        client = await pool.client(node)
+        await asyncio.wait_for(client.stat(), 2.0)
+        return True
+    except (AgentError, TimeoutError):
+        return False
+
+
+async def _ensemble(task: SegmentTask, pool: StaticPool) -> tuple[str, ...]:
+    """An ensemble under the sink policy whose members answer now (probing as the writer does)."""
+    exclude: set[str] = set()
+    seed = zlib.crc32(f"{task.log}/{task.sink_seq}/{task.seed}".encode())
+    while True:
+        try:
+            ensemble = choose_ensemble(pool.nodes, exclude=exclude, policy=task.sink_policy, seed=seed)
+        except RefusedError as exc:
+            raise CopyFailed(f"segment {task.source.seq} of log {task.log!r}: no sink ensemble: {exc.message}", hint=exc.hint) from None
+        checks = await asyncio.gather(*(_healthy(pool, n) for n in ensemble))
+        dead = {n for n, ok in zip(ensemble, checks) if not ok}
+        if not dead:
+            return ensemble
+        exclude |= dead
+
+
+async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int) -> dict[str, Any]:
+    where = f"segment {task.source.seq} of log {task.log!r}"
+    source = StaticPool(endpoints.source_nodes, endpoints.source_secret.get(), endpoints.request_timeout)
+    sink = StaticPool(endpoints.sink_nodes, endpoints.sink_secret.get(), endpoints.request_timeout)
+    try:
+        task = replace(task, seed=task.seed + attempt)
+        ensemble = await _ensemble(task, sink)
+        w = task.sink_policy.write_quorum
+        clients = {n: await sink.client(n) for n in ensemble}
+        # A stale replica of this (uncommitted) sink segment from an earlier attempt goes first.
+        for node, client in clients.items():
+            try:
+                await client.delete_segment(task.sink_log_id, task.sink_seq)
+            except NoSuchSegmentError:
+                pass
+            except AgentError as exc:
+                raise CopyFailed(f"{where}: cannot clear sink agent {node} before copying: {exc.message}") from None
+
+        copier = EntryCopier(
+            source_cluster=task.source_cluster,
+            source_seq=task.source.seq,
+            sink_log_id=task.sink_log_id,
+            sink_seq=task.sink_seq,
+            clock=Clock(task.source_cluster, task.start_vv),
+        )
+        source_digest = ContentDigest()
+        sink_digest = ContentDigest()
+        crcs: dict[str, list[tuple[int, int]]] = {n: [] for n in ensemble}
+        outstanding = 0
+        room = asyncio.Condition()
+        failures: list[str] = []
+        adds: set[asyncio.Task] = set()
+        bucket = _Bucket(endpoints.throttle) if endpoints.throttle else None
+        read_stats: dict[str, int] = {}
+        source_bytes = 0
+
+        async def add(node: str, encoded: bytes, entry_id: int) -> None:
+            nonlocal outstanding
+            try:
+                await clients[node].add(encoded)
+            except AgentError as exc:
+                failures.append(f"sink agent {node} did not store entry {entry_id}: {exc.message}")
+            finally:
+                async with room:
+                    outstanding -= len(encoded)
+                    room.notify_all()
+
+        async for encoded in _read_entries(task, source, endpoints.window, read_stats):
+            if failures:
+                break
+            source_bytes += len(encoded)
+            source_digest.add_entry(encoded)
+            before = copier.stats.records - copier.stats.local_records
+            out = copier.copy(encoded)
+            if task.assume_local and copier.stats.records - copier.stats.local_records > before:
+                raise _NeedsClock(f"{where} holds records replicated from another location; its clock needs a pre-pass")
+            sink_digest.add_entry(out)
+            header = decode_header(out)
+            if bucket is not None:
+                await bucket.take(len(out))
+            async with room:
+                await room.wait_for(lambda: outstanding < endpoints.max_outstanding_bytes)
+                outstanding += len(out) * w
+            e = len(ensemble)
+            for i in range(w):
+                node = ensemble[(header.entry_id + i) % e]
+                crcs[node].append((header.entry_id, header.crc))
+                t = asyncio.ensure_future(add(node, out, header.entry_id))
+                adds.add(t)
+                t.add_done_callback(adds.discard)
+        if adds:
+            await asyncio.gather(*list(adds))
+        if failures:
+            raise CopyFailed(f"{where}: " + "; ".join(failures[:3]), hint="check the sink agents; re-run to resume")
+
+        # Verify: each replica's own digest of what it stores = the digest of what was sent to it.
+        expected = {n: digest_of(pairs) for n, pairs in crcs.items()}
+        check: dict[str, str] = {}
+        for node, client in clients.items():
+            try:
+                got = await client.digest(task.sink_log_id, task.sink_seq)
+            except AgentError as exc:
+                raise CopyFailed(f"{where}: cannot verify the copy on sink agent {node}: {exc.message}") from None
+            ok = got.digest == expected[node] and got.entries == len(crcs[node])
+            check[node] = "ok" if ok else f"holds {got.entries} entries (sent {len(crcs[node])}), digest {got.digest[:16]}… (expected {expected[node][:16]}…)"
+        stats = copier.stats
+        return {
+            "ensemble": list(ensemble),
+            "entries": stats.entries,
+            "records": stats.records,
+            "source_records": source_digest.records,
+            "local_records": stats.local_records,
+            "source_bytes": source_bytes,
+            "sink_bytes": stats.sink_bytes,
+            "first_txid": stats.first_txid,
+            "last_txid": stats.last_txid,
+            "last_data_slot": list(stats.last_data_slot) if stats.last_data_slot else None,
+            "end_vv": dict(copier.clock.vv),
+            "source_digest": source_digest.hexdigest(),
+            "sink_digest": sink_digest.hexdigest(),
+            "replica_expected": expected,
+            "replica_entries": {n: len(p) for n, p in crcs.items()},
+            "replica_check": check,
+            "replica_failures": read_stats.get("replica_failures", 0),
+        }
+    finally:
+        await source.close()
+        await sink.close()
+
+
+__all__ = ["CopyFailed", "EncodedReader", "Endpoints", "StaticPool", "copy_segment", "copy_segments", "scan_clock", "scan_clocks"]

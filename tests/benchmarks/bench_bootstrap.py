@@ -1,0 +1,172 @@
+"""Bootstrap copy rate vs a plain file copy of the same segment files, measured in the same run.
+
+    .venv/bin/python tests/benchmarks/bench_bootstrap.py [--gib 2] [--segments 100] [--record-kib 4] [--parallelism 1 2 4] [--sink-w 3 1]
+
+A two-cluster sandbox (``dlctl sandbox up --clusters 2 --regions 1 --nodes-per-region 3``: real
+ZooKeeper, six real agents with fsync on, one disk) gets a source log of ``--gib`` GiB in
+``--segments`` completed segments (records of ``--record-kib`` KiB, written by a real
+``LogWriter``). Then, for each sink write quorum in ``--sink-w`` and each ``--parallelism``, the
+log is bootstrapped to the other cluster with ``dlctl.ops.bootstrap.bootstrap_logs`` — real Spark
+in local mode, the code ``dlctl bootstrap`` runs — and the sink copy is removed again.
+
+Baseline, re-measured before each copy: a plain file copy (read + write + fsync) of the source
+segment files of one replica to a fresh directory on the same disk — the least any copy has to
+do. The copy rate counts source bytes per second of the whole job (Spark start, pin, reserve,
+copy, verify, commit, cleanup). Target (issue 9): >= 40 % of the baseline. With the default sink
+policy (W = 3) the bootstrap writes three replicas where the file copy writes one; ``--sink-w 1``
+measures a one-replica sink log too (apples to apples). Exit 0 unless --strict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dlctl import inventory
+from dlctl.config import ConfigLocation
+from dlctl.log.pool import AgentPool
+from dlctl.log.writer import LogWriter
+from dlctl.meta.records import LogConfig
+from dlctl.ops.bootstrap import bootstrap_logs
+from dlctl.ops.session import ClusterSession
+
+MIB = 1024 * 1024
+LOG = "bench"
+
+
+def dlctl(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dlctl.cli", *argv], capture_output=True, text=True, env={**os.environ, **env})
+
+
+def session(config: Path, name: str) -> ClusterSession:
+    return ClusterSession(inventory.load(ConfigLocation(config, "bench")).cluster(name))
+
+
+async def fill(src: ClusterSession, total: int, segments: int, record: int) -> float:
+    """``segments`` completed segments (one writer each: closing completes the segment)."""
+    src.meta.create_log(LOG, LogConfig())
+    pool = AgentPool(src.meta, src.secret, request_timeout=60)
+    payload = os.urandom(record)
+    per_segment = max(1, total // segments // record)
+    started = time.monotonic()
+    for _ in range(segments):
+        writer = await LogWriter.open(src.meta, pool, LOG)
+        for _ in range(per_segment):
+            await writer.wait_writable()
+            writer.submit(payload)
+        await writer.close()
+    await pool.close()
+    return time.monotonic() - started
+
+
+def source_files(config: Path, src: ClusterSession) -> list[Path]:
+    log_id = src.meta.get_log(LOG).value.log_id
+    node = inventory.load(ConfigLocation(config, "bench")).cluster("east").nodes[0]
+    return sorted((Path(node.data_dir) / "segments" / f"{log_id:016x}").glob("*.log"))
+
+
+def plain_copy_rate(files: list[Path], work: Path, rounds: int = 3) -> tuple[float, int]:
+    """Bytes per second of copying the files (read, write, fsync each) to a fresh directory on
+    the same disk; the median of ``rounds`` (the disk's write-back makes single runs noisy)."""
+    total = sum(f.stat().st_size for f in files)
+    rates = []
+    for _ in range(rounds):
+        out = work / f"plain-copy-{time.monotonic_ns()}"
+        out.mkdir()
+        started = time.monotonic()
+        for f in files:
+            target = out / f.name
+            shutil.copyfile(f, target)
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        dfd = os.open(out, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+        rates.append(total / (time.monotonic() - started))
+        shutil.rmtree(out)
+    return sorted(rates)[len(rates) // 2], total
+
+
+def drop_sink_copy(dst: ClusterSession) -> None:
+    """Delete the sink log and its replicas, so the next run copies everything again."""
+
+    async def go() -> None:
+        log_id = dst.meta.get_log(LOG).value.log_id
+        pool = AgentPool(dst.meta, dst.secret)
+        try:
+            await pool.refresh()
+            for node in pool.nodes:
+                client = await pool.client(node)
+                for info in await client.list_segments():
+                    if info.log_id == log_id:
+                        await client.delete_segment(info.log_id, info.segment_seq)
+        finally:
+            await pool.close()
+
+    asyncio.run(go())
+    dst.meta.delete_log(LOG)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gib", type=float, default=2.0)
+    parser.add_argument("--segments", type=int, default=100)
+    parser.add_argument("--record-kib", type=float, default=4)
+    parser.add_argument("--parallelism", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--sink-w", type=int, nargs="+", default=[3])
+    parser.add_argument("--dir", type=Path, help="where the sandbox lives (default: a temporary directory)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a W=1 run misses 40 %% of the baseline")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-bootstrap-", dir=args.dir))
+    env = {"DLCTL_SANDBOX_DIR": str(work / "sbx"), "DLCTL_CONFIG": str(work / "sbx" / "config.toml")}
+    config = Path(env["DLCTL_CONFIG"])
+    up = dlctl(env, "--yes", "sandbox", "up", "--clusters", "2", "--regions", "1", "--nodes-per-region", "3")
+    if up.returncode != 0:
+        print(up.stderr, file=sys.stderr)
+        return 1
+    rows = []
+    try:
+        with session(config, "east") as src, session(config, "west") as dst:
+            total = int(args.gib * 1024 * MIB)
+            seconds = asyncio.run(fill(src, total, args.segments, int(args.record_kib * 1024)))
+            segs = src.meta.segments(LOG)
+            nbytes = sum(s.value.bytes for s in segs)
+            print(f"source: {nbytes / MIB:.0f} MiB in {len(segs)} segments, records of {args.record_kib:g} KiB (written in {seconds:.1f}s)", flush=True)
+            files = source_files(config, src)
+            for w in args.sink_w:
+                for parallelism in args.parallelism:
+                    base, copied = plain_copy_rate(files, work)
+                    if w != 3:
+                        dst.meta.create_log(LOG, LogConfig(ensemble_size=w, write_quorum=w, ack_quorum=w))
+                    result = bootstrap_logs(src, dst, [LOG], holder="bootstrap-bench", parallelism=parallelism)
+                    (res,) = result.logs.values()
+                    rate = nbytes / result.seconds
+                    row = {"sink_w": w, "parallelism": parallelism, "seconds": round(result.seconds, 2), "mib_per_s": round(rate / MIB, 1),
+                           "baseline_mib_per_s": round(base / MIB, 1), "ratio": round(rate / base, 3), "segments": res.segments, "records": res.records}
+                    rows.append(row)
+                    print(f"sink W={w} parallelism {parallelism}: {nbytes / MIB:.0f} MiB in {result.seconds:.1f}s = {rate / MIB:.1f} MiB/s; "
+                          f"plain file copy of the same {copied / MIB:.0f} MiB: {base / MIB:.1f} MiB/s ({rate / base:.0%})", flush=True)
+                    drop_sink_copy(dst)
+    finally:
+        dlctl(env, "--yes", "sandbox", "down", "--purge")
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(rows))
+    ones = [r for r in rows if r["sink_w"] == 1]
+    if args.strict and ones and max(r["ratio"] for r in ones) < 0.4:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Several clusters (replication locations) of real agents on one ZooKeeper server, for the
+replication tests: each cluster has its own name, agents, and (shared) test secret, and each
+sink agent reaches the source clusters' agents and ZooKeeper through a ``FaultNetwork`` proxy,
+so tests can partition or delay the link between two clusters.
+
+Proxies are labelled with the *cluster* as region: ``network.partition("a", "b")`` cuts every
+connection a sink agent of ``b`` has to cluster ``a`` (agents and ZooKeeper) and vice versa.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kazoo.client import KazooClient
+
+from dlctl.inventory import Cluster
+from dlctl.log.dlsn import DLSN
+from dlctl.log.pool import AgentPool
+from dlctl.log.reader import LogReader, ReadRecord
+from dlctl.meta.store import MetaStore
+from dlctl.ops.session import ClusterSession
+
+from .agents import DEFAULT_SECRET, AgentNode
+from .faultproxy import FaultNetwork
+from .procs import ProcessRegistry
+from .zk import ZkNamespace, ZooKeeperServer
+
+
+@dataclass
+class Site:
+    name: str
+    ns: ZkNamespace
+    agents: dict[str, AgentNode]
+    admin: KazooClient
+    _sessions: list[ClusterSession] = field(default_factory=list)
+
+    def meta(self) -> MetaStore:
+        return MetaStore(self.admin, self.name)
+
+    def session(self) -> ClusterSession:
+        """A ``ClusterSession`` as the CLI would open it (closed at teardown)."""
+        first = next(iter(self.agents.values()))
+        session = ClusterSession(Cluster(self.name, self.ns.connect_string, first.secret_file, None))
+        self._sessions.append(session)
+        return session
+
+    def heal(self) -> None:
+        for node in self.agents.values():
+            if node.proc is not None and node.proc.paused:
+                node.proc.resume()
+            if node.proc is None or not node.proc.running:
+                node.start(wait=False)
+        for node in self.agents.values():
+            node.wait_ready(self.admin)
+
+
+@dataclass
+class Sites:
+    ns: ZkNamespace
+    network: FaultNetwork
+    sites: dict[str, Site]
+
+    def __getitem__(self, name: str) -> Site:
+        return self.sites[name]
+
+
+def replication_extra(sources: dict[str, tuple[str, dict[str, str]]], *, poll: float = 0.2, grace: float = 2.0, checkpoint: float = 0.2, pin: float = 0.5) -> str:
+    """The ``[replication]`` table of a sink agent; ``sources``: cluster -> (zookeeper, addresses)."""
+    lines = ["[replication]", f"poll_seconds = {poll}", f"claim_grace_seconds = {grace}", f"checkpoint_seconds = {checkpoint}", f"pin_seconds = {pin}"]
+    for name, (zookeeper, addresses) in sources.items():
+        lines.append(f"[replication.sources.{name}]")
+        lines.append(f'zookeeper = "{zookeeper}"')
+        lines.append("addresses = { " + ", ".join(f'"{n}" = "{a}"' for n, a in addresses.items()) + " }")
+    return "\n".join(lines) + "\n"
+
+
+def replication_sites(
+    zk_server: ZooKeeperServer,
+    base: Path,
+    procs: ProcessRegistry,
+    network: FaultNetwork,
+    label: str,
+    clusters: tuple[str, ...] = ("a", "b"),
+    nodes: int = 3,
+    proxied: bool = True,
+    agent_options: str = "",
+) -> Iterator[Sites]:
+    """Body of a fixture: ``yield from replication_sites(...)``. Every cluster is a sink of
+    every other one (agents are configured for all sources; streams decide what runs).
+    ``proxied=False``: sink agents reach sources directly (no fault proxy in the path)."""
+    ns = ZkNamespace(zk_server, label=label)
+    try:
+        zk_host, zk_port = zk_server.connect_string.split(",")[0].rsplit(":", 1)
+        agents: dict[str, dict[str, AgentNode]] = {}
+        # Ports are chosen when an AgentNode is made, so proxies can be set up before any starts.
+        ids = {c: [f"{c}{i + 1}" for i in range(nodes)] for c in clusters}
+        routes: dict[str, dict[str, tuple[str, dict[str, str]]]] = {c: {} for c in clusters}
+        placeholders: dict[str, dict[str, AgentNode]] = {}
+        for c in clusters:
+            placeholders[c] = {}
+            for n in ids[c]:
+                placeholders[c][n] = AgentNode(procs, base / c, ns.connect_string, cluster=c, node_id=n, region=f"r-{c}", secret=DEFAULT_SECRET)
+        for sink in clusters:
+            for source in clusters:
+                if source == sink or not proxied:
+                    continue
+                zk_proxy = network.proxy((zk_host, int(zk_port)), node=f"zk-{source}", region=source, client_region=sink, name=f"zk-{source}-for-{sink}")
+                addresses = {}
+                for n, node in placeholders[source].items():
+                    p = network.proxy((node.host, node.port), node=n, region=source, client_region=sink, name=f"{n}-for-{sink}")
+                    addresses[n] = f"{p.host}:{p.port}"
+                routes[sink][source] = (f"{zk_proxy.host}:{zk_proxy.port}{ns.path}", addresses)
+        for c in clusters:
+            extra = agent_options + replication_extra(routes[c])
+            agents[c] = {}
+            for n, node in placeholders[c].items():
+                # Rewrite the config with the replication table (AgentNode wrote it already).
+                node.config_path.write_text(node.config_path.read_text() + extra)
+                agents[c][n] = node
+        admin = ns.client()
+        for c in clusters:
+            for node in agents[c].values():
+                node.start(wait=False)
+        for c in clusters:
+            for node in agents[c].values():
+                node.wait_ready(admin)
+        sites = {c: Site(c, ns, agents[c], admin) for c in clusters}
+        yield Sites(ns, network, sites)
+        for site in sites.values():
+            for s in site._sessions:
+                s.close()
+    finally:
+        procs.close()
+        ns.close()
+
+
+async def read_all(meta: MetaStore, name: str, *, until: int | None = None, timeout: float = 60.0, idle: float = 1.0) -> list[ReadRecord]:
+    """Every record of log ``name`` through the log reader: until ``until`` records were read
+    (waiting up to ``timeout``), or until nothing came for ``idle`` seconds."""
+    pool = AgentPool(meta, DEFAULT_SECRET)
+    out: list[ReadRecord] = []
+    try:
+        async with LogReader(meta, pool, name) as reader:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while until is None or len(out) < until:
+                wait = idle if until is None else max(0.05, deadline - loop.time())
+                record = await reader.read_next(wait)
+                if record is None:
+                    break
+                out.append(record)
+    finally:
+        await pool.close()
+    return out
+
+
+def origin_of(record: ReadRecord) -> tuple[str, DLSN] | None:
+    from dlctl.replication.origin import Origin
+
+    origin = Origin.from_headers(record.headers)
+    return (origin.cluster, origin.dlsn) if origin else None

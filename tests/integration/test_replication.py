@@ -1,0 +1,493 @@
+"""Replication streams between two real clusters (issue 8): real agents running the workers,
+one real ZooKeeper holding both clusters, a fault proxy on every sink -> source connection.
+
+Each test gets fresh clusters ``a`` and ``b``; records are written at ``a`` with the library
+writer, read back at ``b`` with the log reader, and judged on payloads and origin headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness.agents import DEFAULT_SECRET
+from harness.faultproxy import FaultNetwork
+from harness.logcluster import eventually, run
+from harness.procs import ProcessRegistry
+from harness.twoclusters import Sites, origin_of, read_all, replication_sites
+
+from dlctl.log.dlsn import DLSN
+from dlctl.log.pool import AgentPool
+from dlctl.log.writer import LogWriter
+from dlctl.meta.records import LogConfig
+from dlctl.ops import replication as ops
+from dlctl.plan import apply
+from dlctl.replication.records import StreamState
+from dlctl.replication.store import StreamStore
+
+pytestmark = pytest.mark.zk
+
+
+@pytest.fixture
+def sites(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
+    zk_server.ensure_running()
+    procs = ProcessRegistry(tmp_path / "procs")
+    with FaultNetwork() as network:
+        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name)
+
+
+async def write(meta, name: str, payloads: list[bytes]) -> list[DLSN]:
+    pool = AgentPool(meta, DEFAULT_SECRET)
+    try:
+        writer = await LogWriter.open(meta, pool, name)
+        try:
+            futures = []
+            for p in payloads:
+                if writer.pending_bytes > 8 * 1024 * 1024:
+                    await writer.wait_writable()
+                futures.append(writer.submit(p))
+            await writer.flush()
+            return [f.result() for f in futures]
+        finally:
+            await writer.close()
+    finally:
+        await pool.close()
+
+
+def setup_stream(sites: Sites, *patterns: str, bidirectional: bool = False) -> ops.InitPlan:
+    built = ops.init_plan(sites["a"].session(), sites["b"].session(), patterns=patterns or ("*",), bidirectional=bidirectional)
+    ops.refuse_unavailable_bootstrap(built)
+    apply(built.plan)
+    return built
+
+
+def _zk_retry(fn):
+    """The test's own ZooKeeper reads ride out a connection blip of its client (on a loaded
+    machine); the property under test is the stream's, not the test client's."""
+    from kazoo.exceptions import ConnectionLoss, OperationTimeoutError
+
+    for attempt in range(20):
+        try:
+            return fn()
+        except (ConnectionLoss, OperationTimeoutError):
+            if attempt == 19:
+                raise
+            time.sleep(0.25)
+
+
+def checkpoint(sites: Sites, log: str, stream: str = "a-to-b"):
+    return _zk_retry(lambda: StreamStore(sites["b"].meta()).get_checkpoint(stream, log).value)
+
+
+def test_one_way_stream_applies_every_source_record_once_in_source_order(sites: Sites):
+    a, b = sites["a"], sites["b"]
+    a.meta().create_log("orders", LogConfig())
+    payloads = [f"order-{i}".encode() for i in range(3000)]
+    positions = run(write(a.meta(), "orders", payloads))
+    built = setup_stream(sites, "orders")
+    assert [(d.log, d.decision.value) for d in built.decisions] == [("orders", "start")]
+    more = [f"order-{i}".encode() for i in range(3000, 4000)]
+    positions += run(write(a.meta(), "orders", more))  # written while the stream runs
+
+    records = run(read_all(b.meta(), "orders", until=4000, timeout=60))
+    assert [r.payload for r in records] == payloads + more
+    assert [origin_of(r) for r in records] == [("a", p) for p in positions]
+    # Nothing more arrives (no duplicate after the last one).
+    assert len(run(read_all(b.meta(), "orders", idle=1.5))) == 4000
+    run(eventually(lambda: checkpoint(sites, "orders").next > positions[-1], timeout=10, message="checkpoint past the last record"))
+    # The worker read the source through the fault proxies (so partition tests cut real traffic).
+    assert sum(p.bytes_forwarded["down"] for p in sites.network.proxies if p.name.startswith("a") and p.name.endswith("-for-b")) > 4000 * 10
+
+
+class Load:
+    """A writer at the source appending numbered records until stopped (in the test's loop)."""
+
+    def __init__(self, meta, name: str, rate: float | None = None) -> None:
+        self.meta, self.name, self.rate = meta, name, rate
+        self.positions: list[DLSN] = []
+        self.payloads: list[bytes] = []
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> Load:
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def _run(self) -> None:
+        pool = AgentPool(self.meta, DEFAULT_SECRET)
+        writer = await LogWriter.open(self.meta, pool, self.name)
+        try:
+            i = 0
+            while not self._stop.is_set():
+                batch = [f"rec-{i + k}".encode() for k in range(50)]
+                futures = [writer.submit(p) for p in batch]
+                await writer.flush()
+                self.positions += [f.result() for f in futures]
+                self.payloads += batch
+                i += len(batch)
+                await asyncio.sleep(0.01 if self.rate is None else len(batch) / self.rate)
+        finally:
+            await writer.close()
+            await pool.close()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        assert self._task is not None
+        await self._task
+
+
+def claimed_by(sites: Sites, log: str, stream: str = "a-to-b") -> str | None:
+    claim = _zk_retry(lambda: StreamStore(sites["b"].meta()).claims(stream).get(log))
+    return claim["node"] if claim else None
+
+
+@pytest.fixture
+def four_node_sites(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
+    zk_server.ensure_running()
+    procs = ProcessRegistry(tmp_path / "procs")
+    with FaultNetwork() as network:
+        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, nodes=4)
+
+
+def test_sigkill_of_the_worker_agent_moves_the_worker_and_the_sink_log_equals_the_source_log(four_node_sites: Sites):
+    sites = four_node_sites
+    a, b = sites["a"], sites["b"]
+    # E=3, W=3, A=2 on four sink agents: with the worker's agent dead, the new worker can still
+    # recover the sink log (2 of 3 replicas) and find a fresh ensemble of 3.
+    a.meta().create_log("payments", LogConfig())
+    setup_stream(sites, "payments")
+
+    async def scenario() -> Load:
+        load = Load(a.meta(), "payments").start()
+        try:
+            await eventually(lambda: checkpoint(sites, "payments").applied_records > 1000, timeout=30, message="replication under way")
+            victim = claimed_by(sites, "payments")
+            assert victim is not None
+            b.agents[victim].proc.kill()  # SIGKILL, mid-stream
+            await eventually(lambda: claimed_by(sites, "payments") not in (None, victim), timeout=30, message="another agent claims the worker")
+            await eventually(lambda: checkpoint(sites, "payments").worker not in ("", victim), timeout=60, message="the new worker checkpoints")
+            await asyncio.sleep(1.0)
+        finally:
+            await asyncio.wait_for(load.stop(), 60)
+        return load
+
+    load = run(scenario(), timeout=180)
+    records = run(read_all(b.meta(), "payments", until=len(load.payloads), timeout=60))
+    assert [r.payload for r in records] == load.payloads  # no gap, no duplicate, same order
+    assert [origin_of(r) for r in records] == [("a", p) for p in load.positions]
+    assert len(run(read_all(b.meta(), "payments", idle=1.5))) == len(load.payloads)
+
+
+PARTITION_SECONDS = 30.0
+LAG_THRESHOLD_SECONDS = 5.0
+
+
+def test_partition_between_clusters_under_load_then_heal_lag_returns_under_threshold_and_logs_converge(sites: Sites):
+    a, b = sites["a"], sites["b"]
+    a.meta().create_log("events", LogConfig())
+    setup_stream(sites, "events")
+    source, sink = a.session(), b.session()
+
+    async def scenario() -> Load:
+        load = Load(a.meta(), "events", rate=1000).start()
+        try:
+            await eventually(lambda: checkpoint(sites, "events").applied_records > 500, timeout=30, message="replication under way")
+            sites.network.partition("a", "b")
+            applied = checkpoint(sites, "events").applied_records
+            await asyncio.sleep(PARTITION_SECONDS)
+            stuck = checkpoint(sites, "events").applied_records
+            row = (await asyncio.get_running_loop().run_in_executor(None, ops.stream_status, sink, source, "a-to-b"))["logs"][0]
+            assert row["lag_records"] > 10_000 and row["lag_seconds"] >= PARTITION_SECONDS / 2, row  # visible in status
+            sites.network.heal()
+            assert stuck - applied < 1000, "records crossed a partition"  # at most what was in flight
+            started = time.monotonic()
+
+            def caught_up() -> bool:
+                status = ops.stream_status(sink, source, "a-to-b")
+                row = status["logs"][0]
+                return row["lag_seconds"] is not None and row["lag_seconds"] <= LAG_THRESHOLD_SECONDS and row["lag_records"] < 2000
+
+            async def caught_up_now() -> bool:
+                return await asyncio.get_running_loop().run_in_executor(None, caught_up)
+
+            await eventually(caught_up_now, timeout=60, message="lag back under the threshold")
+            catch_up = time.monotonic() - started
+        finally:
+            await asyncio.wait_for(load.stop(), 60)
+        return load, catch_up
+
+    load, catch_up = run(scenario(), timeout=180)
+    records = run(read_all(b.meta(), "events", until=len(load.payloads), timeout=60))
+    assert [r.payload for r in records] == load.payloads
+    assert catch_up < 60
+
+
+def test_init_replication_interrupted_after_any_step_completes_when_rerun_and_never_runs_half_a_stream(sites: Sites):
+    a, b = sites["a"], sites["b"]
+    n_steps = None
+    k = 0
+    while n_steps is None or k < n_steps:
+        name = f"log-{k}"
+        a.meta().create_log(name, LogConfig())
+        run(write(a.meta(), name, [f"{name}-{i}".encode() for i in range(100)]))
+        built = ops.init_plan(a.session(), b.session(), patterns=(name,))
+        steps = built.plan.steps
+        n_steps = len(steps)
+        assert [s.action for s in steps] == ["register-stream", "pin", "create-sink-log", "checkpoint", "activate"]
+        for step in steps[:k]:  # the CLI dies after step k
+            step.run()
+        if k < n_steps:
+            state = StreamStore(b.meta()).get_state("a-to-b").value.state if k else None
+            assert state in (None, StreamState.SETTING_UP)
+            time.sleep(1.0)  # several worker rounds: none may start on a half stream
+            assert StreamStore(b.meta()).claims("a-to-b") == {}
+        rerun = ops.init_plan(a.session(), b.session(), patterns=(name,))
+        assert [(d.log, d.decision.value) for d in rerun.decisions] == [(name, "resume" if k >= 4 else "start")]
+        apply(rerun.plan)
+        records = run(read_all(b.meta(), name, until=100, timeout=30))
+        assert [r.payload for r in records] == [f"{name}-{i}".encode() for i in range(100)]
+        # Clean up for the next round: delete removes both sides' state and pins.
+        apply(ops.delete_plan(b.session(), a.session(), "a-to-b"))
+        assert not StreamStore(b.meta()).exists("a-to-b")
+        from dlctl.meta.pins import PinStore
+
+        assert "a-to-b" not in PinStore(a.meta()).holders()
+        k += 1
+
+
+def _inventory(sites: Sites, path: Path) -> Path:
+    lines = ['default_cluster = "b"']
+    for name, site in sites.sites.items():
+        first = next(iter(site.agents.values()))
+        lines += [f"[clusters.{name}]", f'zookeeper = "{site.ns.connect_string}"', f'secret_file = "{first.secret_file}"', ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+def dlctl(inventory: Path, *argv: str) -> tuple[int, str]:
+    import io
+    import json  # noqa: F401
+    from contextlib import redirect_stdout
+
+    from dlctl.cli.main import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["--config", str(inventory), "--yes", *argv])
+    return code, out.getvalue()
+
+
+def test_status_check_wait_drain_pause_resume_and_delete_through_the_cli(sites: Sites, tmp_path: Path):
+    import json
+
+    a, b = sites["a"], sites["b"]
+    inventory = _inventory(sites, tmp_path / "inventory.toml")
+    a.meta().create_log("audit", LogConfig())
+    run(write(a.meta(), "audit", [f"a-{i}".encode() for i in range(2000)]))
+
+    code, out = dlctl(inventory, "init-replication", "--source", "a", "--sink", "b", "--logs", "aud*", "--dry-run", "-o", "json")
+    assert code == 0
+    plan = json.loads(out)
+    assert any("audit: start" in n for n in plan["notes"]) and plan["dry_run"]
+    assert not StreamStore(b.meta()).exists("a-to-b")  # a dry run changes nothing
+    code, out = dlctl(inventory, "init-replication", "--source", "a", "--sink", "b", "--logs", "aud*", "-o", "json")
+    assert code == 0 and json.loads(out)["ok"]
+
+    code, out = dlctl(inventory, "replication", "wait-drain", "a-to-b", "--timeout", "60", "-o", "json")
+    assert code == 0 and json.loads(out)["drained"]
+    assert len(run(read_all(b.meta(), "audit", until=2000, timeout=10))) == 2000
+    code, out = dlctl(inventory, "replication", "check", "a-to-b", "--max-lag-records", "10", "--max-lag-seconds", "30", "-o", "json")
+    assert code == 0, out
+    code, out = dlctl(inventory, "replication", "status", "a-to-b", "-o", "json")
+    row = json.loads(out)["logs"][0]
+    assert row["lag_records"] == 0 and row["state"] == "running" and row["worker"] in b.agents and row["worker_region"] == "r-b"
+    assert row["last_applied"] is not None and row["last_error"] is None
+
+    code, out = dlctl(inventory, "replication", "pause", "a-to-b", "-o", "json")
+    assert code == 0
+    run(eventually(lambda: StreamStore(b.meta()).claims("a-to-b") == {}, timeout=10, message="workers stop when paused"))
+    run(write(a.meta(), "audit", [f"b-{i}".encode() for i in range(500)]))
+    code, out = dlctl(inventory, "replication", "status", "-o", "json")
+    row = json.loads(out)[0]["logs"][0]
+    assert row["state"] == "paused" and row["lag_records"] == 500 and row["worker"] is None
+    code, out = dlctl(inventory, "replication", "check", "a-to-b", "--max-lag-records", "100", "-o", "json")
+    assert code == 2 and json.loads(out)["status"] == "CRITICAL"
+    code, out = dlctl(inventory, "replication", "check", "a-to-b", "--max-lag-records", "1000")
+    assert code == 1 and out.startswith("WARNING")  # under the threshold, but paused
+
+    code, _ = dlctl(inventory, "replication", "resume", "a-to-b")
+    assert code == 0
+    code, out = dlctl(inventory, "replication", "wait-drain", "a-to-b", "--timeout", "60", "-o", "json")
+    assert code == 0
+    records = run(read_all(b.meta(), "audit", until=2500, timeout=10))
+    assert [r.payload for r in records] == [f"a-{i}".encode() for i in range(2000)] + [f"b-{i}".encode() for i in range(500)]
+    code, out = dlctl(inventory, "replication", "list", "-o", "json")
+    assert [(r["stream"], r["state"]) for r in json.loads(out)] == [("a-to-b", "running")]
+
+    # Re-running init on a running stream resumes: nothing to change.
+    code, out = dlctl(inventory, "init-replication", "--source", "a", "--sink", "b", "--logs", "audit", "--dry-run", "-o", "json")
+    assert code == 0 and any("audit: resume" in n for n in json.loads(out)["notes"])
+
+    code, out = dlctl(inventory, "replication", "delete", "a-to-b", "-o", "json")
+    assert code == 0 and json.loads(out)["ok"]
+    from dlctl.meta.pins import PinStore
+
+    assert not StreamStore(b.meta()).exists("a-to-b") and PinStore(a.meta()).holders() == []
+    assert len(run(read_all(b.meta(), "audit", idle=1.0))) == 2500  # the sink log stays
+
+
+def test_init_replication_refuses_with_exit_4_when_the_sink_already_has_data(sites: Sites, tmp_path: Path):
+    import json
+
+    a, b = sites["a"], sites["b"]
+    inventory = _inventory(sites, tmp_path / "inventory.toml")
+    a.meta().create_log("ledger", LogConfig())
+    b.meta().create_log("ledger", LogConfig())
+    run(write(b.meta(), "ledger", [b"local"]))
+    code, out = dlctl(inventory, "init-replication", "--source", "a", "--sink", "b", "--dry-run", "-o", "json")
+    assert code == 0 and any("ledger: bootstrap" in n and "already holds 1 record" in n for n in json.loads(out)["notes"])
+    code, out = dlctl(inventory, "init-replication", "--source", "a", "--sink", "b", "-o", "json")
+    if not ops.bootstrap_available():
+        assert code == 4
+        assert not StreamStore(b.meta()).exists("a-to-b")  # refused before anything changed
+
+
+def test_pins_keep_a_paused_streams_segments_until_the_maximum_age_then_status_reports_needs_bootstrap(sites: Sites):
+    from dlctl.meta.pins import PinStore
+
+    a, b = sites["a"], sites["b"]
+    a.meta().create_log("metrics", LogConfig())
+    for chunk in range(4):  # each writer starts a segment: several segments to pin
+        run(write(a.meta(), "metrics", [f"m-{chunk}-{i}".encode() for i in range(50)]))
+    built = ops.init_plan(a.session(), b.session(), patterns=("metrics",), pin_max_age=4.0)
+    apply(built.plan)
+    source, sink = a.session(), b.session()
+    run(eventually(lambda: checkpoint(sites, "metrics").applied_records == 200, timeout=30, message="caught up"))
+    apply(ops.pause_plan(sink, "a-to-b"))
+    run(eventually(lambda: StreamStore(b.meta()).claims("a-to-b") == {}, timeout=10, message="workers stopped"))
+    for chunk in range(3):
+        run(write(a.meta(), "metrics", [f"n-{chunk}-{i}".encode() for i in range(50)]))
+    pins = PinStore(a.meta())
+    pin = pins.get("a-to-b", "metrics").value
+    segs = [s.value.seq for s in a.meta().segments("metrics")]
+    assert len(segs) == 7 and 1 < pin.position.segment_seq < 7
+    protecting = pins.protecting("metrics", segs)
+    # Every segment from the paused stream's position on is kept for it; none before.
+    assert all(protecting[s] == ["a-to-b"] for s in segs if s >= pin.position.segment_seq)
+    assert all(protecting[s] == [] for s in segs if s < pin.position.segment_seq)
+    from dlctl.errors import RefusedError
+    from dlctl.ops.truncate import truncate_plan
+
+    with pytest.raises(RefusedError, match="pin"):  # truncation keeps what the paused stream needs
+        truncate_plan(a.session(), "metrics", to=DLSN(segs[-1], 0, 0))
+    # Past the maximum age the pin protects nothing, and status says the stream is in danger.
+    time.sleep(4.5)
+    assert all(v == [] for v in pins.protecting("metrics", segs).values())
+    row = ops.stream_status(sink, source, "a-to-b")["logs"][0]
+    assert "pin expired" in row["needs_bootstrap"]
+    # Truncation now goes past the pin and marks it; the resumed worker stops for good.
+    apply(truncate_plan(a.session(), "metrics", to=DLSN(segs[-1], 0, 0)))
+    assert pins.get("a-to-b", "metrics").value.needs_bootstrap
+    apply(ops.resume_plan(sink, "a-to-b"))
+    run(eventually(lambda: checkpoint(sites, "metrics").needs_bootstrap != "", timeout=30, message="worker marks needs bootstrap"))
+    status = ops.stream_status(sink, source, "a-to-b")
+    assert status["logs"][0]["state"] == "NEEDS BOOTSTRAP", status
+    assert ops.check(status, max_lag_seconds=None, max_lag_records=None)[0] == 2
+    assert len(run(read_all(b.meta(), "metrics", idle=1.0))) == 200  # no record past the gap
+
+
+# -- active-active ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def three_sites(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
+    zk_server.ensure_running()
+    procs = ProcessRegistry(tmp_path / "procs")
+    with FaultNetwork() as network:
+        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, clusters=("a", "b", "c"))
+
+
+async def local_writer(site, name: str, rounds: int, per_round: int, others: tuple[str, ...]) -> None:
+    """Writes at one location through the log's owner, in rounds; between rounds it waits until
+    it has seen a record of another location, so later records causally follow earlier ones."""
+    from dlctl.log.producer import LogProducer
+
+    meta = site.meta()
+    pool = AgentPool(meta, DEFAULT_SECRET)
+    producer = LogProducer(meta, pool, name)
+    try:
+        for r in range(rounds):
+            futures = [producer.submit(f"{site.name}-{r}-{i}".encode()) for i in range(per_round)]
+            await asyncio.gather(*futures)
+            if r < rounds - 1 and others:
+                await eventually(
+                    lambda: _seen_from(meta, name, others), timeout=30, message=f"{site.name} sees records of {others}"
+                )
+    finally:
+        await producer.close()
+        await pool.close()
+
+
+async def _seen_from(meta, name: str, others: tuple[str, ...]) -> bool:
+    records = await read_all(meta, name, idle=0.2)
+    return any((origin_of(r) or ("",))[0] in others for r in records)
+
+
+def judge_locations(sites: Sites, name: str, expected: int) -> None:
+    """Every location: the same records, each once, with the same vector timestamps, in an order
+    that never puts a record before one of its causal predecessors."""
+    from dlctl.replication.causal import SourceClock, dominated
+    from dlctl.replication.origin import Origin
+
+    identities = {}
+    stamps: dict[tuple, dict] = {}
+    for loc, site in sites.sites.items():
+        records = run(read_all(site.meta(), name, until=expected, timeout=90))
+        records += run(read_all(site.meta(), name, idle=1.0))[len(records):]
+        clock = SourceClock(loc)
+        ids, vts = [], []
+        for r in records:
+            origin = Origin.from_headers(r.headers)
+            vt = clock.stamp(origin)
+            ident = (origin.cluster, origin.dlsn) if origin else (loc, r.dlsn)
+            ids.append(ident)
+            vts.append(vt)
+            assert stamps.setdefault(ident, vt) == vt, f"{ident} has different timestamps at different locations"
+        assert len(ids) == len(set(ids)) == expected, f"{loc}: {len(ids)} records, {len(set(ids))} distinct, {expected} expected"
+        identities[loc] = set(ids)
+        for j in range(len(vts)):
+            for i in range(j):
+                assert not (dominated(vts[j], vts[i]) and vts[j] != vts[i]), f"{loc}: {ids[j]} precedes its cause {ids[i]}? order broken"
+    first = next(iter(identities.values()))
+    assert all(ids == first for ids in identities.values())
+
+
+def test_active_active_concurrent_writers_converge_without_duplicates_in_causal_order(sites: Sites):
+    a, b = sites["a"], sites["b"]
+    a.meta().create_log("carts", LogConfig())
+    built = setup_stream(sites, "carts", bidirectional=True)
+    assert sorted((d.stream, d.decision.value) for d in built.decisions) == [("a-to-b", "start"), ("b-to-a", "start")]
+
+    async def writers() -> None:
+        await asyncio.gather(local_writer(a, "carts", 4, 100, ("b",)), local_writer(b, "carts", 4, 100, ("a",)))
+
+    run(writers(), timeout=180)
+    judge_locations(sites, "carts", 800)
+
+
+def test_active_active_three_cluster_cycle_converges_without_duplicates_in_causal_order(three_sites: Sites):
+    sites = three_sites
+    for name in ("a", "b", "c"):
+        sites[name].meta().create_log("profiles", LogConfig())
+    for source, sink in (("a", "b"), ("b", "c"), ("c", "a")):
+        built = ops.init_plan(sites[source].session(), sites[sink].session(), patterns=("profiles",), causal=True)
+        apply(built.plan)
+
+    async def writers() -> None:
+        await asyncio.gather(*(local_writer(sites[n], "profiles", 3, 60, tuple(o for o in "abc" if o != n)) for n in "abc"))
+
+    run(writers(), timeout=240)
+    judge_locations(sites, "profiles", 540)

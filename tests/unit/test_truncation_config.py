@@ -1,0 +1,55 @@
+"""The agent's ``[housekeeping]`` table: defaults, values, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dlagent import config as agent_config
+
+from dlctl.errors import ConfigError
+
+BASE = """
+node_id = "r1-n1"
+cluster = "east"
+region = "r1"
+rack = "rack-a"
+data_dir = "data"
+listen = "127.0.1.1:3181"
+zookeeper = "127.0.0.1:2181/t"
+secret_file = "secret"
+"""
+
+
+def load(tmp_path: Path, extra: str = "") -> agent_config.AgentConfig:
+    path = tmp_path / "agent.toml"
+    path.write_text(BASE + extra)
+    return agent_config.load(path)
+
+
+def test_housekeeping_defaults_keep_every_agent_reclaiming_and_standing_for_election(tmp_path):
+    hk = load(tmp_path).housekeeping
+    assert (hk.enabled, hk.check_seconds, hk.disk_override_free_bytes, hk.delete_concurrency, hk.delete_rate) == (True, 60.0, 0, 4, 50.0)
+
+
+def test_housekeeping_values(tmp_path):
+    hk = load(tmp_path, "[housekeeping]\nenabled = false\ncheck_seconds = 0.5\ndisk_override_free_bytes = 1073741824\ndelete_concurrency = 2\ndelete_rate = 0\n").housekeeping
+    assert (hk.enabled, hk.check_seconds, hk.disk_override_free_bytes, hk.delete_concurrency, hk.delete_rate) == (False, 0.5, 2**30, 2, 0.0)
+
+
+@pytest.mark.parametrize(
+    "table,where",
+    [
+        ("enabled = 1", "'enabled'"),
+        ("check_seconds = 0", "'check_seconds'"),
+        ("check_seconds = true", "'check_seconds'"),
+        ("disk_override_free_bytes = -1", "'disk_override_free_bytes'"),
+        ("delete_concurrency = 0", "'delete_concurrency'"),
+        ("delete_rate = -5", "'delete_rate'"),
+        ("retention = 3", "unknown key(s) in [housekeeping]: retention"),
+    ],
+)
+def test_bad_housekeeping_values_name_the_key(tmp_path, table, where):
+    with pytest.raises(ConfigError, match="housekeeping") as info:
+        load(tmp_path, f"[housekeeping]\n{table}\n")
+    assert where in info.value.message and "agent.toml" in info.value.message
