@@ -197,21 +197,18 @@ def _direction(
 
 
 def _bootstrap_step(source: ClusterSession, sink: ClusterSession, stream_id: str, decision: LogDecision) -> Step:
-    """THE call site of the bootstrap copy (issue: Spark bootstrap). Until
-    ``dlctl.ops.bootstrap.bootstrap_logs`` exists, ``init-replication`` refuses (exit 4) before
-    applying anything when a log needs it (see ``refuse_unavailable_bootstrap``)."""
+    """THE call site of the bootstrap copy (``dlctl.ops.bootstrap``): a Spark job copies what the
+    source retains into the sink log and commits it atomically; before it lets its extra pin go,
+    ``stream_hook`` sets the stream's checkpoint to the snapshot point and moves the stream's pin
+    there, so the stream continues exactly after the copy. Re-running resumes the job."""
 
     def run() -> Any:
-        from .bootstrap import bootstrap_logs  # type: ignore[import-not-found]
+        from .bootstrap import bootstrap_logs, stream_hook
 
-        result = bootstrap_logs(source, sink, [decision.log], holder=stream_id)
-        snapshot = result.snapshots[decision.log] if hasattr(result, "snapshots") else result[decision.log]
-        streams = StreamStore(sink.meta)
-        streams.create_checkpoint(stream_id, Checkpoint(decision.log, next=snapshot))
-        PinStore(source.meta).reset(PinRecord(holder=stream_id, log=decision.log, position=snapshot, sink_cluster=sink.cluster.name))
-        return {"snapshot": str(snapshot)}
+        result = bootstrap_logs(source, sink, [decision.log], holder=f"bootstrap-{stream_id}", before_release=stream_hook(source, sink, stream_id))
+        return {"snapshot": str(result.logs[decision.log].snapshot), "bytes_copied": result.bytes_copied, "seconds": round(result.seconds, 3)}
 
-    return Step("bootstrap", f"{sink.cluster.name}/{decision.log}", f"bootstrap copy of {decision.log} from {source.cluster.name}: {decision.reason}", run=run)
+    return Step("bootstrap", f"{sink.cluster.name}/{decision.log}", f"bootstrap copy of {decision.log} from {source.cluster.name} (Spark): {decision.reason}", run=run)
 
 
 def bootstrap_available() -> bool:
