@@ -90,6 +90,10 @@ async def serve(config: AgentConfig) -> int:
         loop.call_soon_threadsafe(storage_failed.set)
 
     store.on_failure = on_storage_failure
+    # Handle SIGTERM/SIGINT from here on: a stop asked for while the agent is still starting is
+    # carried out (cleanly, exit 0) as soon as it is up, instead of killing it half-registered.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
     server = AgentServer(store, secret, config.host, config.port)
     await server.start()
 
@@ -123,8 +127,6 @@ async def serve(config: AgentConfig) -> int:
     # collection) and, if elected, applies retention and collects truncated segments' records.
     housekeeping = Housekeeping(zk, config.cluster, config.node_id, store, secret, config.housekeeping, zk_auth).start()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
     log.info("dlagent %s ready: node %s of cluster %s serving on %s", __version__, config.node_id, config.cluster, config.advertise)
 
     waiters = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(storage_failed.wait())]

@@ -200,3 +200,25 @@ def fault_network() -> Iterator[FaultNetwork]:
     network = FaultNetwork()
     yield network
     network.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leaked_zookeeper_clients() -> Iterator[None]:
+    """A test module must stop every ZooKeeper client it started (set up first, so torn down
+    after the module's other fixtures). A leaked client keeps reconnecting to a server that is
+    gone and logs about it into whatever test runs next: this names the module that leaked it."""
+    import gc
+
+    from kazoo.client import KazooClient
+
+    def running() -> set[int]:
+        return {id(o) for o in gc.get_objects() if isinstance(o, KazooClient) and not o._stopped.is_set()}
+
+    before = running()
+    yield
+    leaked = [o for o in gc.get_objects() if isinstance(o, KazooClient) and not o._stopped.is_set() and id(o) not in before]
+    for client in leaked:
+        client.stop()
+        client.close()
+    if leaked:
+        pytest.fail(f"{len(leaked)} ZooKeeper client(s) left running by this module: {[c.hosts for c in leaked]}", pytrace=False)

@@ -397,7 +397,8 @@ def test_dry_run_prints_range_size_estimate_and_snapshot_and_changes_nothing(san
     assert info["source_range"] == [1, 3] and info["segments"] == 3 and info["snapshot"] == "4/0/0"
     assert info["bytes"] > 60 * 1000 and info["records"] == 60
     assert info["estimated_seconds"] is not None and info["measured_rate_bytes_per_second"] > 0
-    assert name not in session(sandbox, SINK).meta.list_logs()
+    with session(sandbox, SINK) as dst:
+        assert name not in dst.meta.list_logs()
     with session(sandbox, SOURCE) as src:
         assert PinStore(src.meta).pins_of_log(name) == []
 
