@@ -45,12 +45,13 @@ from typing import Any
 
 from dlctl.errors import NotFoundError
 from dlctl.log.dlsn import DLSN
-from dlctl.log.errors import AgentError, BadRequestError, FencedError, NoSuchLogError, NotOwnerError, OrderBarrierError
+from dlctl.log.errors import AgentError, BadRequestError, FencedError, NoSuchLogError, NotOwnerError, OrderBarrierError, ReadOnlyLogError
 from dlctl.log.ownership import OwnershipError, owner_info
 from dlctl.log.records import CorruptRecords, Record, decode_records
 from dlctl.log.writer import LogWriter, WriterDeposedError, WriterError, WriterOptions
 from dlctl.meta.store import MetaStore
 from dlctl.names import validate_name
+from dlctl.meta.access import LogReadOnlyError
 from dlctl.replication.origin import decode_source_position
 from dlctl.replication.positions import applied_in_tail
 
@@ -126,6 +127,8 @@ def _error_for(exc: BaseException, name: str) -> AgentError:
     """The typed wire error a client acts on."""
     if isinstance(exc, AgentError):
         return exc
+    if isinstance(exc, LogReadOnlyError):  # a standby or frozen log: no agent will take it
+        return ReadOnlyLogError(str(exc), hint=exc.hint)
     if isinstance(exc, WriterDeposedError):
         return FencedError(f"log {name!r}: {exc}", hint="another writer owns the log now: retry through the new owner")
     if isinstance(exc, OwnershipError):

@@ -137,7 +137,11 @@ class ReplicationService:
                     work[(stream_id, log_name)] = config
         # Workers whose stream stopped, or whose claim this session no longer holds, stop.
         for item in list(self._running):
-            if item not in work or claims.get(item) != self.node_id or not await self._zk(self.streams.holds, *item):
+            running = self._running[item]
+            ended = running.task is not None and running.task.done()
+            if item not in work or work[item] != running.config or ended or claims.get(item) != self.node_id or not await self._zk(self.streams.holds, *item):
+                # (A changed config — `dr recover` switching a stream's filter — or a worker that
+                # ended because its checkpoint was reset under it: start afresh next round.)
                 await self._stop_worker(item)
         now = time.monotonic()
         for item in work:

@@ -119,6 +119,27 @@ class AppContext:
         if not click.confirm(f"Apply {plan.operation} ({len(plan.steps)} step(s))?", err=True):
             raise RefusedError(f"{plan.operation}: not confirmed; nothing was changed")
 
+    def confirm_typed(self, plan: Plan, expected: str, given: str | None, what: str) -> None:
+        """For steps that cannot be undone (promote a cluster, discard records): the operator
+        types the cluster's name, at the terminal or with ``--confirm NAME``; ``--yes`` is not
+        enough."""
+        if given is not None:
+            if given != expected:
+                raise RefusedError(f"{plan.operation}: --confirm {given!r} does not name {expected!r}; nothing was changed")
+            return
+        if not sys.stdin.isatty():
+            raise RefusedError(
+                f"{plan.operation}: {what} needs the cluster name typed (standard input is not a terminal)",
+                hint=f"review it with --dry-run, then pass --confirm {expected}",
+            )
+        for step in plan.steps:
+            self.stderr.print(f"  • {step.description}", markup=False, highlight=False)
+        for note in plan.notes:
+            self.stderr.print(f"  ! {note}", markup=False, highlight=False)
+        typed = click.prompt(f"Type {expected!r} to {what}", err=True, default="", show_default=False)
+        if typed.strip() != expected:
+            raise RefusedError(f"{plan.operation}: not confirmed; nothing was changed")
+
     def run_plan(self, plan: Plan) -> PlanResult:
         log = logging.getLogger("dlctl.plan")
         with self.progress() as bar:

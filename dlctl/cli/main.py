@@ -22,6 +22,7 @@ from .misc import completion_command, version_command
 from .placement import placement_group
 from .recover import fence_command, recover_group
 from .replication import init_replication_command, replication_group
+from .dr import dr_group, failback_command, failover_command, switchover_command
 from .sandbox import sandbox_group
 from .truncate import gc_command, truncate_command
 
@@ -90,6 +91,7 @@ cli.add_command(placement_group)
 cli.add_command(truncate_command); cli.add_command(gc_command)  # noqa: E702 - one line per feature
 cli.add_command(init_replication_command)
 cli.add_command(replication_group)
+cli.add_command(dr_group); cli.add_command(failover_command); cli.add_command(switchover_command); cli.add_command(failback_command)  # noqa: E702
 
 
 def _report(app: AppContext, error: DlctlError) -> None:

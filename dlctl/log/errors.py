@@ -80,6 +80,13 @@ class ProxyDisabledError(AgentError):
     status = 11
 
 
+class ReadOnlyLogError(AgentError):
+    """The log's access mode refuses this writer (a standby replica or a read-only log): the
+    records can never be appended here; a producer fails them at once instead of retrying."""
+
+    status = 12
+
+
 class AgentUnavailableError(AgentError):
     """Client side: the agent could not be reached, the connection dropped, or a request timed out."""
 
@@ -100,6 +107,7 @@ ERRORS_BY_STATUS: dict[int, type[AgentError]] = {
         OrderBarrierError,
         NoSuchLogError,
         ProxyDisabledError,
+        ReadOnlyLogError,
         AgentUnavailableError,
     )
 }

@@ -43,7 +43,7 @@ from typing import Any
 
 from ..errors import DlctlError, NotFoundError
 from .dlsn import DLSN
-from .errors import AgentError, AgentUnavailableError, BadRequestError, NoSuchLogError, NotOwnerError, ProxyDisabledError
+from .errors import AgentError, AgentUnavailableError, BadRequestError, NoSuchLogError, NotOwnerError, ProxyDisabledError, ReadOnlyLogError
 from .pool import AgentPool
 from .records import Record, encode_record
 
@@ -378,6 +378,9 @@ class LogProducer:
         root = failed[0].error  # later failures are its consequences (order barrier, same cause)
         if isinstance(root, (NoSuchLogError, NotFoundError)):
             self._fail_all(NotFoundError(f"log {self.name!r} does not exist: {root}"), failed)
+            return
+        if isinstance(root, ReadOnlyLogError):  # a standby or frozen log: retrying cannot help
+            self._fail_all(root, failed)
             return
         if isinstance(root, BadRequestError):  # this request can never succeed; the others can
             self._fail_request(failed.pop(0), root)

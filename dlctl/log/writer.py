@@ -49,6 +49,7 @@ from typing import Any
 from kazoo.exceptions import ConnectionLoss, OperationTimeoutError
 
 from ..errors import ConflictError, DlctlError, NotFoundError, RefusedError
+from ..meta.access import AccessStore
 from ..meta.records import NO_ENTRY, NO_TXID, EnsembleChange, LogRecord, SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
 from ..meta import policy as placement_store
@@ -225,21 +226,30 @@ class LogWriter:
         owner_id: str | None = None,
         options: WriterOptions | None = None,
         owner_info: dict | None = None,
+        role: str = "application",
         **overrides: Any,
     ) -> LogWriter:
         """Own log ``name``, recover what the previous owner left in progress, and get ready to
         append. ``overrides`` are ``WriterOptions`` fields (e.g. ``batch_delay=0.005``);
-        ``owner_info`` is published in the owner znode (a proxy's address)."""
+        ``owner_info`` is published in the owner znode (a proxy's address). ``role``
+        ("application" or "replication:<stream>") must be admitted by the log's access mode
+        (``dlctl.meta.access``), else ``LogReadOnlyError``."""
         opts = options or WriterOptions()
         if overrides:
             opts = WriterOptions(**{**opts.__dict__, **overrides})
         writer = cls(meta, pool, name, owner_id, opts, owner_info)
+        writer.role = role
         await writer._start()
         return writer
+
+    role = "application"
 
     async def _start(self) -> None:
         await self.ownership.acquire(wait=self.options.ownership_wait)
         try:
+            # After taking ownership: whoever changes the mode deposes the owner it finds, so
+            # a writer that raced the change either sees the new mode here or is deposed.
+            await self._zk(AccessStore(self.meta).check, self.name, self.role)
             self.ownership.on_lost(self._on_ownership_lost)
             self._log = await self._zk(self.meta.get_log, self.name)
             segments = await self._zk(self.meta.segments, self.name)

@@ -102,3 +102,16 @@ def stream_workers(cluster: str, stream_id: str) -> str:
 
 def stream_worker(cluster: str, stream_id: str, log_name: str) -> str:
     return f"{stream_workers(cluster, stream_id)}/{validate_name('log', log_name)}"
+
+
+# -- disaster recovery (DESIGN.md §7; issue 11) -------------------------------------------------
+
+
+def log_access(cluster: str, name: str) -> str:
+    """Who may write the log: read-write (default when absent), replica of a stream, read-only."""
+    return f"{log(cluster, name)}/access"
+
+
+def log_clock(cluster: str, name: str) -> str:
+    """The minimum version vector the log's records start from (raised by `dlctl dr recover`)."""
+    return f"{log(cluster, name)}/clock"

@@ -29,6 +29,7 @@ from ..meta.pins import PinRecord, PinStore
 from ..meta.records import LogConfig
 from ..plan import Plan, Step
 from ..replication import positions
+from ..meta.access import AccessMode, AccessStore
 from ..replication.decision import (
     Decision,
     LogFacts,
@@ -190,10 +191,29 @@ def _direction(
             steps.append(Step("create-sink-log", f"{snk}/{d.log}", f"create log {d.log} in {snk} (E={log_config.ensemble_size}, W={log_config.write_quorum}, A={log_config.ack_quorum})", run=lambda name=d.log, c=log_config: _create_if_missing(sink, name, c)))
         if d.decision is Decision.START:
             steps.append(Step("checkpoint", f"{snk}/{stream_id}/{d.log}", f"checkpoint {d.log}: stream from {d.start} ({d.reason})", run=lambda d=d: streams.create_checkpoint(stream_id, Checkpoint(d.log, next=d.start)) and None))
+    if not config.bidirectional:
+        # A one-way sink is a standby: its logs take the stream's records only, until promoted.
+        access = AccessStore(sink.meta)
+        for d in decisions:
+            steps.append(Step("mark-replica", f"{snk}/{d.log}", f"make {snk}/{d.log} a replica of {stream_id} (application writes refused until promoted)", run=lambda name=d.log: _mark_replica(access, name, stream_id)))
     activate = existing is None or streams.get_state(stream_id).value.state is StreamState.SETTING_UP
     if activate:
         steps.append(Step("activate", where, f"start stream {stream_id}: workers in {snk} pick it up", run=lambda: _activate(streams, stream_id)))
     return steps, decisions
+
+
+def _mark_replica(access: AccessStore, name: str, stream_id: str) -> str:
+    current = access.get(name)
+    mode = current.value
+    if mode.mode is AccessMode.REPLICA and mode.stream != stream_id:
+        raise RefusedError(
+            f"log {name!r} in cluster {access.cluster!r} is already a replica of stream {mode.stream!r}",
+            hint="a log has one primary: delete the other stream first (or fail it over)",
+        )
+    try:
+        return access.set(name, AccessMode.REPLICA, stream=stream_id, reason=f"sink of {stream_id}", current=current).value.describe()
+    except NotFoundError:
+        return "the log does not exist (yet)"
 
 
 def _bootstrap_step(source: ClusterSession, sink: ClusterSession, stream_id: str, decision: LogDecision) -> Step:
@@ -290,6 +310,53 @@ def init_plan(
         )
     name = f"init-replication {source.cluster.name} -> {sink.cluster.name}" + (" (bidirectional)" if bidirectional else "")
     return InitPlan(Plan.of(name, steps, notes), decisions)
+
+
+def register_at_steps(
+    source: ClusterSession,
+    sink: ClusterSession,
+    starts: dict[str, tuple[DLSN, dict[str, int]]],
+    *,
+    pin_max_age: float = 7 * 24 * 3600.0,
+    why: str = "",
+) -> list[Step]:
+    """A one-way stream source -> sink whose logs continue at given source positions (with the
+    source's version vector there): no copy, no decision — the caller knows the sink holds
+    everything before them (a switchover's reversed stream, a failback onto a prefix).
+    Idempotent steps; the stream runs only after the last one."""
+    src, snk = source.cluster.name, sink.cluster.name
+    stream_id = default_stream_id(src, snk)
+    streams, pins, access = StreamStore(sink.meta), PinStore(source.meta), AccessStore(sink.meta)
+    config = StreamConfig(stream_id=stream_id, source_cluster=src, source_zookeeper=source.cluster.zookeeper, sink_cluster=snk, logs=tuple(sorted(starts)), pin_max_age_seconds=pin_max_age, created=time.time())
+
+    def register() -> str:
+        if streams.exists(stream_id):
+            existing = streams.get_config(stream_id).value
+            state = streams.get_state(stream_id).value.state
+            if existing.source_cluster != src or existing.bidirectional or set(existing.logs) != set(config.logs) or state is not StreamState.SETTING_UP:
+                raise RefusedError(f"stream {stream_id!r} already exists in {snk!r} ({state.value}, logs {', '.join(existing.logs)})", hint="delete it first")
+            return "exists (setting up)"
+        streams.create(config)
+        return "registered"
+
+    steps = [Step("register-stream", f"{snk}/{stream_id}", f"register stream {stream_id} ({src} -> {snk}) in {snk}" + (f": {why}" if why else ""), run=register)]
+    for name, (position, vv) in sorted(starts.items()):
+        pin = PinRecord(holder=stream_id, log=name, position=position, sink_cluster=snk, max_age_seconds=pin_max_age)
+        steps.append(Step("pin", f"{src}/{name}", f"pin {src}/{name} from {position} for {stream_id}", run=lambda pin=pin: pins.reset(pin) and None))
+        cp = Checkpoint(name, next=position, source_vv=dict(vv))
+        steps.append(Step("checkpoint", f"{snk}/{stream_id}/{name}", f"checkpoint {name}: continue at {position} (the sink holds everything before it)", run=lambda cp=cp: _set_checkpoint(streams, stream_id, cp)))
+        steps.append(Step("mark-replica", f"{snk}/{name}", f"make {snk}/{name} a replica of {stream_id}", run=lambda name=name: _mark_replica(access, name, stream_id)))
+    steps.append(Step("activate", f"{snk}/{stream_id}", f"start stream {stream_id}: workers in {snk} pick it up", run=lambda: _activate(streams, stream_id)))
+    return steps
+
+
+def _set_checkpoint(streams: StreamStore, stream_id: str, cp: Checkpoint) -> str:
+    current = streams.create_checkpoint(stream_id, cp)
+    if current.value.next != cp.next or current.value.source_vv != cp.source_vv:
+        if streams.get_state(stream_id).value.state is not StreamState.SETTING_UP:
+            raise RefusedError(f"stream {stream_id!r} already runs from {current.value.next}")
+        streams.update_checkpoint(stream_id, current, cp)
+    return str(cp.next)
 
 
 # -- inspecting ------------------------------------------------------------------------------
@@ -449,6 +516,12 @@ def check(status: dict[str, Any], *, max_lag_seconds: float | None, max_lag_reco
 def _set_state_plan(sink: ClusterSession, stream_id: str, target: StreamState, verb: str) -> Plan:
     streams = StreamStore(sink.meta)
     current = streams.get_state(stream_id)
+    if current.value.state is StreamState.FAILED_OVER:
+        raise RefusedError(
+            f"stream {stream_id!r} was failed over ({current.value.reason or 'dlctl failover'}); it can never {verb}",
+            hint="set up the reverse direction with `dlctl failback`, or delete the stream",
+            details=current.value.details or None,
+        )
     if current.value.state is target:
         return Plan.of(f"replication {verb} {stream_id}", [], notes=[f"stream {stream_id} is already {target.value}"])
     if current.value.state is StreamState.SETTING_UP:
@@ -481,7 +554,7 @@ def delete_plan(sink: ClusterSession, source: ClusterSession | None, stream_id: 
             state = streams.get_state(stream_id)
         except NotFoundError:
             return "gone"
-        if state.value.state is not StreamState.PAUSED:
+        if state.value.state not in (StreamState.PAUSED, StreamState.FAILED_OVER):
             streams.set_state(stream_id, state, StreamState.PAUSED, reason="delete")
         return "paused"
 
@@ -500,6 +573,8 @@ def delete_plan(sink: ClusterSession, source: ClusterSession | None, stream_id: 
         steps.append(Step("delete-pins", f"{source.cluster.name}/pins/{stream_id}", f"delete the retention pins of {stream_id} in {source.cluster.name}", run=lambda: pins.delete(stream_id)))
     steps.append(Step("delete-stream", f"{sink.cluster.name}/{stream_id}", f"delete stream {stream_id} (config, state, checkpoints) in {sink.cluster.name}", run=lambda: streams.delete(stream_id)))
     notes = [] if source is not None else [f"source cluster {config.source_cluster!r} is not in the inventory: its pins stay (they expire after {config.pin_max_age_seconds:.0f}s)"]
+    if not config.bidirectional:
+        notes.append(f"the sink logs stay replicas of {stream_id} (they refuse application writes); promote them with `dlctl dr promote --cluster {config.sink_cluster}`")
     return Plan.of(f"replication delete {stream_id}", steps, notes)
 
 

@@ -17,8 +17,10 @@ sink's; records never loop.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from ..log.dlsn import INITIAL
 from .origin import Origin
 
 
@@ -41,15 +43,26 @@ def concurrent(a: Mapping[str, int], b: Mapping[str, int]) -> bool:
 
 class SourceClock:
     """Timestamps of the records of location ``location``'s log, read in order from a point
-    whose version vector is ``vv``."""
+    whose version vector is ``vv``.
 
-    def __init__(self, location: str, vv: Mapping[str, int] | None = None) -> None:
+    ``base``: the log's clock base steps (``dlctl.replication.clock``), (from, vector) pairs:
+    from each step's position on, the clock counts from at least its vector. Steps at or
+    before ``start`` (where reading starts) apply at once; later ones when a record at or
+    after them is stamped (``stamp(..., dlsn=)``)."""
+
+    def __init__(self, location: str, vv: Mapping[str, int] | None = None, *, base: Sequence[tuple[Any, Mapping[str, int]]] = (), start: Any = None) -> None:
         self.location = location
         self.vv: dict[str, int] = dict(vv or {})
+        self._steps = sorted(base, key=lambda s: s[0])
+        start = start if start is not None else INITIAL
+        while self._steps and self._steps[0][0] <= start:
+            self.vv = merge(self.vv, self._steps.pop(0)[1])
 
-    def stamp(self, origin: Origin | None) -> dict[str, int]:
+    def stamp(self, origin: Origin | None, dlsn: Any = None) -> dict[str, int]:
         """The record's timestamp (its own for replicated records, derived for local ones);
         advances the version vector past it."""
+        while self._steps and dlsn is not None and self._steps[0][0] <= dlsn:
+            self.vv = merge(self.vv, self._steps.pop(0)[1])
         if origin is not None:
             vt = origin.vt
             self.vv = merge(self.vv, vt)
@@ -61,15 +74,24 @@ class SourceClock:
 
 
 class CausalityFilter:
-    """The sink side: which replicated records are new to location ``here``."""
+    """The sink side: which replicated records are new to location ``here``.
 
-    def __init__(self, here: str, vv: Mapping[str, int] | None = None) -> None:
+    ``unfiltered`` (disaster recovery: ``here`` lost records, some of them its own): the
+    sink's own component counts and records that originated here are admitted too, so a
+    record is skipped only when the sink log's version vector dominates it over all
+    components. ``vv`` must then be the vector of what the sink log really holds."""
+
+    def __init__(self, here: str, vv: Mapping[str, int] | None = None, *, unfiltered: bool = False) -> None:
         self.here = here
         self.vv: dict[str, int] = dict(vv or {})
+        self.unfiltered = unfiltered
 
     def admit(self, origin_cluster: str, vt: Mapping[str, int]) -> bool:
         """True (and the record is now counted in the version vector) when it must be appended."""
-        if origin_cluster == self.here or dominated(vt, self.vv, self.here):
+        if self.unfiltered:
+            if dominated(vt, self.vv):
+                return False
+        elif origin_cluster == self.here or dominated(vt, self.vv, self.here):
             return False
         self.vv = merge(self.vv, vt)
         return True

@@ -23,6 +23,9 @@ class StreamState(str, Enum):
     SETTING_UP = "setting-up"  # init-replication has not finished: no worker runs
     RUNNING = "running"
     PAUSED = "paused"
+    # The source was given up (``dlctl failover``): no worker may ever run this stream again,
+    # and ``replication resume`` refuses it; ``StreamStatus.details`` keeps what was at risk.
+    FAILED_OVER = "failed-over"
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,10 @@ class StreamConfig:
     throttle_bytes_per_second: int = 0  # 0: unlimited
     pin_max_age_seconds: float = DEFAULT_PIN_MAX_AGE
     created: float = 0.0
+    # ``dlctl dr recover``: the sink lost data; its causality filter then also counts the
+    # sink's own component and admits records that originated at the sink (its own records
+    # come back), skipping only what the sink log holds already. Off again once recovered.
+    unfiltered: bool = False
 
     def __post_init__(self) -> None:
         validate_name("stream", self.stream_id)
@@ -65,15 +72,20 @@ class StreamStatus:
     state: StreamState
     updated: float = 0.0
     reason: str = ""  # who paused it, and why
+    epoch: int = 0  # grows with every change of state (a failover fences the old flow by it)
+    details: dict[str, Any] = field(default_factory=dict)  # failed-over: when, to whom, what was at risk
 
     def to_json(self) -> bytes:
-        return _dump({"state": self.state.value, "updated": self.updated, "reason": self.reason})
+        return _dump({"state": self.state.value, "updated": self.updated, "reason": self.reason, "epoch": self.epoch, "details": self.details})
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> StreamStatus:
         raw = _load(data, where)
         try:
-            return cls(StreamState(raw["state"]), float(raw.get("updated", 0.0)), str(raw.get("reason", "")))
+            details = raw.get("details") or {}
+            if not isinstance(details, dict):
+                raise ValueError("details must be an object")
+            return cls(StreamState(raw["state"]), float(raw.get("updated", 0.0)), str(raw.get("reason", "")), int(raw.get("epoch", 0)), details)
         except (TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"{where}: malformed stream state: {exc}") from None
 
@@ -105,11 +117,20 @@ class Checkpoint:
     last_error: str = ""
     last_error_at: float = 0.0
     needs_bootstrap: str = ""  # non-empty: why this log can only continue after a bootstrap
+    # The source's end as the worker last measured it (every pin refresh): what a failover
+    # reports at risk when the source is gone. ``source_end_records``: records from the
+    # checkpoint's position of that moment to the end, when ``processed_records`` was
+    # ``source_end_processed``.
+    source_end: DLSN | None = None
+    source_end_records: int = 0
+    source_end_processed: int = 0
+    source_end_at: float = 0.0
 
     def to_json(self) -> bytes:
         raw = asdict(self)
         raw["next"] = str(self.next)
         raw["sink_dlsn"] = str(self.sink_dlsn) if self.sink_dlsn else None
+        raw["source_end"] = str(self.source_end) if self.source_end else None
         return _dump(raw)
 
     @classmethod
@@ -118,12 +139,21 @@ class Checkpoint:
         try:
             raw["next"] = DLSN.parse(raw["next"])
             raw["sink_dlsn"] = DLSN.parse(raw["sink_dlsn"]) if raw.get("sink_dlsn") else None
+            raw["source_end"] = DLSN.parse(raw["source_end"]) if raw.get("source_end") else None
             return cls(**raw)
         except (TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"{where}: malformed checkpoint: {exc}") from None
 
     def with_error(self, message: str) -> Checkpoint:
         return replace(self, last_error=message[:1000], last_error_at=time.time())
+
+    def unapplied_estimate(self) -> int | None:
+        """Source records after ``next`` as of the last measured source end (None: never measured)."""
+        if self.source_end is None:
+            return None
+        if self.next >= self.source_end:
+            return 0
+        return max(0, self.source_end_records - (self.processed_records - self.source_end_processed))
 
 
 def default_stream_id(source: str, sink: str) -> str:

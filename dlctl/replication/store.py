@@ -82,9 +82,18 @@ class StreamStore:
             raise NotFoundError(f"stream {stream_id!r} has no state in cluster {self.cluster!r}") from None
         return Versioned(StreamStatus.from_json(data, path), stat.version)
 
-    def set_state(self, stream_id: str, current: Versioned[StreamStatus], state: StreamState, reason: str = "") -> Versioned[StreamStatus]:
+    def set_state(self, stream_id: str, current: Versioned[StreamStatus], state: StreamState, reason: str = "", details: dict | None = None) -> Versioned[StreamStatus]:
+        """Change the state by CAS; the epoch grows by one. A failed-over stream stays failed
+        over (only deleting it ends it)."""
         path = paths.stream_state(self.cluster, stream_id)
-        new = StreamStatus(state, time.time(), reason)
+        if current.value.state is StreamState.FAILED_OVER and state is not StreamState.FAILED_OVER:
+            from ..errors import RefusedError
+
+            raise RefusedError(
+                f"stream {stream_id!r} was failed over ({current.value.reason}); it can never run again",
+                hint="set up the reverse direction with `dlctl failback`, or delete the stream",
+            )
+        new = StreamStatus(state, time.time(), reason, current.value.epoch + 1, dict(details if details is not None else current.value.details))
         try:
             stat = self.client.set(path, new.to_json(), version=current.version)
         except BadVersionError:

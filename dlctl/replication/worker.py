@@ -40,7 +40,9 @@ from ..log.speculative import EntryReadError
 from ..meta.pins import PinRecord, PinStore
 from ..meta.records import Versioned
 from ..meta.store import MetaStore
+from ..meta.access import replication_role
 from .causal import CausalityFilter, SourceClock
+from .clock import ClockStore
 from .decision import first_retained
 from .origin import (
     ORIGIN_CLUSTER,
@@ -51,7 +53,7 @@ from .origin import (
     Origin,
     encode_vt,
 )
-from .positions import find_applied
+from .positions import find_applied, log_end, records_from
 from .records import Checkpoint, StreamConfig
 from .store import StreamStore
 
@@ -79,7 +81,7 @@ class SinkAppender(Protocol):
     async def close(self) -> None: ...
 
 
-async def open_appender(meta: MetaStore, pool: AgentPool, name: str, *, owner_id: str, region: str | None, ownership_wait: float, shared: bool) -> SinkAppender:
+async def open_appender(meta: MetaStore, pool: AgentPool, name: str, *, owner_id: str, region: str | None, ownership_wait: float, shared: bool, role: str = "application") -> SinkAppender:
     """The sink log's appender.
 
     One-way streams (``shared`` false) own the sink log outright with the library writer: no
@@ -88,14 +90,15 @@ async def open_appender(meta: MetaStore, pool: AgentPool, name: str, *, owner_id
     appends through the log's owner (write proxy) like any other producer; to do that for
     one-way streams too, return the ``LogProducer`` unconditionally (exactly once then needs the
     owner to drop records whose ``dl.src`` it already holds, see the module doc of
-    ``dlctl.replication.worker`` and the design notes)."""
+    ``dlctl.replication.worker`` and the design notes). ``role`` is what the sink log's access
+    mode must admit (a standby's logs are replicas of the stream: only its worker writes)."""
     if shared:
         from ..log.producer import LogProducer, ProducerOptions
 
         return LogProducer(meta, pool, name, options=ProducerOptions(), region=region)
     from ..log.writer import LogWriter, WriterOptions
 
-    return await LogWriter.open(meta, pool, name, owner_id=owner_id, options=WriterOptions(ownership_wait=ownership_wait))
+    return await LogWriter.open(meta, pool, name, owner_id=owner_id, options=WriterOptions(ownership_wait=ownership_wait), role=role)
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,8 @@ class StreamWorker:
         self._last_pin = 0.0
         self._pin_error = ""
         self._pin_task: asyncio.Task[str] | None = None
+        self._end_task: asyncio.Task[None] | None = None
+        self._source_end: dict[str, Any] = {}  # Checkpoint.source_end* fields, last measured
 
     @property
     def checkpoint(self) -> Checkpoint | None:
@@ -204,6 +209,7 @@ class StreamWorker:
         self._appender = await open_appender(
             self.sink_meta, self.sink_pool, self.log_name, owner_id=f"replication:{self.config.stream_id}:{self.node_id}",
             region=None, ownership_wait=self.options.ownership_wait, shared=self.config.bidirectional,
+            role=replication_role(self.config.stream_id),
         )
         applied = await find_applied(self.sink_meta, self.sink_pool, self.log_name, self.source, floor=cp.sink_dlsn)
         already = applied.source if applied is not None else None
@@ -211,8 +217,9 @@ class StreamWorker:
             "stream %s, log %s: resuming at %s (sink has up to source position %s)",
             self.config.stream_id, self.log_name, cp.next, already,
         )
-        clock = SourceClock(self.source, cp.source_vv)
-        causal = CausalityFilter(self.here, cp.sink_vv) if self.config.bidirectional else None
+        base = await self._zk(ClockStore(self.source_meta).steps, self.log_name)
+        clock = SourceClock(self.source, cp.source_vv, base=base, start=cp.next)
+        causal = CausalityFilter(self.here, cp.sink_vv, unfiltered=self.config.unfiltered) if self.config.bidirectional or self.config.unfiltered else None
         progress = _Progress(None, cp.processed_records, cp.applied_records, cp.applied_bytes, cp.last_applied_at)
         sink_dlsn = applied.sink if applied is not None else cp.sink_dlsn
         throttle = _Throttle(self.config.throttle_bytes_per_second)
@@ -246,7 +253,7 @@ class StreamWorker:
                 self._last_contact = time.time()
                 headers = record.headers
                 origin = Origin.from_headers(headers) if ORIGIN_CLUSTER in headers else None
-                vt = clock.stamp(origin)
+                vt = clock.stamp(origin, record.dlsn)
                 progress.last = record.dlsn
                 progress.processed += 1
                 origin_cluster = origin.cluster if origin is not None else self.source
@@ -308,6 +315,7 @@ class StreamWorker:
             last_contact=self._last_contact,
             caught_up_at=self._caught_up_at,
             worker=self.node_id,
+            **self._source_end,
             last_error="" if time.time() - self._checkpoint.value.last_error_at > 30 else self._checkpoint.value.last_error,
         )
 
@@ -328,7 +336,7 @@ class StreamWorker:
             self._last_contact = self._caught_up_at = time.time()
             cp = self._checkpoint
             if cp is not None and time.time() - cp.value.updated > self.options.checkpoint_interval:
-                await self._write_checkpoint(replace(cp.value, last_contact=self._last_contact, caught_up_at=self._caught_up_at))
+                await self._write_checkpoint(replace(cp.value, last_contact=self._last_contact, caught_up_at=self._caught_up_at, **self._source_end))
         await self._maybe_pin()
 
     async def _probe(self) -> bool:
@@ -357,6 +365,8 @@ class StreamWorker:
         if cp is None or (not force and now - self._last_pin < self.options.pin_interval):
             return
         self._last_pin = now
+        if self._end_task is None or self._end_task.done():
+            self._end_task = asyncio.ensure_future(self._measure_source_end(cp.value))
         pin = PinRecord(
             holder=self.config.stream_id,
             log=self.log_name,
@@ -368,6 +378,22 @@ class StreamWorker:
         if force:
             await asyncio.wait([self._pin_task])
             await self._collect_pin()
+
+    async def _measure_source_end(self, cp: Checkpoint) -> None:
+        """Where the source ends and how many records lie after the checkpoint (what a failover
+        would report at risk if the source vanished now). Best effort, off the hot path."""
+        try:
+            end = await log_end(self.source_meta, self.source_pool, self.log_name, region=self.options.region)
+            behind, _ = await records_from(self.source_meta, self.source_pool, self.log_name, cp.next, region=self.options.region)
+        except Exception as exc:  # noqa: BLE001 - the source may be unreachable: keep the last measure
+            log.debug("stream %s, log %s: measuring the source end: %r", self.config.stream_id, self.log_name, exc)
+            return
+        self._source_end = {
+            "source_end": end.next if end.next is not None else cp.next,
+            "source_end_records": behind,
+            "source_end_processed": cp.processed_records,
+            "source_end_at": time.time(),
+        }
 
     async def _collect_pin(self) -> None:
         assert self._pin_task is not None
@@ -427,6 +453,9 @@ class StreamWorker:
             pass
 
     async def _shutdown(self) -> None:
+        if self._end_task is not None:
+            self._end_task.cancel()
+            await asyncio.gather(self._end_task, return_exceptions=True)
         if self._pin_task is not None:
             self._pin_task.cancel()
             await asyncio.gather(self._pin_task, return_exceptions=True)

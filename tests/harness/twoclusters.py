@@ -66,6 +66,15 @@ class Sites:
     def __getitem__(self, name: str) -> Site:
         return self.sites[name]
 
+    def write_inventory(self, path: Path, default: str = "b") -> Path:
+        """A dlctl inventory naming every site (for the CLI under test)."""
+        lines = [f'default_cluster = "{default}"']
+        for name, site in self.sites.items():
+            first = next(iter(site.agents.values()))
+            lines += [f"[clusters.{name}]", f'zookeeper = "{site.ns.connect_string}"', f'secret_file = "{first.secret_file}"', ""]
+        path.write_text("\n".join(lines))
+        return path
+
 
 def replication_extra(sources: dict[str, tuple[str, dict[str, str]]], *, poll: float = 0.2, grace: float = 2.0, checkpoint: float = 0.2, pin: float = 0.5) -> str:
     """The ``[replication]`` table of a sink agent; ``sources``: cluster -> (zookeeper, addresses)."""
@@ -87,32 +96,37 @@ def replication_sites(
     nodes: int = 3,
     proxied: bool = True,
     agent_options: str = "",
+    private_zk: dict[str, ZooKeeperServer] | None = None,
 ) -> Iterator[Sites]:
     """Body of a fixture: ``yield from replication_sites(...)``. Every cluster is a sink of
     every other one (agents are configured for all sources; streams decide what runs).
-    ``proxied=False``: sink agents reach sources directly (no fault proxy in the path)."""
+    ``proxied=False``: sink agents reach sources directly (no fault proxy in the path).
+    ``private_zk``: clusters that get a ZooKeeper server of their own (a test may kill it with
+    the cluster's agents: the whole location goes down); the others share ``zk_server``."""
     ns = ZkNamespace(zk_server, label=label)
+    spaces = {c: ZkNamespace(server, label=f"{label}-{c}") for c, server in (private_zk or {}).items()}
     try:
-        zk_host, zk_port = zk_server.connect_string.split(",")[0].rsplit(":", 1)
         agents: dict[str, dict[str, AgentNode]] = {}
         # Ports are chosen when an AgentNode is made, so proxies can be set up before any starts.
         ids = {c: [f"{c}{i + 1}" for i in range(nodes)] for c in clusters}
         routes: dict[str, dict[str, tuple[str, dict[str, str]]]] = {c: {} for c in clusters}
         placeholders: dict[str, dict[str, AgentNode]] = {}
         for c in clusters:
+            spaces.setdefault(c, ns)
             placeholders[c] = {}
             for n in ids[c]:
-                placeholders[c][n] = AgentNode(procs, base / c, ns.connect_string, cluster=c, node_id=n, region=f"r-{c}", secret=DEFAULT_SECRET)
+                placeholders[c][n] = AgentNode(procs, base / c, spaces[c].connect_string, cluster=c, node_id=n, region=f"r-{c}", secret=DEFAULT_SECRET)
         for sink in clusters:
             for source in clusters:
                 if source == sink or not proxied:
                     continue
+                zk_host, zk_port = spaces[source].hosts.split(",")[0].rsplit(":", 1)
                 zk_proxy = network.proxy((zk_host, int(zk_port)), node=f"zk-{source}", region=source, client_region=sink, name=f"zk-{source}-for-{sink}")
                 addresses = {}
                 for n, node in placeholders[source].items():
                     p = network.proxy((node.host, node.port), node=n, region=source, client_region=sink, name=f"{n}-for-{sink}")
                     addresses[n] = f"{p.host}:{p.port}"
-                routes[sink][source] = (f"{zk_proxy.host}:{zk_proxy.port}{ns.path}", addresses)
+                routes[sink][source] = (f"{zk_proxy.host}:{zk_proxy.port}{spaces[source].path}", addresses)
         for c in clusters:
             extra = agent_options + replication_extra(routes[c])
             agents[c] = {}
@@ -120,20 +134,22 @@ def replication_sites(
                 # Rewrite the config with the replication table (AgentNode wrote it already).
                 node.config_path.write_text(node.config_path.read_text() + extra)
                 agents[c][n] = node
-        admin = ns.client()
+        admins = {c: spaces[c].client() for c in clusters}
         for c in clusters:
             for node in agents[c].values():
                 node.start(wait=False)
         for c in clusters:
             for node in agents[c].values():
-                node.wait_ready(admin)
-        sites = {c: Site(c, ns, agents[c], admin) for c in clusters}
+                node.wait_ready(admins[c])
+        sites = {c: Site(c, spaces[c], agents[c], admins[c]) for c in clusters}
         yield Sites(ns, network, sites)
         for site in sites.values():
             for s in site._sessions:
                 s.close()
     finally:
         procs.close()
+        for space in {id(s): s for s in spaces.values()}.values():
+            space.close()
         ns.close()
 
 

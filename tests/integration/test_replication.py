@@ -236,7 +236,7 @@ def test_init_replication_interrupted_after_any_step_completes_when_rerun_and_ne
         built = ops.init_plan(a.session(), b.session(), patterns=(name,))
         steps = built.plan.steps
         n_steps = len(steps)
-        assert [s.action for s in steps] == ["register-stream", "pin", "create-sink-log", "checkpoint", "activate"]
+        assert [s.action for s in steps] == ["register-stream", "pin", "create-sink-log", "checkpoint", "mark-replica", "activate"]
         for step in steps[:k]:  # the CLI dies after step k
             step.run()
         if k < n_steps:
@@ -259,12 +259,7 @@ def test_init_replication_interrupted_after_any_step_completes_when_rerun_and_ne
 
 
 def _inventory(sites: Sites, path: Path) -> Path:
-    lines = ['default_cluster = "b"']
-    for name, site in sites.sites.items():
-        first = next(iter(site.agents.values()))
-        lines += [f"[clusters.{name}]", f'zookeeper = "{site.ns.connect_string}"', f'secret_file = "{first.secret_file}"', ""]
-    path.write_text("\n".join(lines))
-    return path
+    return sites.write_inventory(path)
 
 
 def dlctl(inventory: Path, *argv: str) -> tuple[int, str]:
