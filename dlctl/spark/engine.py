@@ -165,6 +165,12 @@ class SparkEngine:
             conf.set("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        elif conf_values.get("spark.pyspark.python"):
+            # A SparkContext made from Python names the executors' interpreter from
+            # $PYSPARK_PYTHON only (else "python3") and ignores this setting, which the Spark
+            # docs promise for driver and executors: honour it, or tasks would run in a Python
+            # without dlctl's dependencies (crc32c).
+            os.environ["PYSPARK_PYTHON"] = conf_values["spark.pyspark.python"]
         for key, value in conf_values.items():
             conf.set(key, value)
         quiet = opts.verbose < 1
