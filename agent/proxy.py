@@ -16,11 +16,12 @@ the producer resends with RESET_ORDER (producers sharing a connection do not dis
 acknowledges in order and fails everything pending when it stops). So a client that resends its
 failed requests in order can never see a later record land before an earlier one.
 
-Replication streams. A worker's records carry their source position (``dl.src``, else their
-origin); per source those positions only grow. The owner remembers the highest one applied per
-source and answers a resent record at or below it with the DLSN of the copy already in the log
-instead of writing it again — after taking over from a dead owner it first reads the log's last
-entries for them. So a stream appending through proxies (at least once) is applied exactly once.
+Replication streams. A worker's records carry their origin and vector time; per origin location
+its events are numbered (its own component) and reach every log in order. The owner remembers
+the highest number held per origin (on claiming: from every stream's checkpoint plus the log's
+last entries) and answers a record at or below it — a worker's resend, or the same event brought
+by a second stream in a mesh of locations — with the DLSN of the copy already in the log instead
+of writing it again. So streams appending through proxies apply each event exactly once.
 
 Memory. Per log, unacknowledged plus queued bytes are bounded by ``max_log_bytes``: past it,
 the connections that keep sending are held (the server stops reading them: TCP pushes back)
@@ -52,8 +53,9 @@ from dlctl.log.writer import LogWriter, WriterDeposedError, WriterError, WriterO
 from dlctl.meta.store import MetaStore
 from dlctl.names import validate_name
 from dlctl.meta.access import LogReadOnlyError
-from dlctl.replication.origin import decode_source_position
-from dlctl.replication.positions import applied_in_tail
+from dlctl.replication.origin import origin_event
+from dlctl.replication.positions import origin_events_in_tail
+from dlctl.replication.store import StreamStore
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,12 @@ class ProxyOptions:
     close_timeout: float = 10.0  # per log, when the agent shuts down or an operator releases it
     idle_release: float = 600.0  # release a log nobody appended to for this long (0: never)
     tail_scan_entries: int = 1024  # after taking over from a dead owner: entries read back for stream positions
+
+
+def _done(loop: asyncio.AbstractEventLoop, value: DLSN) -> asyncio.Future[DLSN]:
+    fut: asyncio.Future[DLSN] = loop.create_future()
+    fut.set_result(value)
+    return fut
 
 
 class Hold:
@@ -117,8 +125,8 @@ class _OwnedLog:
         self.waiting = False  # a task waits for the writer to become writable
         self.peak_bytes = 0  # high-water mark of queued + unacknowledged bytes (for operators and tests)
         self.last_append = time.monotonic()
-        # Replication sources -> (highest source position applied here, future of its DLSN).
-        self.applied: dict[str, tuple[DLSN, asyncio.Future[DLSN]]] = {}
+        # Origin locations -> (highest of their event counters held here, future of its DLSN).
+        self.applied: dict[str, tuple[int, asyncio.Future[DLSN]]] = {}
         self.task: asyncio.Task[None] | None = None  # the claim
         self.failed = False
 
@@ -299,18 +307,34 @@ class WriteProxy:
         log.info("claimed log %r%s", name, f" (recovered {recovered})" if recovered else "")
         self._pump(owned)
 
-    async def _applied_before(self, name: str, *, recovered: bool) -> dict[str, tuple[DLSN, asyncio.Future[DLSN]]]:
-        """Stream positions already in the log's tail (see ``_submit_once``). A previous owner
-        that died may have written a request whose acknowledgement was lost in its last
-        entries; one that let go cleanly answered everything, so a short look suffices."""
-        found = await applied_in_tail(self.meta, self.pool, name, max_entries=self.options.tail_scan_entries if recovered else 16)
+    async def _applied_before(self, name: str, *, recovered: bool) -> dict[str, tuple[int, asyncio.Future[DLSN]]]:
+        """How far each origin location's events are in the log already (see ``_submit_once``):
+        every stream's checkpoint says what it appended (its sink version vector) up to a
+        moment; the log's last entries add what was appended since — after a dead owner, a
+        longer look, since a request whose acknowledgement was lost sits among its last entries."""
         loop = asyncio.get_running_loop()
-        out: dict[str, tuple[DLSN, asyncio.Future[DLSN]]] = {}
-        for cluster, (source, sink) in found.items():
-            fut: asyncio.Future[DLSN] = loop.create_future()
-            fut.set_result(sink)
-            out[cluster] = (source, fut)
+        vectors = await loop.run_in_executor(None, self._checkpointed_vectors, name)
+        found, newest = await origin_events_in_tail(self.meta, self.pool, name, max_entries=self.options.tail_scan_entries if recovered or vectors else 16)
+        anchor = newest or DLSN(1, 0, 0)  # a checkpoint-known event's copy: somewhere before the tail's end
+        out: dict[str, tuple[int, asyncio.Future[DLSN]]] = {}
+        for vector in vectors:
+            for origin, counter in vector.items():
+                if counter > out.get(origin, (0, None))[0]:
+                    out[origin] = (counter, _done(loop, anchor))
+        for origin, (counter, sink) in found.items():
+            if counter >= out.get(origin, (0, None))[0]:
+                out[origin] = (counter, _done(loop, sink))
         return out
+
+    def _checkpointed_vectors(self, name: str) -> list[dict[str, int]]:
+        streams = StreamStore(self.meta)
+        vectors = []
+        for stream_id in streams.list_streams():
+            try:
+                vectors.append(dict(streams.get_checkpoint(stream_id, name).value.sink_vv))
+            except NotFoundError:
+                continue
+        return vectors
 
     # -- moving requests into the writer -----------------------------------------------------------
 
@@ -388,27 +412,29 @@ class WriteProxy:
             fut.add_done_callback(done)
 
     def _submit_once(self, owned: _OwnedLog, writer: LogWriter, records: list[Record]) -> list[asyncio.Future[DLSN]]:
-        """Submit ``records`` minus those a replication stream already applied here.
+        """Submit ``records`` minus the replicated ones this log already holds.
 
-        A worker appends through the proxy at least once; its records carry their source
-        position (``dl.src``, else their origin). Per source, positions only grow, so a record
-        at or below the highest position applied is a resend: it is answered with the DLSN of
-        the highest copy already in the log (a worker only uses it as where to resume looking)
-        instead of being written again."""
+        A replicated record is an event of its origin location, numbered by the origin's own
+        component of its vector time, and a location's events reach every log in their order
+        (each log is a linear extension of the causal order). So a record whose number is at
+        or below the highest this log holds for its origin is here already: resent by a worker
+        (at least once through a proxy) or brought a second time by another stream (a mesh of
+        locations). It is answered with the DLSN of the highest copy instead of written again
+        (a worker only uses that as where to resume looking)."""
         applied = owned.applied
-        highest = {cluster: position for cluster, (position, _) in applied.items()}
+        highest = {origin: counter for origin, (counter, _) in applied.items()}
         keep: list[Record] = []
-        slots: list[tuple[bool, Any]] = []  # (new?, its position | the source of the duplicate)
+        slots: list[tuple[bool, Any]] = []  # (new?, its event | the origin of the duplicate)
         for record in records:
-            position = decode_source_position(record.headers) if record.headers else None
-            if position is not None:
-                cluster, source = position
-                if cluster in highest and source <= highest[cluster]:
-                    slots.append((False, cluster))
+            event = origin_event(record.headers) if record.headers else None
+            if event is not None:
+                origin, counter = event
+                if counter <= highest.get(origin, 0):
+                    slots.append((False, origin))
                     continue
-                highest[cluster] = source
+                highest[origin] = counter
             keep.append(record)
-            slots.append((True, position))
+            slots.append((True, event))
         new = iter(writer.submit_group(keep) if keep else [])
         results: list[asyncio.Future[DLSN]] = []
         for is_new, info in slots:

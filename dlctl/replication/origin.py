@@ -93,6 +93,16 @@ def decode_source_position(headers: Mapping[str, bytes]) -> tuple[str, DLSN] | N
         raise OriginHeaderError(f"malformed {SOURCE_POSITION} header {raw[:80]!r}: {exc}") from None
 
 
+def origin_event(headers: Mapping[str, bytes]) -> tuple[str, int] | None:
+    """A replicated record's identity as an event of its origin: (origin location, the origin's
+    own counter in its vector time). None for a record written locally (or without one)."""
+    if ORIGIN_CLUSTER not in headers:
+        return None
+    origin = Origin.from_headers(headers)
+    counter = origin.vt.get(origin.cluster, 0) if origin is not None else 0
+    return (origin.cluster, counter) if origin is not None and counter > 0 else None
+
+
 def user_headers(headers: Mapping[str, bytes]) -> dict[str, bytes]:
     """The application's headers: everything outside the reserved ``dl.`` prefix."""
     return {k: v for k, v in headers.items() if not k.startswith(RESERVED_PREFIX)}

@@ -18,7 +18,7 @@ from ..log.recovery import entry_summary
 from ..log.speculative import ReplicaReader
 from ..meta.records import SegmentRecord, SegmentState
 from ..meta.store import MetaStore
-from .origin import decode_source_position
+from .origin import decode_source_position, origin_event
 
 
 @dataclass(frozen=True)
@@ -139,14 +139,13 @@ async def records_from(meta: MetaStore, pool: AgentPool, log: str, position: DLS
     return records, nbytes
 
 
-async def applied_in_tail(
+async def origin_events_in_tail(
     meta: MetaStore, pool: AgentPool, log: str, *, max_entries: int = 1024, region: str | None = None, concurrency: int = 32
-) -> dict[str, tuple[DLSN, DLSN]]:
-    """For each stream source found in the last ``max_entries`` entries of log ``log``: the
-    highest source position applied there and where that record sits (source cluster ->
-    (source DLSN, sink DLSN)). A new owner of a shared sink log reads this so that a worker's
-    resent append (at least once through a proxy) is not applied twice: an append whose
-    acknowledgement was lost can only be among the last entries its old owner wrote."""
+) -> tuple[dict[str, tuple[int, DLSN]], DLSN | None]:
+    """For each origin location found in the last ``max_entries`` entries of log ``log``: the
+    highest of its own event counters (its component of a replicated record's vector time) and
+    where that record sits; and the position of the newest record read. A location's events
+    reach every log in their order, so this is how far each origin is present in the tail."""
     log_id, segments = await _segments(meta, log)
     replicas = ReplicaReader(pool, region=region)
     await pool.refresh()
@@ -166,12 +165,15 @@ async def applied_in_tail(
             entry = await replicas.read(log_id, seg, entry_id)
         return seg, entry_id, list(decode_records(entry.payload))
 
-    found: dict[str, tuple[DLSN, DLSN]] = {}
+    found: dict[str, tuple[int, DLSN]] = {}
+    newest: DLSN | None = None
     for seg, entry_id, records in await asyncio.gather(*(read(s, e) for s, e in wanted)):
         for slot, record in enumerate(records):
             if record.control:
                 continue
-            position = decode_source_position(record.headers)
-            if position is not None and (position[0] not in found or found[position[0]][0] < position[1]):
-                found[position[0]] = (position[1], DLSN(seg.seq, entry_id, slot))
-    return found
+            here = DLSN(seg.seq, entry_id, slot)
+            newest = here if newest is None or here > newest else newest
+            event = origin_event(record.headers)
+            if event is not None and (event[0] not in found or found[event[0]][0] < event[1]):
+                found[event[0]] = (event[1], here)
+    return found, newest

@@ -486,3 +486,21 @@ def test_active_active_three_cluster_cycle_converges_without_duplicates_in_causa
 
     run(writers(), timeout=240)
     judge_locations(sites, "profiles", 540)
+
+
+def test_active_active_three_cluster_full_mesh_applies_each_record_once_in_causal_order(three_sites: Sites):
+    """Every location receives from both others, so each record reaches it twice (directly and
+    relayed): the owner of the sink log applies each origin event once."""
+    sites = three_sites
+    for name in ("a", "b", "c"):
+        sites[name].meta().create_log("mesh", LogConfig())
+    for source in "abc":
+        for sink in "abc":
+            if source != sink:
+                apply(ops.init_plan(sites[source].session(), sites[sink].session(), patterns=("mesh",), causal=True).plan)
+
+    async def writers() -> None:
+        await asyncio.gather(*(local_writer(sites[n], "mesh", 3, 60, tuple(o for o in "abc" if o != n)) for n in "abc"))
+
+    run(writers(), timeout=240)
+    judge_locations(sites, "mesh", 540)
