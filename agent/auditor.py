@@ -46,6 +46,7 @@ from dlctl.meta import paths
 from dlctl.meta.store import MetaStore
 from dlctl.meta.zk import ZkAuth, acl_for
 
+from .election import ElectedRole
 from .config import AuditorSettings
 
 log = logging.getLogger("dlagent.auditor")
@@ -135,9 +136,11 @@ def set_cluster_switch(client: KazooClient, cluster: str, enabled: bool, auth: Z
 # -- the auditor -------------------------------------------------------------------------------------
 
 
-class Auditor:
+class Auditor(ElectedRole):
     """Two threads (kazoo is thread-based): one contends in the election and holds the role
     while elected; the other observes every ``check_seconds`` and, while elected, acts."""
+
+    role = "re-replication auditor"
 
     def __init__(
         self,
@@ -232,28 +235,8 @@ class Auditor:
 
     # -- the election --------------------------------------------------------------------------
 
-    def _election_loop(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                # The election parent carries the cluster ACL (kazoo's Lock would create it
-                # open): only cluster principals can delete contenders.
-                self.client.ensure_path(election_path(self.cluster), acl=acl_for(self.auth))
-                self._leader_exit.clear()
-                # A fresh Lock per round: one whose session was lost still thinks it holds.
-                with self._guard:
-                    if self._stop.is_set():
-                        return
-                    self._election = self.client.Election(election_path(self.cluster), self.node_id)
-                    election = self._election
-                election.run(self._lead)
-                backoff = 0.5
-            except Exception as exc:  # noqa: BLE001 - e.g. connection loss: contend again
-                if self._stop.is_set():
-                    return
-                log.warning("auditor election: %s: %s; contending again in %.1fs", type(exc).__name__, exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+    def _election_path(self) -> str:
+        return election_path(self.cluster)
 
     def _lead(self) -> None:
         """Called by kazoo while this agent holds the election lock; returning gives it up."""

@@ -34,9 +34,10 @@ from kazoo.client import KazooClient, KazooState
 from dlctl.log.pool import AgentPool
 from dlctl.meta import paths
 from dlctl.meta.store import MetaStore
-from dlctl.meta.zk import ZkAuth, acl_for
+from dlctl.meta.zk import ZkAuth
 from dlctl.ops import gc
 
+from .election import ElectedRole
 from .config import HousekeepingSettings
 
 log = logging.getLogger("dlagent.housekeeping")
@@ -46,9 +47,11 @@ def election_path(cluster: str) -> str:
     return f"{paths.cluster_root(cluster)}/housekeeping-election"
 
 
-class Housekeeping:
+class Housekeeping(ElectedRole):
     """Runs in the agent's event loop (reclaiming needs the store); the election runs on a
     thread of its own because kazoo's election blocks."""
+
+    role = "housekeeping"
 
     def __init__(
         self,
@@ -122,25 +125,8 @@ class Housekeeping:
 
     # -- the election ------------------------------------------------------------------------
 
-    def _election_loop(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                self.client.ensure_path(election_path(self.cluster), acl=acl_for(self.auth))
-                self._leader_exit.clear()
-                with self._guard:
-                    if self._stop.is_set():
-                        return
-                    self._election = self.client.Election(election_path(self.cluster), self.node_id)
-                    election = self._election
-                election.run(self._lead)
-                backoff = 0.5
-            except Exception as exc:  # noqa: BLE001 - connection loss and the like: contend again
-                if self._stop.is_set():
-                    return
-                log.warning("housekeeping election: %s: %s; contending again in %.1fs", type(exc).__name__, exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+    def _election_path(self) -> str:
+        return election_path(self.cluster)
 
     def _lead(self) -> None:
         if self._leader_exit.is_set() or self._stop.is_set():
