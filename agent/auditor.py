@@ -18,7 +18,7 @@ missing for longer than the grace.
 
 Switches: ``[auditor] enabled = false`` in an agent's configuration keeps that agent out of the
 election; ``{"enabled": false}`` in the znode ``/dlctl/<cluster>/auditor`` turns auditing off
-for the whole cluster (see ``set_cluster_switch``). While it is off, observations are dropped, so
+for the whole cluster (``dlctl cluster auditor disable``; ``dlctl.meta.roles``). While it is off, observations are dropped, so
 after switching it back on the grace period starts again.
 
 Safety: the auditor acts only while elected *and* connected. When its ZooKeeper connection is
@@ -42,24 +42,22 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoNodeError
 
-from dlctl.meta import paths
+from dlctl.meta import paths, roles
 from dlctl.meta.store import MetaStore
-from dlctl.meta.zk import ZkAuth, acl_for
+from dlctl.meta.zk import ZkAuth
 
-from .election import ElectedRole
 from .config import AuditorSettings
+from .election import ElectedRole
 
 log = logging.getLogger("dlagent.auditor")
 
 
 def switch_path(cluster: str) -> str:
-    return f"{paths.cluster_root(cluster)}/auditor"
+    return roles.auditor_switch_path(cluster)
 
 
 def election_path(cluster: str) -> str:
-    # A sibling of the switch, not a child: the switch znode then exists only when an operator
-    # set it, and its data is never anything but the operator's JSON.
-    return f"{paths.cluster_root(cluster)}/auditor-election"
+    return roles.election_path(cluster, "auditor")
 
 
 # -- the pure bookkeeping: who has been gone for longer than the grace -----------------------------
@@ -99,38 +97,10 @@ class GoneTracker:
         self.missing_since.clear()
 
 
-# -- the cluster-wide switch ----------------------------------------------------------------------
+# -- the cluster-wide switch (its znode and format live in dlctl.meta.roles) ---------------------
 
-
-def read_cluster_switch(client: KazooClient, cluster: str) -> tuple[bool, str | None]:
-    """(enabled, problem). No znode (or empty data) means enabled. A znode that cannot be read
-    as ``{"enabled": bool}`` counts as *disabled*: an operator who wrote something there meant
-    to say something, and re-replicating against their will is the costlier mistake."""
-    try:
-        data, _ = client.get(switch_path(cluster))
-    except NoNodeError:
-        return True, None
-    if not data.strip():
-        return True, None
-    try:
-        value = json.loads(data)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict) or not isinstance(value.get("enabled"), bool):
-        return False, f"{switch_path(cluster)} is not {{\"enabled\": true|false}} (got {data[:80]!r}); auditing stays off until it is fixed"
-    return value["enabled"], None
-
-
-def set_cluster_switch(client: KazooClient, cluster: str, enabled: bool, auth: ZkAuth | None = None) -> None:
-    """Turn auditing on or off for every agent of ``cluster`` (created with the cluster ACL:
-    ZooKeeper does not inherit ACLs)."""
-    path = switch_path(cluster)
-    data = json.dumps({"enabled": enabled, "updated_at": time.time()}).encode()
-    client.ensure_path(paths.cluster_root(cluster), acl=acl_for(auth))
-    if client.exists(path) is None:
-        client.create(path, data, acl=acl_for(auth))
-    else:
-        client.set(path, data)
+read_cluster_switch = roles.read_auditor_switch
+set_cluster_switch = roles.write_auditor_switch
 
 
 # -- the auditor -------------------------------------------------------------------------------------

@@ -32,19 +32,19 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 
 from dlctl.log.pool import AgentPool
-from dlctl.meta import paths
+from dlctl.meta import roles
 from dlctl.meta.store import MetaStore
 from dlctl.meta.zk import ZkAuth
 from dlctl.ops import gc
 
-from .election import ElectedRole
 from .config import HousekeepingSettings
+from .election import ElectedRole
 
 log = logging.getLogger("dlagent.housekeeping")
 
 
 def election_path(cluster: str) -> str:
-    return f"{paths.cluster_root(cluster)}/housekeeping-election"
+    return roles.election_path(cluster, "housekeeping")
 
 
 class Housekeeping(ElectedRole):

@@ -1,10 +1,11 @@
-"""``dlctl cluster init|status``."""
+"""``dlctl cluster init|status|roles`` and ``dlctl cluster auditor enable|disable``."""
 
 from __future__ import annotations
 
 import click
 
 from ..ops import cluster as cluster_ops
+from ..ops import roles as roles_ops
 from ..output import Table, human_bytes
 from ..plan import Plan
 from .context import AppContext, command_options, mutating, pass_app
@@ -40,3 +41,35 @@ def cluster_status(app: AppContext, timeout: float) -> None:
             caption=f"reclaimed by garbage collection: {human_bytes(reclaimed)} on the agents that answered",
         )
     )
+
+
+@cluster_group.command("roles")
+@command_options
+@pass_app
+def cluster_roles(app: AppContext) -> None:
+    """The cluster-wide roles agents hold by election: the re-replication auditor and the
+    housekeeper (retention, GC). Shows the holder, the agents standing behind it (the first
+    takes over when the holder goes), and whether auditing is switched on."""
+    app.render(Table(roles_ops.status(app.session()), columns=["role", "holder", "contenders", "enabled", "problem"], title=f"roles in {app.session().cluster.name}"))
+
+
+@cluster_group.group("auditor")
+def auditor_group() -> None:
+    """Switch re-replication of lost agents on or off for the whole cluster."""
+
+
+@auditor_group.command("enable")
+@mutating(confirm=False)
+def auditor_enable(app: AppContext) -> Plan:
+    """Let the elected auditor re-replicate agents gone for longer than their grace period
+    (the default). The grace period starts again from now."""
+    return roles_ops.auditor_switch_plan(app.session(), True)
+
+
+@auditor_group.command("disable")
+@mutating()
+def auditor_disable(app: AppContext) -> Plan:
+    """Stop re-replicating lost agents in the whole cluster (e.g. during planned maintenance of
+    a rack, so its agents are not copied elsewhere while they are down on purpose). Agents'
+    own ``[auditor] enabled`` settings are unaffected."""
+    return roles_ops.auditor_switch_plan(app.session(), False)

@@ -14,7 +14,7 @@ from ..errors import NotFoundError, RefusedError, UsageError
 from ..meta import policy as store
 from ..names import validate_name
 from ..placement import PlacementPolicy, choose_ensemble, region_of
-from ..meta.records import SegmentState
+from ..meta.records import LogConfig, SegmentState
 from ..placement_check import CheckReport, LiveSegment, check_policy
 from ..plan import Plan, Step
 from .session import ClusterSession
@@ -124,6 +124,13 @@ def set_plan(
     return Plan.of("placement set", [_save_step(session, "set-placement", what, new, current.version)])
 
 
+def _log_config(session: ClusterSession, name: str) -> LogConfig | None:
+    try:
+        return session.meta.get_log(name).value.config
+    except NotFoundError:
+        return None  # an override for a log not created (yet): the defaults' E/W/A
+
+
 def drain_plan(session: ClusterSession, region: str, *, drain: bool, force: bool = False) -> Plan:
     """Drain (no new ensembles there) or undrain a region. Draining below m writable regions
     would stop every log from rolling to a new segment, so it is refused unless forced."""
@@ -142,8 +149,10 @@ def drain_plan(session: ClusterSession, region: str, *, drain: bool, force: bool
     notes = []
     if drain:
         blocked = []
-        for log in [None, *sorted(new.logs)]:
-            effective = new.default if log is None else new.for_log(log, None)
+        # The defaults, and every log with its own E/W/A and overrides (a log created with a
+        # wider ensemble than the defaults may be the one a drain leaves unplaceable).
+        for log in [None, *sorted(set(new.logs) | set(session.meta.list_logs()))]:
+            effective = new.default if log is None else new.for_log(log, _log_config(session, log))
             try:
                 choose_ensemble({n: r for n, r in nodes.items()}, policy=effective, seed=0)
             except RefusedError as exc:

@@ -123,3 +123,17 @@ def test_concurrent_change_is_a_conflict_and_the_znode_carries_the_acl(config, c
         assert [a.id.scheme for a in acls] == ["digest"]
     finally:
         close_client(admin)
+
+
+def test_drain_is_checked_against_every_log_s_own_ensemble_not_only_the_defaults(config, capsys):
+    """Four agents per region: with east drained, 8 remain. The defaults (E=3) still place, but
+    a log created with E=9 could never roll to a new segment; the drain names that log."""
+    assert dlctl(capsys, "log", "create", "wide", "-e", "9", "-w", "9", "-a", "5")[0] == 0
+    code, _, err = dlctl(capsys, "--yes", "placement", "drain-region", "east")
+    assert code == ExitCode.REFUSED and "would leave new segments unplaceable" in err and "log wide" in err, err
+    code, shown, _ = dlctl(capsys, "placement", "show")
+    assert shown["policy"]["drained"] == []
+    code, plan, _ = dlctl(capsys, "placement", "drain-region", "east", "--force", "--dry-run")
+    assert code == 0 and any("log wide" in n for n in plan["notes"]), plan
+    assert dlctl(capsys, "--yes", "placement", "drain-region", "east", "--force")[0] == 0
+    assert dlctl(capsys, "placement", "show")[1]["policy"]["drained"] == ["east"]

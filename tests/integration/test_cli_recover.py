@@ -99,3 +99,49 @@ def test_fence_refuses_a_live_writer_without_force_and_deposes_it_with_force(san
     assert len(fenced["fenced"]) >= 2  # W - A + 1 = 2 replicas of every write set
     lines = dlctl(sandbox, "-o", "json", "log", "read", "live").stdout.splitlines()
     assert [json.loads(line)["payload"] for line in lines] == ["before the fence"]
+
+
+def test_cluster_roles_names_the_elected_agents_and_the_auditor_switch_is_cluster_wide(sandbox):
+    """``cluster roles`` shows who holds each elected role and who stands behind; the auditor
+    switch is a dry-runnable, idempotent plan; SIGKILL of the auditor moves the role to the next
+    contender shown."""
+    from harness.procs import wait_until
+
+    from dlctl.meta import roles
+
+    def rows() -> dict[str, dict]:
+        out = dlctl(sandbox, "-o", "json", "cluster", "roles")
+        assert out.returncode == 0, out.stderr
+        return {r["role"]: r for r in json.loads(out.stdout)}
+
+    nodes = {n["node"]: n for n in json.loads(dlctl(sandbox, "-o", "json", "sandbox", "status").stdout)["nodes"] if n.get("pid")}
+    wait_until(lambda: all(set(r["contenders"]) == set(nodes) for r in rows().values()), 30, message="every agent stands for both roles")
+    before = rows()
+    for role in ("auditor", "housekeeping"):
+        assert before[role]["holder"] == before[role]["contenders"][0] and before[role]["holder"] in nodes
+    assert before["auditor"]["enabled"] is True and before["auditor"]["problem"] is None
+
+    session = session_for(sandbox)
+    try:
+        plan = json.loads(dlctl(sandbox, "-o", "json", "cluster", "auditor", "disable", "--dry-run").stdout)
+        assert [s["action"] for s in plan["steps"]] == ["auditor-disable"]
+        assert roles.read_auditor_switch(session.meta.client, session.cluster.name) == (True, None), "--dry-run changed the switch"
+        done = dlctl(sandbox, "-o", "json", "--yes", "cluster", "auditor", "disable")
+        assert done.returncode == 0, done.stderr
+        assert roles.read_auditor_switch(session.meta.client, session.cluster.name) == (False, None)
+        assert rows()["auditor"]["enabled"] is False
+        again = json.loads(dlctl(sandbox, "-o", "json", "--yes", "cluster", "auditor", "disable", "--dry-run").stdout)
+        assert again["steps"] == [] and "already off" in " ".join(again["notes"])
+        assert dlctl(sandbox, "--yes", "cluster", "auditor", "enable").returncode == 0
+        assert roles.read_auditor_switch(session.meta.client, session.cluster.name) == (True, None)
+    finally:
+        roles.write_auditor_switch(session.meta.client, session.cluster.name, True, session.zk_auth)
+        session.close()
+
+    holder = before["auditor"]["holder"]
+    successor = before["auditor"]["contenders"][1]
+    os.kill(nodes[holder]["pid"], 9)
+    # The dead holder's election znode goes with its session (2 s in the sandbox).
+    wait_until(lambda: rows()["auditor"]["holder"] == successor, 30, message=f"{successor} holds the auditor role after {holder} died")
+    assert holder not in rows()["auditor"]["contenders"]
+    dlctl(sandbox, "--yes", "sandbox", "up", "--regions", "1", "--nodes-per-region", "3")
