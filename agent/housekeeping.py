@@ -175,9 +175,7 @@ class Housekeeping(ElectedRole):
             if not (self._leading.is_set() and self._connected.is_set()) or self._stop.is_set():
                 break  # lost the role or the connection: the next housekeeper takes over
             try:
-                result = await loop.run_in_executor(
-                    None, lambda name=name: gc.apply_log(self.meta, name, by=f"housekeeping {self.node_id}", override=override)
-                )
+                result = await loop.run_in_executor(None, lambda name=name: self._apply_log(name, override))
             except Exception as exc:  # noqa: BLE001 - one log's trouble must not stop the others
                 log.warning("housekeeping: log %r: %s: %s", name, type(exc).__name__, exc)
                 continue
@@ -190,6 +188,12 @@ class Housekeeping(ElectedRole):
                 log.info("housekeeping: log %r: %d truncated segment record(s) collected (%d bytes)", name, len(result["segments_collected"]), result.get("bytes_collected", 0))
         self.rounds += 1
         return results
+
+    def _apply_log(self, name: str, override: str | None) -> dict[str, Any]:
+        """Retention and collection for one log (a worker thread). With the secret, retention
+        records a replicated log's clock base at the new point first, while the records before
+        it are still readable (``dlctl.replication.truncation_base``)."""
+        return gc.apply_log(self.meta, name, by=f"housekeeping {self.node_id}", override=override, secret=self.secret)
 
     async def _disk_override(self) -> str | None:
         threshold = self.settings.disk_override_free_bytes

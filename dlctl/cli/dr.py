@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..errors import ConfigError, DlctlError, NotFoundError, UsageError
+from ..errors import ConfigError, DlctlError, ExitCode, NotFoundError, UsageError
 from ..ops import dr as ops
 from ..ops.session import ClusterSession
 from ..output import Table
@@ -176,13 +176,13 @@ def _peers(app: AppContext, target: str) -> dict[str, ClusterSession]:
 
 
 @dr_group.command("recover")
-@click.option("--cluster", "cluster_name", required=True, metavar="CLUSTER", help="The location that lost data (its ZooKeeper metadata survived).")
+@click.option("--cluster", "cluster_name", required=True, metavar="CLUSTER", help="The location that lost data (and possibly its ZooKeeper metadata too: then rebuilt from its peers).")
 @click.option("--drain-timeout", type=click.FloatRange(min=1), default=600.0, show_default=True, help="Seconds to wait for each stream into it to bring its records back.")
 @dry_run_option
 @yes_option
 @output_option
 @pass_app
-def recover_command(app: AppContext, cluster_name: str, drain_timeout: float, dry_run: bool) -> None:
+def recover_command(app: AppContext, cluster_name: str, drain_timeout: float, dry_run: bool) -> int | None:
     """Recover a location that lost all or part of its data (disks replaced, an old backup,
     rebuilt empty with the same identity) from its directly connected peers.
 
@@ -191,9 +191,28 @@ def recover_command(app: AppContext, cluster_name: str, drain_timeout: float, dr
     from it is reset to what it still has. Then events: every stream into it restarts from the
     source's beginning with the unfiltered causality filter (its own records come back,
     nothing twice), drains, and returns to normal. A failure says whether to retry;
-    re-running continues where it stopped."""
+    re-running continues where it stopped.
+
+    A peer that deleted the beginning of a log (truncation) cannot give it back: where the
+    location holds nothing of that log, what the peer retains is bootstrapped (Spark) and
+    streaming continues from the snapshot point; otherwise the stream reads the peer from its
+    first retained position through the causality filter. What the peer deleted and no other
+    stream into the location holds is reported as a GAP (peer, log, range, estimated count):
+    exit 3 then, with the result on stdout."""
     plan = ops.recover_plan(_session(app, cluster_name), _peers(app, cluster_name), drain_timeout=drain_timeout)
-    _apply(app, plan, typed=None, dry_run=dry_run)
+    if dry_run or plan.empty:
+        app.render(plan)
+        return None
+    app.confirm(plan)
+    result = app.run_plan(plan)
+    app.render(result)
+    lost = [g for g in ops.recover_gaps(result) if not g.get("covered_by")]
+    if lost:
+        for gap in lost:
+            count = f"about {gap['records_estimate']} record(s)" if gap.get("records_estimate") is not None else "an unknown number of records"
+            app.stderr.print(f"[bold yellow]gap:[/] {gap['peer']} no longer holds {gap['log']} from {gap['from']} to {gap['to']} ({count}); what {cluster_name} did not keep of it could not be recovered", highlight=False)
+        return int(ExitCode.PARTIAL)
+    return None
 
 
 @dr_group.command("status")

@@ -351,6 +351,29 @@ class MetaStore:
             raise RefusedError(f"log {name!r}: a segment {seqs[0]}..{seqs[-1]} already exists in cluster {self.cluster!r}", hint="nothing was committed")
         raise ConflictError(f"aborted: committing segments {seqs[0]}..{seqs[-1]} of log {name!r}: {failure!r}", hint="nothing was committed; retry")
 
+    # -- recreating a log with its per-log records (dr recover of a location rebuilt empty) --
+
+    def create_log_with(self, name: str, config: LogConfig, records: dict[str, bytes], *, max_segment_seq: int = 0) -> LogRecord:
+        """Create log ``name`` and per-log records next to its segments (e.g. ``{"access":
+        ...}``) in one transaction: nobody can open the log before those records exist (a log
+        recreated read-only is never writable for a moment). ``max_segment_seq``: sequence
+        numbers taken already (a recreated log must not hand out positions its earlier
+        incarnation used). ``ConflictError`` when it exists."""
+        path = paths.log(self.cluster, name)
+        self._ensure(paths.logs(self.cluster))
+        if self.client.exists(path):
+            raise ConflictError(f"log {name!r} already exists in cluster {self.cluster!r}")
+        if max_segment_seq < 0:
+            raise ValueError("max_segment_seq must be >= 0")
+        record = LogRecord(name=name, log_id=self._allocate_log_id(), created=time.time(), config=config, max_segment_seq=max_segment_seq)
+        tx = self.client.transaction()
+        tx.create(path, to_json(record), acl=self.acl)
+        tx.create(paths.log_segments(self.cluster, name), b"", acl=self.acl)
+        for child, data in sorted(records.items()):
+            tx.create(f"{path}/{validate_name('log record', child)}", data, acl=self.acl)
+        self._commit(tx, f"create log {name!r}")
+        return record
+
     # -- errors -----------------------------------------------------------------------------
 
     def _conflict(self, path: str, version: int) -> ConflictError:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -41,7 +41,7 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError, NotFoundError, RefusedError
 from ..log.dlsn import DLSN
 from . import paths
 from .pins import PinRecord
@@ -108,14 +108,34 @@ class TruncationStore:
             return None
         return Versioned(TruncationRecord.from_json(data, path), stat.version)
 
-    def advance(self, name: str, point: DLSN, *, truncated_txid: int = NO_TXID, reason: str = "", by: str = "") -> tuple[Versioned[TruncationRecord], bool]:
+    def advance(
+        self,
+        name: str,
+        point: DLSN,
+        *,
+        truncated_txid: int = NO_TXID,
+        reason: str = "",
+        by: str = "",
+        clock: Callable[[DLSN, DLSN | None], Any] | None = None,
+    ) -> tuple[Versioned[TruncationRecord], bool]:
         """Move the point forward to ``point`` by CAS; never backwards. Returns the record now in
-        place and whether this call moved it (False: it was already at or past ``point``)."""
+        place and whether this call moved it (False: it was already at or past ``point``).
+
+        The clock base at ``point`` must be in place before the point moves (the records before
+        it are about to go; see ``dlctl.replication.truncation_base``): ``clock(point, previous)``
+        establishes it (idempotent). Without ``clock`` the base must already be recorded, unless
+        the log shows no sign of replication (``clock_base_refusal``)."""
         path = self.path(name)
         for _ in range(32):
             current = self.get(name)
             if current is not None and current.value.point >= point:
                 return current, False
+            if clock is not None:
+                clock(point, current.value.point if current is not None else None)
+            else:
+                problem = clock_base_refusal(self.meta, name, point)
+                if problem is not None:
+                    raise problem
             new = TruncationRecord(
                 point=point,
                 truncated_txid=max(truncated_txid, current.value.truncated_txid if current else NO_TXID),
@@ -136,6 +156,39 @@ class TruncationStore:
             except (NodeExistsError, BadVersionError):
                 continue  # another truncation moved it meanwhile: compare with theirs
         raise ConflictError(f"aborted: {path} kept changing concurrently", hint="nothing was moved backwards; retry")
+
+
+def clock_base_refusal(meta: MetaStore, name: str, point: DLSN) -> RefusedError | None:
+    """Why the truncation point of ``name`` may not move to ``point`` yet (None: it may): the log
+    is replicated (a retention pin, or a clock znode: steps or an earlier truncation base) and its
+    recorded truncation base (``dlctl.replication.clock``) does not reach ``point``."""
+    try:
+        data, _ = meta.client.get(paths.log_clock(meta.cluster, name))
+    except NoNodeError:
+        data = None
+    at = None
+    if data is not None:
+        try:
+            raw = (json.loads(data).get("truncation") or {}).get("at")
+            at = DLSN.parse(raw) if raw else None
+        except (ValueError, AttributeError, TypeError):
+            at = None
+    if at is not None and at >= point:
+        return None
+    if data is None and not _pinned(meta, name):
+        return None
+    return RefusedError(
+        f"refused: the truncation point of log {name!r} may not move to {point} before its clock base there is recorded "
+        "(the log is replicated: readers starting at the point must stamp its records as readers from the beginning did)",
+        hint="truncate it with `dlctl truncate`, or let the agents' housekeeping apply retention: both record the base first",
+        details={"log": name, "point": str(point), "clock_base_at": str(at) if at is not None else None},
+    )
+
+
+def _pinned(meta: MetaStore, name: str) -> bool:
+    from .pins import PinStore
+
+    return bool(PinStore(meta).pins_of_log(name))  # every holder's pin on it, expired ones too
 
 
 # -- pure decisions --------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from ..replication.records import (
     default_stream_id,
 )
 from ..replication.store import StreamStore
+from . import dr_rebuild, dr_truncated
 from . import replication as repl
 from .logs import _depose, _release, owner_record
 from .session import ClusterSession
@@ -622,13 +623,20 @@ def _max_component(vvs: Iterable[dict[str, int]], location: str) -> int:
 
 
 def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wait_workers: float = 30.0, drain_timeout: float = 600.0) -> Plan:
-    """``dr recover``: ``target`` (X) lost all or part of its data (its ZooKeeper metadata
-    survived). Metadata first — X's logs frozen, lost segments dropped from the metadata, X's
+    """``dr recover``: ``target`` (X) lost all or part of its data (what it lost of its
+    ZooKeeper metadata too — rebuilt empty, an old backup — is first recreated from its peers'
+    records: ``dr_rebuild``). Metadata first — X's logs frozen, lost segments dropped from the metadata, X's
     clock raised above every counter of X any directly connected peer has seen, the peers'
     progress on streams from X reset to what X still has — then events: every stream into X
     restarts from its source's beginning with the unfiltered causality filter (X's own records
     come back), drains, and returns to normal. Resumable: an operation record in X's ZooKeeper
-    remembers the steps done; re-running continues after the last one."""
+    remembers the steps done; re-running continues after the last one.
+
+    A peer that deleted the beginning of a log (``dr_truncated``): its stream restarts at its
+    first retained position with its clock there; into a log X holds nothing of, a bootstrap
+    copy (Spark) of what it retains goes first (step ``bootstrap``), else the unfiltered filter
+    skips what X kept. What it deleted is reported as a gap (``recover_gaps``; the CLI exits 3
+    when no other stream into X holds that log whole)."""
     x = target.cluster.name
     op_id = "dr-recover"
     incoming = [(c, st) for c, st in _streams_of(target) if c.sink_cluster == x and c.source_cluster in peers and st is not StreamState.FAILED_OVER]
@@ -637,6 +645,10 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
         for c, st in _streams_of(peer):
             if c.source_cluster == x and st is not StreamState.FAILED_OVER:
                 outgoing.append((peer, c, st))
+    # X's metadata as its peers know it (X rebuilt empty, or an old backup): what X lost of it
+    # is recreated first; streams recreated count as running before the loss (dr_rebuild).
+    rebuilt = dr_rebuild.plan_rebuild(target, peers)
+    incoming = rebuilt.incoming
     if not incoming:
         raise RefusedError(
             f"no stream flows into {x!r} from a cluster of the inventory: there is nothing to recover {x}'s records from",
@@ -659,10 +671,11 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
 
     def begin() -> dict[str, Any]:
         modes = {n: AccessStore(target.meta).get(n).value.mode.value for n in logs if n in target.meta.list_logs()}
+        modes.update(rebuilt.modes)  # logs recreated read-only: the mode they had before the loss
         running = [c.stream_id + "@" + x for c, st in incoming if st is StreamState.RUNNING]
         running += [c.stream_id + "@" + peer.cluster.name for peer, c, st in outgoing if st is StreamState.RUNNING]
         if state["record"] is None:
-            state["record"] = target.meta.create_op(op_id, {"kind": "dr-recover", "cluster": x, "started": time.time(), "modes": modes, "running": running, "done": []})
+            state["record"] = target.meta.create_op(op_id, {"kind": "dr-recover", "cluster": x, "started": time.time(), "modes": modes, "running": running, "anchors": dr_truncated.anchors_of(target, incoming), "done": []})
         for c, st in incoming:
             _pause(StreamStore(target.meta), c.stream_id)
         for peer, c, st in outgoing:
@@ -730,8 +743,11 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
         out = {}
         for name in logs:
             end = _async(target, lambda pool, name=name: log_end(target.meta, pool, name)).next if name in target.meta.list_logs() else None
-            position = end or INITIAL
-            vv = _async(target, lambda pool, name=name, position=position: dr.vv_before(target.meta, pool, name, x, position))
+            # An emptied log starts after the segments it had (what comes back lands there): a
+            # stream from INITIAL would find its source "truncated" and stop for a bootstrap.
+            position = end or (dr_truncated.first_of(target, name) if name in target.meta.list_logs() else None) or INITIAL
+            # (Nothing before an emptied log's position: the stream's clock starts from the base.)
+            vv = _async(target, lambda pool, name=name, position=position: dr.vv_before(target.meta, pool, name, x, position)) if end is not None else {}
             for peer, c, _ in outgoing:
                 if name not in c.logs:
                     continue
@@ -743,11 +759,13 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
         save("reset-outgoing")
         return out
 
-    def restore_modes() -> None:
+    def restore_modes(skip: set[str] | frozenset[str] = frozenset()) -> None:
         rec = state["record"] or target.meta.get_op(op_id)
         access = AccessStore(target.meta)
         modes = rec.value.get("modes", {})
         for name in logs:
+            if name in skip:  # a bootstrap copy into it is pending: it stays frozen
+                continue
             current = access.get(name)
             mode = AccessMode(modes.get(name, AccessMode.READ_WRITE.value))
             if current.value.mode is not mode:
@@ -755,26 +773,73 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
                 access.set(name, mode, stream=stream, reason="dr recover: metadata recovered", current=current)
 
     def reset_incoming() -> dict[str, Any]:
-        out = {}
+        out: dict[str, Any] = {}
         streams = StreamStore(target.meta)
+        rec = state["record"] or target.meta.get_op(op_id)
+        saved = rec.value.get("anchors") or {}
+        # Decide everything first (a refusal changes nothing), then apply. A source that
+        # truncated a log is read from its first retained position with its clock there;
+        # into a log X holds nothing of, a bootstrap copy goes first (dr_truncated).
+        holds = {n: _count(target, n) for n in logs}
+        complete = {n: [c.source_cluster for c, _ in incoming if n in c.logs and dr_truncated.first_of(peers[c.source_cluster], n) is None] for n in logs}
+        copying: set[str] = set()
+        decided: list[tuple[Any, dr_truncated.Incoming]] = []
+        for c, _ in incoming:
+            source = peers[c.source_cluster]
+            for name in c.logs:
+                item = dr_truncated.decide(
+                    target, source, c, name, saved=saved.get(f"{c.stream_id}/{name}"), others=[target, *peers.values()], x_holds=holds.get(name, 0),
+                    copying=copying, complete_sources=[s for s in complete.get(name, []) if s != c.source_cluster],
+                )
+                if item.mode == "bootstrap":
+                    copying.add(name)
+                decided.append((c, item))
+        held_back = {c.stream_id for c, _ in incoming if copying & set(c.logs)}
         # The clock is raised and the peers reset: the logs may take writes again (the streams
-        # into X write through its agents like any producer).
-        restore_modes()
+        # into X write through its agents like any producer) — except those a copy goes into.
+        restore_modes(skip=copying)
         for c, _ in incoming:
             current_config = streams.get_config(c.stream_id)
             if not current_config.value.unfiltered:
                 streams.update_config(current_config, replace(current_config.value, unfiltered=True))
+        for c, item in decided:
             source = peers[c.source_cluster]
-            for name in c.logs:
-                held = _async(target, lambda pool, name=name: dr.vv_before(target.meta, pool, name, x, None))
-                first = repl._records_held(source, name)
-                gap = f"{c.source_cluster} no longer holds the beginning of {name} (it starts at {first[1]})" if first is not None and first[1] is not None else ""
-                current = streams.get_checkpoint(c.stream_id, name)
-                streams.update_checkpoint(c.stream_id, current, replace(current.value, next=INITIAL, source_vv={}, sink_vv=held, sink_dlsn=None, needs_bootstrap=gap, last_error=""))
-                PinStore(source.meta).reset(repl.PinRecord(holder=c.stream_id, log=name, position=INITIAL, sink_cluster=x, max_age_seconds=c.pin_max_age_seconds))
-                out[f"{c.stream_id}/{name}"] = gap or "from the start, unfiltered"
+            name = item.log
+            held = _async(target, lambda pool, name=name: dr.held_vv(target.meta, pool, name, x))
+            pending = dr_truncated.PENDING.format(first=item.first) if item.mode == "bootstrap" else ""
+            current = streams.get_checkpoint(c.stream_id, name)
+            streams.update_checkpoint(c.stream_id, current, replace(current.value, next=item.first, source_vv=dict(item.vv), sink_vv=held, sink_dlsn=None, needs_bootstrap=pending, last_error=""))
+            PinStore(source.meta).reset(repl.PinRecord(holder=c.stream_id, log=name, position=item.first, sink_cluster=x, max_age_seconds=c.pin_max_age_seconds))
+            out[f"{c.stream_id}/{name}"] = {
+                "start": "from the start, unfiltered",
+                "stream": f"from {item.first} ({c.source_cluster} deleted what lay before), unfiltered",
+                "bootstrap": f"bootstrap copy from {item.first} ({c.source_cluster} deleted what lay before), then streaming, unfiltered",
+            }[item.mode]
+        for c, _ in incoming:
+            if c.stream_id not in held_back:
+                _resume(streams, c.stream_id)
+        items = [item.to_dict() for _, item in decided]
+        save("reset-incoming", incoming=items, gaps=[i["gap"] for i in items if i["gap"]])
+        return out
+
+    def bootstrap() -> dict[str, Any]:
+        rec = state["record"] or target.meta.get_op(op_id)
+        items = [dr_truncated.Incoming.from_dict(i) for i in rec.value.get("incoming") or []]
+        copies = [i for i in items if i.mode == "bootstrap"]
+        out: dict[str, Any] = {}
+        streams = StreamStore(target.meta)
+        for item in copies:
+            config = next(c for c, _ in incoming if c.stream_id == item.stream)
+            out[f"{item.stream}/{item.log}"] = dr_truncated.bootstrap(target, peers[config.source_cluster], item)
+        # Every stream carrying a copied log filters from what X holds now, then runs.
+        copied = {i.log for i in copies}
+        for c, _ in incoming:
+            for name in set(c.logs) & copied:
+                dr_truncated.set_sink_vv(target, c.stream_id, name)
+        restore_modes()
+        for c, _ in incoming:
             _resume(streams, c.stream_id)
-        save("reset-incoming")
+        save("bootstrap")
         return out
 
     def events() -> dict[str, Any]:
@@ -799,7 +864,8 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
         after_ = {n: _count(target, n) for n in logs}
         recovered = sum(after_.values()) - sum(int(v) for v in before.values())
         save("events", recovered=recovered, seconds=seconds)
-        return {"recovered_records": recovered, "seconds": round(seconds, 3), "records_per_second": round(recovered / seconds, 1) if seconds > 0 else None, "records": after_}
+        gaps_ = rec.value.get("gaps") or []
+        return {"recovered_records": recovered, "seconds": round(seconds, 3), "records_per_second": round(recovered / seconds, 1) if seconds > 0 else None, "records": after_, "gaps": gaps_}
 
     def finish() -> dict[str, Any]:
         streams = StreamStore(target.meta)
@@ -817,22 +883,46 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
                 _resume(StreamStore(peer.meta), c.stream_id)
         restore_modes()
         target.meta.delete_op(op_id, target.meta.get_op(op_id))
-        return {"total_seconds": round(time.monotonic() - started, 3), "recovered_records": rec.value.get("recovered"), "event_seconds": rec.value.get("seconds")}
+        gaps_ = rec.value.get("gaps") or []
+        return {"total_seconds": round(time.monotonic() - started, 3), "recovered_records": rec.value.get("recovered"), "event_seconds": rec.value.get("seconds"), "gaps": gaps_, "notes": [dr_truncated.gap_note(g) for g in gaps_]}
 
     all_steps = [
+        *rebuilt.steps,
         Step("begin", f"{x}+peers", f"pause the {len(incoming)} stream(s) into {x} and the {len(outgoing)} out of it; freeze {x}'s logs (read-only)", run=begin),
         Step("drop-lost", f"{x}/{','.join(logs)}", f"find the segments of {x}'s logs no replica can serve and drop them from the metadata (what {x} still has stays)", run=drop_lost),
         Step("raise-clock", f"{x}/{','.join(logs)}", f"raise {x}'s clock above every counter of {x} its peers have seen (so {x} never reuses a timestamp)", run=raise_clock),
         Step("reset-outgoing", ",".join(sorted({p.cluster.name for p, _, _ in outgoing})) or "-", f"reset the peers' progress on streams from {x} to what {x} still has", run=reset_outgoing),
-        Step("reset-incoming", x, f"restart every stream into {x} from its source's beginning, unfiltered ({x}'s own records come back)", run=reset_incoming),
+        Step("reset-incoming", x, f"restart every stream into {x} from its source's beginning (or first retained position), unfiltered ({x}'s own records come back)", run=reset_incoming),
+        Step("bootstrap", x, f"where a peer deleted the beginning of a log {x} holds nothing of: copy what the peer retains (Spark), then stream on from there", run=bootstrap),
         Step("events", x, f"wait until {x} has every record its peers hold (timeout {drain_timeout:g}s per stream)", run=events),
         Step("finish", x, "streams back to normal filtering and to their states before; logs back to their access modes", run=finish),
     ]
     steps = [st for st in all_steps if st.action not in done]
-    notes = [f"peers: {', '.join(sorted(peers))}; logs: {', '.join(logs)}"]
+    notes = [*rebuilt.notes, f"peers: {', '.join(sorted(peers))}; logs: {', '.join(logs)}"]
+    notes += _truncated_notes(x, incoming, peers)
     if resumed:
         notes.insert(0, f"continuing the dr recover of {x} started before (done: {', '.join(sorted(done)) or 'nothing'})")
     return Plan.of(f"dr recover {x}", steps, notes)
+
+
+def _truncated_notes(x: str, incoming: list[tuple[StreamConfig, Any]], peers: dict[str, ClusterSession]) -> list[str]:
+    """What the plan can say before it runs: the peers that deleted the beginning of a log."""
+    out = []
+    for c, _ in incoming:
+        for name in c.logs:
+            first = dr_truncated.first_of(peers[c.source_cluster], name) if c.source_cluster in peers else None
+            if first is not None:
+                out.append(f"GAP {c.source_cluster}/{name}: {c.source_cluster} no longer holds {name} before {first}; what of it {x} did not keep is reported as lost (exit 3); the rest comes back by a bootstrap copy (when {x} holds nothing of {name}) or by streaming from {first}")
+    return out
+
+
+def recover_gaps(result: Any) -> list[dict[str, Any]]:
+    """The gaps an applied ``recover_plan`` reported (records the peers deleted that could not
+    come back), from its last step's result."""
+    for outcome in reversed(result.outcomes):
+        if outcome.step.action in ("finish", "events") and isinstance(outcome.result, dict):
+            return list(outcome.result.get("gaps") or [])
+    return []
 
 
 def _drop_segment(session: ClusterSession, name: str, seg: Any) -> None:
@@ -918,5 +1008,5 @@ def _count(session: ClusterSession, name: str) -> int:
 
 __all__ = [
     "at_risk_of", "depose_owner", "dr_status", "failback_plan", "failover_plan", "freeze_logs", "promote_logs",
-    "promote_plan", "recover_plan", "refuse_undecided", "switchover_plan", "verify_copy",
+    "promote_plan", "recover_gaps", "recover_plan", "refuse_undecided", "switchover_plan", "verify_copy",
 ]

@@ -73,6 +73,7 @@ from ..meta.truncation import (
     truncated_txid,
 )
 from ..plan import Plan, Step
+from ..replication import truncation_base
 from .truncate import mark_pins
 
 log = logging.getLogger(__name__)
@@ -214,9 +215,14 @@ def apply_log(
     retention: bool = True,
     override: str | None = None,
     state: LogState | None = None,
+    secret: bytes | None = None,
 ) -> dict[str, Any]:
     """Decide and apply: mark passed pins, move the point (retention), mark segments, then
     delete truncated segments' records — each by CAS on the version read.
+
+    ``secret`` lets retention read the agents: a replicated log's clock base at the new point is
+    recorded (``dlctl.replication.truncation_base``) before the point moves. Without it, moving a
+    replicated log's point past its recorded base is refused.
 
     ``state``: a snapshot read earlier (the plan's); it is brought up to date where decisions
     depend on it (new and in-progress segments, the point, the pins) and every write is a CAS on
@@ -233,7 +239,14 @@ def apply_log(
         chosen = [p for p in state.pins if p.value.holder in d.pins_to_mark]
         out["pins_marked_for_bootstrap"] = mark_pins(pin_store, chosen, d.point, now, override)
     if d.retention is not None:
-        record, moved = TruncationStore(meta).advance(name, d.retention.point, truncated_txid=d.retention.truncated_txid, reason=d.retention.reason, by=by)
+        clock: Any = None
+        if secret is not None:
+            snapshot = [v.value for v in state.segments]
+
+            def clock(point: DLSN, previous: DLSN | None) -> None:
+                out["clock_base"] = truncation_base.prepare(meta, name, point, secret=secret, segments=snapshot, previous=previous)
+
+        record, moved = TruncationStore(meta).advance(name, d.retention.point, truncated_txid=d.retention.truncated_txid, reason=d.retention.reason, by=by, clock=clock)
         out.update(truncation_point=str(record.value.point), retention=d.retention.reason, moved=moved)
         point = record.value.point
     else:
@@ -544,7 +557,7 @@ def as_plan(meta: MetaStore, secret: bytes, cluster: str, gc: GcPlan, *, rate: f
         if d.empty:
             continue
         steps.append(Step("collect-log", f"{cluster}/{d.name}", d.describe(), params=d.to_dict(),
-                          run=lambda name=d.name: apply_log(meta, name, by="dlctl gc", state=gc.states.get(name))))
+                          run=lambda name=d.name: apply_log(meta, name, by="dlctl gc", state=gc.states.get(name), secret=secret)))
     work = {n.node: n.stale + (n.orphans if gc.force else []) for n in gc.nodes if n.up}
     work = {node: todo for node, todo in work.items() if todo}
     if work:

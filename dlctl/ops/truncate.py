@@ -6,9 +6,12 @@ and a live retention pin refuses a point past its position unless ``--force`` (t
 then marked as needing a bootstrap). The plan's steps re-read and re-check everything when
 they run, so a change between ``--dry-run`` and apply is caught, never overwritten.
 
-Applying: pins the point overruns are marked first (a stream never silently skips data), then
-the truncation point moves forward by CAS (the commit point readers honour), then segments are
-marked by CAS. Nothing touches the writer's in-progress segment or the log record, so a writer
+Applying: the log's clock base at the point is recorded first, while every record before it is
+still there (``dlctl.replication.truncation_base``: a replicated log's records since the previous
+base are read once, so that readers starting at the point derive the vector timestamps readers
+from the beginning derived; unreadable segments refuse the truncation, nothing changed); then
+pins the point overruns are marked (a stream never silently skips data), then the truncation
+point moves forward by CAS (the commit point readers honour), then segments are marked by CAS. Nothing touches the writer's in-progress segment or the log record, so a writer
 appending meanwhile is never fenced or slowed. Records and files go later (``dlctl gc`` or
 the agents' housekeeping).
 """
@@ -20,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConflictError, NotFoundError, RefusedError, UsageError
+from ..errors import ConfigError, ConflictError, NotFoundError, RefusedError, UsageError
 from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
 from ..log.readpolicy import (
@@ -47,6 +50,8 @@ from ..meta.truncation import (
     truncated_txid,
 )
 from ..plan import Plan, Step
+from ..replication.truncation_base import describe as describe_clock_base
+from ..replication.truncation_base import prepare as prepare_clock_base
 from .session import ClusterSession
 
 
@@ -253,9 +258,17 @@ def apply_truncation(
     force: str | None = None,
     now: float | None = None,
     segments: list[Versioned[SegmentRecord]] | None = None,
+    secret: bytes | None = None,
 ) -> dict[str, Any]:
-    """Check against fresh metadata, then: mark overrun pins, move the truncation point forward,
-    mark the segments. ``force`` (a reason) lets the point pass live pins; without it they refuse.
+    """Check against fresh metadata, then: record the clock base at the point, mark overrun pins,
+    move the truncation point forward, mark the segments. ``force`` (a reason) lets the point pass
+    live pins; without it they refuse.
+
+    The clock base (``dlctl.replication.truncation_base``) comes first, while every record before
+    the point is still there: a replicated log's records between the previous base and the point
+    are read once (with ``secret``) so that readers starting at the point stamp records exactly as
+    readers from the beginning did. When they cannot be read, the truncation is refused and
+    nothing is changed (``--force`` only passes pins, never this).
 
     ``segments``: a snapshot read earlier (the plan's); only what a truncation decision depends
     on is read again (new and in-progress segments), the rest is guarded by the CAS of the marks."""
@@ -273,9 +286,17 @@ def apply_truncation(
         raise problem
     if check.pins and not force:
         raise pin_refusal(name, point, list(check.pins))
+    previous = before.value.point if before else None
+    clock = prepare_clock_base(meta, name, point, secret=secret, segments=plain, previous=previous) if previous is None or point > previous else None
     overrun = [p for p in pins if p.value in overrun_pins([q.value for q in pins], point)]
     marked = mark_pins(pin_store, overrun, point, now, force)
-    record, moved = truncations.advance(name, point, truncated_txid=txid, reason=reason, by=by)
+
+    def clock_again(at: DLSN, prev: DLSN | None) -> None:
+        # The point changed meanwhile (a racing truncation): establish the base for ours again
+        # (idempotent: a base at or past ``at`` stays as it is).
+        prepare_clock_base(meta, name, at, secret=secret, previous=prev)
+
+    record, moved = truncations.advance(name, point, truncated_txid=txid, reason=reason, by=by, clock=clock_again)
     # Mark for the point in place (ours, or a later one a racing truncation set): a mark never
     # goes backwards, so marking for the larger point is right either way.
     marks = apply_marks(meta, name, record.value.point, segments)
@@ -285,6 +306,7 @@ def apply_truncation(
         "previous": str(before.value.point) if before else None,
         "moved": moved,
         "pins_marked_for_bootstrap": marked,
+        **({"clock_base": clock} if clock else {}),
         **marks.to_dict(),
     }
 
@@ -347,6 +369,7 @@ def truncate_plan(
         what.append(f"mark segment {m.seq} partially truncated (entries before {m.min_active_entry} gone)")
     notes = [
         f"readers positioned before {target.point} start at {target.point}",
+        describe_clock_base(meta, name, target.point, segments, current.value.point if current else None),
         "segment records and replica files are removed by `dlctl gc` or the agents' housekeeping",
     ]
     forced = None
@@ -366,11 +389,20 @@ def truncate_plan(
                 f"move the truncation point of {name} to {target.point}" + (f" (from {current.value.point})" if current else "") + ("; " + "; ".join(what) if what else ""),
                 params={"point": str(target.point), "previous": str(current.value.point) if current else None, "segments_truncated": len(whole),
                         "partially_truncated": {str(m.seq): m.min_active_entry for m in partial}, "records": records, "bytes": nbytes},
-                run=lambda: apply_truncation(meta, name, target.point, reason=reason, by="dlctl truncate", txid=target.truncated_txid, force=forced, now=time.time(), segments=versioned),
+                run=lambda: apply_truncation(meta, name, target.point, reason=reason, by="dlctl truncate", txid=target.truncated_txid, force=forced, now=time.time(), segments=versioned, secret=_secret(session)),
             )
         ],
         notes=notes,
     )
+
+
+def _secret(session: ClusterSession) -> bytes | None:
+    """The cluster secret when configured (reading a replicated log's records needs it; the
+    truncation refuses with a clear error when it does and there is none)."""
+    try:
+        return session.secret
+    except ConfigError:
+        return None
 
 
 def _span(seqs: list[int]) -> str:

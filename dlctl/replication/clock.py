@@ -13,6 +13,17 @@ A base takes effect from a position (``from``): records before it keep the times
 always read with (a partly recovered log keeps its surviving records' identity); records at or
 after it derive from at least the base. JSON ``{"steps": [{"from": "seq/entry/slot", "vv":
 {...}}, ...], "updated": ...}`` (steps in position order); absent = no base.
+
+**The truncation base** (``"truncation": {"at": "seq/entry/slot", "vv": {...}}``): a truncation
+deletes the records before its point T, so a reader starting at T could no longer count them.
+Before T moves, ``dlctl.replication.truncation_base`` writes the version vector a reader from
+the beginning holds just before T as a step at T (and records it here as the truncation base):
+from T on, every reader derives the timestamps a reader from the beginning derived. The step is
+exactly that vector, so it changes nothing for a reader that still starts earlier (a truncation
+cut short after writing it is harmless). It only ever moves forward. A point inside an entry
+(slot > 0) also gets a step at the entry's start with the vector before it (``"entry_vv"``):
+storage keeps the whole boundary entry, and what copies from the entry's start (``dr``) starts
+from that vector.
 """
 
 from __future__ import annotations
@@ -51,8 +62,47 @@ def parse_base(data: bytes, where: str) -> ClockBase:
         raise ValueError(f"{where}: malformed clock base: {exc}") from None
 
 
-def _dump(steps: ClockBase, reason: str) -> bytes:
-    return json.dumps({"steps": [{"from": str(f), "vv": vv} for f, vv in steps], "reason": reason, "updated": time.time()}, sort_keys=True).encode()
+TruncationBase = tuple[DLSN, dict[str, int]]  # (truncation point, the version vector before it)
+
+
+def parse_truncation(data: bytes, where: str) -> TruncationBase | None:
+    """The truncation base recorded in a clock znode (None: none)."""
+    try:
+        raw = json.loads(data).get("truncation")
+        if raw is None:
+            return None
+        vv = {validate_name("location", k): int(v) for k, v in raw["vv"].items()}
+        if any(v < 0 for v in vv.values()):
+            raise ValueError("negative counter")
+        return DLSN.parse(raw["at"]), vv
+    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{where}: malformed truncation base: {exc}") from None
+
+
+def parse_entry_vv(data: bytes, where: str) -> TruncationBase | None:
+    """(the start of the truncation point's entry, the vector before it) when the point lies
+    inside an entry (None otherwise)."""
+    base = parse_truncation(data, where)
+    if base is None or base[0].slot == 0:
+        return None
+    raw = json.loads(data)["truncation"].get("entry_vv")
+    if raw is None:
+        return None
+    try:
+        return DLSN(base[0].segment_seq, base[0].entry_id, 0), {validate_name("location", k): int(v) for k, v in raw.items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{where}: malformed truncation base: {exc}") from None
+
+
+def _dump(steps: ClockBase, reason: str, truncation: dict | None = None) -> bytes:
+    raw: dict = {"steps": [{"from": str(f), "vv": vv} for f, vv in steps], "reason": reason, "updated": time.time()}
+    if truncation is not None:
+        raw["truncation"] = truncation
+    return json.dumps(raw, sort_keys=True).encode()
+
+
+def _raw_truncation(data: bytes | None) -> dict | None:
+    return json.loads(data).get("truncation") if data is not None else None
 
 
 def floor_at(steps: ClockBase, position: DLSN) -> dict[str, int]:
@@ -82,12 +132,68 @@ class ClockStore:
     def steps(self, name: str) -> ClockBase:
         return self.get(name).value
 
+    def _raw(self, name: str) -> tuple[bytes | None, int]:
+        try:
+            data, stat = self.client.get(paths.log_clock(self.cluster, name))
+        except NoNodeError:
+            return None, -1
+        return data, stat.version
+
+    def truncation_base(self, name: str) -> TruncationBase | None:
+        """(T, the version vector before T) recorded by the last truncation, or None."""
+        data, _ = self._raw(name)
+        return parse_truncation(data, paths.log_clock(self.cluster, name)) if data is not None else None
+
+    def truncation_entry(self, name: str) -> TruncationBase | None:
+        """For a truncation point inside an entry: (the entry's start, the vector before it)."""
+        data, _ = self._raw(name)
+        return parse_entry_vv(data, paths.log_clock(self.cluster, name)) if data is not None else None
+
+    def set_truncation_base(self, name: str, at: DLSN, vv: Mapping[str, int], reason: str = "truncation", entry_vv: Mapping[str, int] | None = None) -> ClockBase:
+        """Record ``vv`` (what a reader from the beginning holds just before ``at``) as a step at
+        ``at`` and as the truncation base; for ``at`` inside an entry, ``entry_vv`` (the vector
+        before the entry) as a step at the entry's start too. Idempotent (the same call again
+        changes nothing) and never backwards: a base already at or past ``at`` stays (returns the
+        steps in place)."""
+        path = paths.log_clock(self.cluster, name)
+        wanted = {k: int(v) for k, v in vv.items() if v > 0}
+        extra: list[tuple[DLSN, dict[str, int]]] = []
+        record: dict = {"at": str(at), "vv": wanted}
+        if at.slot > 0 and entry_vv is not None:
+            entry = {k: int(v) for k, v in entry_vv.items() if v > 0}
+            extra.append((DLSN(at.segment_seq, at.entry_id, 0), entry))
+            record["entry_vv"] = entry
+        for _ in range(8):
+            data, version = self._raw(name)
+            steps = parse_base(data, path) if data is not None else ()
+            current = parse_truncation(data, path) if data is not None else None
+            if current is not None and current[0] >= at:
+                return steps
+            # A step already at ``at`` (an earlier run cut short) is replaced: same value.
+            mine = [(at, wanted), *extra]
+            new_steps = tuple(sorted((*(s for s in steps if s[0] not in {m[0] for m in mine}), *mine), key=lambda s: s[0]))
+            old_reason = json.loads(data).get("reason", "") if data is not None else ""
+            body = _dump(new_steps, old_reason or reason, record)
+            try:
+                if version < 0:
+                    self.client.create(path, body, acl=self.meta.acl)
+                else:
+                    self.client.set(path, body, version=version)
+                return new_steps
+            except (NodeExistsError, BadVersionError):
+                continue
+            except NoNodeError:
+                raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
+        raise ConflictError(f"aborted: {path} kept changing", hint="retry")
+
     def raise_to(self, name: str, floor: Mapping[str, int], start: DLSN, reason: str = "") -> ClockBase:
         """Make local records at or after ``start`` count from at least ``floor`` (merged with
         every earlier step; never lowers anything). Idempotent."""
         path = paths.log_clock(self.cluster, name)
         for _ in range(8):
-            current = self.get(name)
+            data, version = self._raw(name)  # one read: the steps and the truncation base of one version
+            current = Versioned(parse_base(data, path) if data is not None else (), version)
+            truncation = _raw_truncation(data)  # kept as it is
             already = floor_at(current.value, DLSN(2**62, 0, 0))
             wanted = {k: int(v) for k, v in floor.items() if v > 0}
             if all(already.get(k, 0) >= v for k, v in wanted.items()) and current.version >= 0:
@@ -95,9 +201,9 @@ class ClockStore:
             steps = tuple(sorted((*current.value, (start, merge(already, wanted))), key=lambda s: s[0]))
             try:
                 if current.version < 0:
-                    self.client.create(path, _dump(steps, reason), acl=self.meta.acl)
+                    self.client.create(path, _dump(steps, reason, truncation), acl=self.meta.acl)
                 else:
-                    self.client.set(path, _dump(steps, reason), version=current.version)
+                    self.client.set(path, _dump(steps, reason, truncation), version=current.version)
                 return steps
             except (NodeExistsError, BadVersionError):
                 continue  # raised concurrently: merge again

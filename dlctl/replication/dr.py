@@ -69,6 +69,17 @@ async def stamped(meta: MetaStore, pool: AgentPool, name: str, location: str, *,
     return out, dict(clock.vv)
 
 
+async def held_vv(meta: MetaStore, pool: AgentPool, name: str, location: str) -> dict[str, int]:
+    """The merge of the timestamps of every record ``location``'s log ``name`` holds — what a
+    causality filter at ``location`` has seen. Unlike ``vv_before`` it leaves the clock base out:
+    a raised floor is a promise about new local records, not a record held (``dr recover`` of a
+    location whose own old records are still to come back must not count them as seen)."""
+    clock = SourceClock(location)
+    for record in await read_range(meta, pool, name):
+        clock.stamp(Origin.from_headers(record.headers) if ORIGIN_CLUSTER in record.headers else None, record.dlsn)
+    return dict(clock.vv)
+
+
 async def vv_before(meta: MetaStore, pool: AgentPool, name: str, location: str, position: DLSN | None) -> dict[str, int]:
     """The version vector of ``location``'s log before ``position`` (None: the whole log)."""
     if position is not None and position <= INITIAL:
@@ -116,3 +127,62 @@ def missing(expected: list[Identity], held: list[Identity]) -> tuple[list[Identi
     """(identities of ``expected`` that ``held`` lacks, duplicates in ``held``)."""
     seen = set(held)
     return [i for i in expected if i not in seen], len(held) - len(seen)
+
+
+# -- a truncated source's clock -----------------------------------------------------------------
+
+
+def clock_at(location: str, anchor_vv: dict[str, int], between: list[tuple[DLSN, Origin | None]], *, steps: Any = (), start: DLSN) -> dict[str, int]:
+    """``location``'s own counter before ``start`` in its log, derived backwards from an anchor
+    (a stream checkpoint: the version vector ``anchor_vv`` before a later position) and the
+    records ``between`` the two (position, origin or None for a local record), in order.
+
+    A source that truncated its log's beginning still counted those records: a copy or a stream
+    that starts at its first retained position must stamp its local records with the counters
+    they always had (a reused, lower counter makes other locations' causality filters skip
+    records they never saw). Every local record between ``start`` and the anchor added one;
+    a replicated record never raises the count (it cannot have seen more of ``location``'s
+    records than the log held before it), but a clock step may: the result is checked forward
+    with the log's clock ``steps``, and a step that hides the count raises ``ValueError``. Only
+    the own component is known; the others are left out (lower bounds: a filter decides a local
+    record by its own counter, its causal past being in any log that holds it)."""
+    local = sum(1 for _, origin in between if origin is None)
+    own = int(anchor_vv.get(location, 0)) - local
+    if own < 0:
+        raise ValueError(f"{location}: the anchor counts {anchor_vv.get(location, 0)} but {local} local records lie between {start} and it")
+
+    def forward(count: int) -> int:
+        # The own counter only: a replicated record never raises it (it cannot have seen more of
+        # ``location``'s records than the log held before it); clock steps may.
+        pending = sorted(steps, key=lambda s: s[0])
+        for dlsn, origin in between:
+            while pending and pending[0][0] <= dlsn:
+                count = max(count, int(pending.pop(0)[1].get(location, 0)))
+            if origin is None:
+                count += 1
+        return count
+
+    target = int(anchor_vv.get(location, 0))
+    # The count is established when it, and no lower one, leads to the anchor (a raised floor in
+    # between would lead there from many starting counts: the records before it stay unknown).
+    if forward(own) != target or (own > 0 and forward(own - 1) == target):
+        raise ValueError(f"{location}: a clock step between {start} and the anchor hides how many records came before {start}")
+    return {location: own} if own else {}
+
+
+async def clock_before(meta: MetaStore, pool: AgentPool, name: str, location: str, start: DLSN, anchors: list[tuple[DLSN, dict[str, int]]]) -> tuple[dict[str, int], DLSN, int]:
+    """(``clock_at`` of ``location``'s log ``name`` before ``start``, the anchor used, records
+    read between), from the first usable anchor (position at or after ``start``)."""
+    steps = await asyncio.get_running_loop().run_in_executor(None, ClockStore(meta).steps, name)
+    problems = []
+    for position, vv in sorted(anchors, key=lambda a: a[0]):
+        if position < start:
+            problems.append(f"anchor {position} lies before {start}")
+            continue
+        records = await read_range(meta, pool, name, start, position)
+        between = [(r.dlsn, Origin.from_headers(r.headers) if ORIGIN_CLUSTER in r.headers else None) for r in records]
+        try:
+            return clock_at(location, vv, between, steps=steps, start=start), position, len(records)
+        except ValueError as exc:
+            problems.append(str(exc))
+    raise ValueError(f"no checkpoint of a stream from {location} at or after {start} gives its clock there ({'; '.join(problems) or 'none known'})")

@@ -48,6 +48,7 @@ from ..meta.records import LogConfig, LogRecord, SegmentRecord, SegmentState, Ve
 from ..names import validate_name
 from ..placement import PlacementPolicy
 from ..replication.origin import decode_source_position
+from . import clockbase
 from . import plan as P
 from .engine import EngineOptions, SparkEngine, StageProgress
 from .task import Endpoints, copy_segments, scan_clocks
@@ -85,6 +86,8 @@ class LogPlan:
     notes: list[str] = field(default_factory=list)
     assume_local: bool = True  # the source log holds only its own records (clock from metadata)
     progress: P.LogProgress | None = None  # an earlier run of this job
+    clock_steps: tuple = ()  # the source log's clock base steps: applied as a stream applies them (clockbase)
+    start_vv: dict[str, int] = field(default_factory=dict)  # the source's version vector before the first copied record
 
     def to_dict(self) -> dict[str, Any]:
         sel = self.selection
@@ -156,6 +159,8 @@ def plan_job(source: Any, sink: Any, logs: Sequence[str], *, holder: str) -> Job
         lp = LogPlan(name, source_log, selection, sink_log, config, sink_policies.for_log(name, config), assume_local=name not in replicated_into_source)
         if not lp.assume_local:
             lp.notes.append("the source log receives records from another location: their vector clocks are read in a first pass")
+        lp.clock_steps = _clock_steps(source, name)
+        lp.blockers += clockbase.blockers(selection.copy, lp.clock_steps)
         found = _find_progress(sink, holder, name)
         if sink_log is not None:
             _check_sink(sink, lp, source.cluster.name, found)
@@ -164,6 +169,12 @@ def plan_job(source: Any, sink: Any, logs: Sequence[str], *, holder: str) -> Job
             lp.notes.append(f"nothing to copy ({selection.reason}); a stream starts at {selection.snapshot}")
         plans.append(lp)
     return JobPlan(holder, source.cluster.name, sink.cluster.name, plans)
+
+
+def _clock_steps(session: Any, name: str) -> tuple:
+    from ..replication.clock import ClockStore
+
+    return ClockStore(session.meta).steps(name)
 
 
 def _logs_replicated_into(session: Any) -> set[str]:
@@ -534,7 +545,7 @@ def _tasks(job: JobPlan, lp: LogPlan, prog: P.LogProgress, effects: list[ClockEf
     if prog.committed or not copy:
         return []
     effect_list = effects if effects is not None else [P.local_effect(s) for s in copy]
-    starts = P.start_vectors(job.source_cluster, effect_list)
+    starts = clockbase.start_vectors(job.source_cluster, effect_list, clockbase.place(copy, lp.clock_steps).at_start, lp.start_vv)
     seqs = list(range(prog.reserved[0], prog.reserved[0] + len(copy)))
     return [
         P.SegmentTask(lp.log, job.source_cluster, lp.source_log.value.log_id, seg, job.sink_cluster, prog.sink_log_id, seq, lp.sink_policy, start, assume_local=effects is None)

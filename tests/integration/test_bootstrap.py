@@ -441,3 +441,32 @@ def SegmentRecord_for(seq: int):  # noqa: N802 - a record factory
     from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 
     return SegmentRecord(seq, SegmentState.COMPLETED, (EnsembleChange(0, ("a", "b", "c")),), 3, 2, 0.0, last_entry_id=-1)
+
+
+# -- a source whose clock was raised (dr recover) -------------------------------------------------
+
+
+def test_the_bootstrap_stamps_a_log_with_a_raised_clock_exactly_as_a_stream_does(sandbox):
+    from dlctl.log.dlsn import INITIAL
+    from dlctl.replication.clock import ClockStore
+
+    name = "raised-clock"
+    create_source_log(sandbox, name, segments=2, per_segment=15, size=200)
+    with session(sandbox, SOURCE) as src:
+        # What `dr recover` does to a location: from the next segment on, count from 1000.
+        start = DLSN(src.meta.get_log(name).value.max_segment_seq + 1, 0, 0)
+        steps = ClockStore(src.meta).raise_to(name, {SOURCE: 1000}, start, reason="test")
+        asyncio.run(fill(src, name, segments=2, per_segment=15, size=200, first=30))
+    source = records_of(sandbox, SOURCE, name)
+    clock = SourceClock(SOURCE, base=steps, start=INITIAL)  # a stream from the beginning
+    expected = [clock.stamp(None, dlsn) for dlsn, _ in source]
+
+    result = bootstrap(sandbox, name)
+    assert result.returncode == 0, result.stderr
+    copied = records_of(sandbox, SINK, name)
+    assert_sink_holds_source(source, copied)
+    got = [Origin.from_headers(rec.headers).vt for _, rec in copied]
+    assert got == expected
+    assert [vt[SOURCE] for vt in got] == list(range(1, 31)) + list(range(1001, 1031)), "records after the step count from the raised floor"
+    (logres,) = json.loads(result.stdout)["logs"]
+    assert logres["source_vv"] == {SOURCE: 1030}

@@ -122,3 +122,55 @@ def test_divergence_report_shows_count_range_and_a_sample():
     out = div.to_dict(sample=3)
     assert (out["records"], out["first"], out["last"], out["from"]) == (8, "1/5/0", "1/12/0", "1/5/0")
     assert [s["payload"] for s in out["sample"]] == ["r0", "r1", "r2"]
+
+
+# -- a truncated source's clock (dr recover when a peer deleted the beginning of a log) ------------
+
+
+def _history(kinds: list[bool], steps=()) -> list[tuple[DLSN, Origin | None, dict]]:
+    """A source log ``p`` of one record per entry in segment 1 (True: local, False: replicated
+    from ``q``), each with the timestamp a stream from the beginning gives it."""
+    clock = SourceClock("p", base=steps, start=INITIAL)
+    out = []
+    for i, local in enumerate(kinds):
+        dlsn = DLSN(1 + i // 10, i % 10, 0)
+        # A replicated record has seen all (or half) of p's records so far: never more.
+        seen = clock.vv.get("p", 0) // (1 + i % 2)
+        origin = None if local else Origin("q", DLSN(1, i, 0), {"q": i + 1, "p": seen})
+        out.append((dlsn, origin, clock.stamp(origin, dlsn)))
+    return out
+
+
+@given(kinds=st.lists(st.booleans(), min_size=2, max_size=40), data=st.data())
+def test_the_clock_at_a_truncation_point_gives_every_later_local_record_the_counter_it_always_had(kinds, data):
+    history = _history(kinds)
+    cut = data.draw(st.integers(0, len(history) - 1))  # the first record the source still holds
+    anchor = data.draw(st.integers(cut, len(history)))  # a checkpoint at or after it
+    anchor_vv: dict = {}
+    probe = SourceClock("p")
+    for dlsn, origin, _ in history[:anchor]:
+        probe.stamp(origin, dlsn)
+    anchor_vv = dict(probe.vv)
+    start = history[cut][0]
+    vv = dr.clock_at("p", anchor_vv, [(d, o) for d, o, _ in history[cut:anchor]], start=start)
+    clock = SourceClock("p", vv, start=start)  # a stream (or the bootstrap) reading from the cut
+    for dlsn, origin, vt in history[cut:]:
+        got = clock.stamp(origin, dlsn)
+        if origin is None:
+            assert got["p"] == vt["p"], "a local record keeps its counter"
+
+
+def test_the_clock_at_a_truncation_point_honours_clock_steps_and_refuses_when_they_hide_the_count():
+    steps = ((DLSN(2, 0, 0), {"p": 100}),)
+    history = _history([True] * 15, steps)
+    assert [vt["p"] for _, _, vt in history] == list(range(1, 11)) + list(range(101, 106))
+    before_anchor = SourceClock("p", base=steps, start=INITIAL)
+    for dlsn, origin, _ in history[:13]:
+        before_anchor.stamp(origin, dlsn)
+    # Cut after the step: counting back is exact.
+    assert dr.clock_at("p", before_anchor.vv, [(d, o) for d, o, _ in history[11:13]], steps=steps, start=history[11][0]) == {"p": 101}
+    # Cut before the step: the floor hides how many records came before it.
+    with pytest.raises(ValueError, match="clock step"):
+        dr.clock_at("p", before_anchor.vv, [(d, o) for d, o, _ in history[3:13]], steps=steps, start=history[3][0])
+    with pytest.raises(ValueError, match="local records lie between"):
+        dr.clock_at("p", {"p": 1}, [(d, o) for d, o, _ in history[0:5]], start=history[0][0])

@@ -1,0 +1,284 @@
+"""A truncated log keeps its clock (DESIGN.md §7, §9; ``dlctl.replication.truncation_base``).
+
+Real clusters ``a``, ``b`` and ``c`` (real ZooKeeper, real agents running the replication
+workers and the housekeeper), the real ``dlctl truncate``, retention applied by the elected
+housekeeper, and real Spark in local mode for the bootstrap copy.
+
+The property: a record written at ``a`` has ONE vector timestamp everywhere. ``b`` streams ``a``
+from the beginning; after ``a`` truncated, whoever derives timestamps from ``a``'s retained start
+(a bootstrap of ``c``, a reader of ``a``) must get exactly the timestamps ``b`` got — which
+differ from counting from zero at the truncation point (the tests check that too, so they could
+fail).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+from harness.agents import DEFAULT_SECRET
+from harness.faultproxy import FaultNetwork
+from harness.logcluster import eventually, run
+from harness.procs import ProcessRegistry
+from harness.twoclusters import Sites, origin_of, read_all, replication_sites
+
+from dlctl.errors import ExitCode, RefusedError
+from dlctl.log.client import AgentClient
+from dlctl.log.dlsn import DLSN
+from dlctl.log.pool import AgentPool
+from dlctl.log.writer import LogWriter
+from dlctl.meta.pins import PinRecord, PinStore
+from dlctl.meta.records import LogConfig
+from dlctl.meta.truncation import TruncationStore
+from dlctl.ops import replication as ops
+from dlctl.plan import apply
+from dlctl.replication import dr
+from dlctl.replication.causal import SourceClock
+from dlctl.replication.clock import ClockStore
+from dlctl.replication.origin import Origin
+from dlctl.replication.truncation_base import prepare
+
+pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.spark, pytest.mark.slow]
+
+HOUSEKEEPING = "[housekeeping]\nenabled = true\ncheck_seconds = 0.5\n"
+
+
+@pytest.fixture(scope="module")
+def sites(zk_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sites]:
+    zk_server.ensure_running()
+    base = tmp_path_factory.mktemp("truncation-clock")
+    procs = ProcessRegistry(base / "procs")
+    with FaultNetwork() as network:
+        yield from replication_sites(zk_server, base, procs, network, "truncation-clock", clusters=("a", "b", "c"), proxied=False, agent_options=HOUSEKEEPING)
+
+
+@pytest.fixture(scope="module")
+def inventory(sites: Sites, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sites.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.toml", default="a")
+
+
+def dlctl(inv: Path, *argv: str) -> tuple[int, dict]:
+    from dlctl.cli.main import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["--config", str(inv), "--yes", "-o", "json", *argv])
+    text = out.getvalue()
+    return code, (json.loads(text) if text.strip() else {})
+
+
+async def segment(meta, name: str, payloads: list[bytes]) -> list[DLSN]:
+    """One completed segment holding ``payloads`` (a writer per call: closing it completes it)."""
+    pool = AgentPool(meta, DEFAULT_SECRET)
+    try:
+        writer = await LogWriter.open(meta, pool, name)
+        try:
+            futures = [writer.submit(p) for p in payloads]
+            await writer.flush()
+            return [f.result() for f in futures]
+        finally:
+            await writer.close()
+    finally:
+        await pool.close()
+
+
+def write_segments(site, name: str, count: int, per: int, tag: str) -> list[DLSN]:
+    out: list[DLSN] = []
+    for s in range(count):
+        out += run(segment(site.meta(), name, [f"{tag}-{s}-{i}".encode() for i in range(per)]))
+    return out
+
+
+def stream(sites: Sites, source: str, sink: str, name: str) -> ops.InitPlan:
+    built = ops.init_plan(sites[source].session(), sites[sink].session(), patterns=(name,))
+    ops.refuse_unavailable_bootstrap(built)
+    apply(built.plan)
+    return built
+
+
+def stamps_at(site, name: str, count: int) -> dict[tuple[str, DLSN], dict[str, int]]:
+    """Identity -> vector timestamp of every replicated record ``site`` holds (``dl.vt``)."""
+    records = run(read_all(site.meta(), name, until=count, timeout=90))
+    assert len(records) == count, f"{site.name} holds {len(records)} of {count} records"
+    out = {}
+    for r in records:
+        origin = Origin.from_headers(r.headers)
+        assert origin is not None
+        assert (origin.cluster, origin.dlsn) not in out, f"{site.name}: {origin_of(r)} twice"
+        out[(origin.cluster, origin.dlsn)] = origin.vt
+    return out
+
+
+def pin_past(site, holder: str, name: str, position: DLSN) -> None:
+    run(eventually(lambda: PinStore(site.meta()).get(holder, name).value.position >= position, timeout=30, message=f"the pin of {holder} past {position}"))
+
+
+def test_a_sink_bootstrapped_after_truncate_gets_the_timestamps_a_sink_streaming_from_the_start_got(sites: Sites, inventory: Path):
+    a, b, c = sites["a"], sites["b"], sites["c"]
+    name = "events"
+    a.meta().create_log(name, LogConfig())
+    written = write_segments(a, name, 2, 60, "early")
+    assert [d.decision.value for d in stream(sites, "a", "b", name).decisions] == ["start"]
+    written += write_segments(a, name, 2, 60, "late")
+    at_b = stamps_at(b, name, len(written))
+    point = written[120]  # the start of the third segment: 120 local records lie before it
+    assert point == DLSN(point.segment_seq, 0, 0)
+    before = 120
+    pin_past(a, "a-to-b", name, point)
+
+    # The plan says what it reads first.
+    code, out = dlctl(inventory, "truncate", name, "--to", str(point), "--dry-run")
+    assert code == 0 and any(n.startswith(f"the clock base at {point} is recorded first") and "a-to-b" in n for n in out["notes"]), out
+    # A truncation cut short after it recorded the base (point not moved) changes no timestamp.
+    prepare(a.meta(), name, point, secret=DEFAULT_SECRET)
+    assert TruncationStore(a.meta()).get(name) is None
+    early, _ = run(_stamped(a, name))
+    assert {(("a", r.dlsn)): vt for r, vt in early} == at_b
+
+    code, out = dlctl(inventory, "truncate", name, "--to", str(point))
+    assert code == 0, out
+    assert TruncationStore(a.meta()).get(name).value.point == point
+    base = ClockStore(a.meta()).truncation_base(name)
+    # The base is exactly the vector b's stream held before the point: the last earlier record's stamp.
+    assert base == (point, at_b[("a", max(d for d in written if d < point))]) == (point, {"a": before})
+    # Re-running is idempotent and records the same base.
+    code, _ = dlctl(inventory, "truncate", name, "--to", str(point))
+    assert code == 0 and ClockStore(a.meta()).truncation_base(name) == base
+
+    # A reader of a from its retained start stamps as b's stream did.
+    retained, _ = run(_stamped(a, name))
+    assert [r.dlsn for r, _ in retained] == [d for d in written if d >= point]
+    assert {("a", r.dlsn): vt for r, vt in retained} == {k: v for k, v in at_b.items() if k[1] >= point}
+
+    # c bootstraps from a (Spark copy of a's retained segments), then streams on.
+    built = stream(sites, "a", "c", name)
+    assert [d.decision.value for d in built.decisions] == ["bootstrap"]
+    more = write_segments(a, name, 1, 30, "after")
+    at_b = stamps_at(b, name, len(written) + len(more))
+    at_c = stamps_at(c, name, len(written) + len(more) - before)
+    assert at_c == {k: v for k, v in at_b.items() if k[1] >= point}
+    # Without the recorded base, counting from zero at the point gives other timestamps.
+    first = min(k for k in at_c)
+    assert at_c[first] == {"a": before + 1} != SourceClock("a").stamp(None)
+
+
+async def _stamped(site, name: str):
+    pool = AgentPool(site.meta(), DEFAULT_SECRET)
+    try:
+        return await dr.stamped(site.meta(), pool, name, site.name)
+    finally:
+        await pool.close()
+
+
+def test_retention_by_the_housekeeper_records_the_base_before_it_truncates(sites: Sites, inventory: Path):
+    a, b = sites["a"], sites["b"]
+    name = "metrics"
+    a.meta().create_log(name, LogConfig())
+    written = write_segments(a, name, 4, 40, "m")
+    stream(sites, "a", "b", name)
+    at_b = stamps_at(b, name, len(written))
+    pin_past(a, "a-to-b", name, dr.after(written[-1]))
+    segments = {v.value.seq: v.value for v in a.meta().segments(name)}
+    keep = segments[written[-1].segment_seq].bytes + segments[written[-41].segment_seq].bytes  # the last two segments
+    code, out = dlctl(inventory, "log", "retention", name, "--max-bytes", str(keep))
+    assert code == 0, out
+
+    def truncated():
+        t = TruncationStore(a.meta()).get(name)
+        return t is not None and t.value.point >= DLSN(written[-41].segment_seq, 0, 0) and t
+
+    t = run(eventually(truncated, timeout=30, message="the housekeeper applying retention"))
+    point = t.value.point
+    before = sum(1 for d in written if d < point)
+    assert before >= 80
+    assert ClockStore(a.meta()).truncation_base(name) == (point, {"a": before})
+    retained, _ = run(_stamped(a, name))
+    assert {("a", r.dlsn): vt for r, vt in retained} == {k: v for k, v in at_b.items() if k[1] >= point}
+    assert retained[0][1] == {"a": before + 1} != SourceClock("a").stamp(None)
+
+
+def test_unreadable_segments_refuse_the_truncation_and_change_nothing(sites: Sites, inventory: Path):
+    a = sites["a"]
+    name = "fragile"
+    a.meta().create_log(name, LogConfig())
+    written = write_segments(a, name, 3, 20, "f")
+    second = written[20].segment_seq
+    end = DLSN(written[-1].segment_seq + 1, 0, 0)
+    # A stream reads it (its pin is past everything): the log's clock matters.
+    PinStore(a.meta()).set(PinRecord(holder="a-to-z", log=name, position=end, sink_cluster="z"))
+    log_id = a.meta().get_log(name).value.log_id
+
+    async def wipe() -> None:
+        for node in a.agents.values():
+            client = AgentClient(node.host, node.port, DEFAULT_SECRET)
+            try:
+                await client.delete_segment(log_id, second)
+            finally:
+                await client.close()
+
+    run(wipe())
+    for extra in ((), ("--force",)):  # --force passes pins, never this
+        code, out = dlctl(inventory, "truncate", name, "--to", str(end), *extra)
+        assert code == ExitCode.REFUSED, out
+        assert f"segment {second}" in json.dumps(out), out
+        assert TruncationStore(a.meta()).get(name) is None
+        assert ClockStore(a.meta()).truncation_base(name) is None
+        assert not PinStore(a.meta()).get("a-to-z", name).value.needs_bootstrap
+    # Up to the unreadable segment it goes (what lies before it is read).
+    code, out = dlctl(inventory, "truncate", name, "--to", f"{second}/0/0")
+    assert code == 0, out
+    assert ClockStore(a.meta()).truncation_base(name) == (DLSN(second, 0, 0), {"a": 20})
+
+
+def test_a_log_nobody_replicates_is_truncated_without_reading_or_a_clock_base(sites: Sites, inventory: Path):
+    a = sites["a"]
+    name = "local-only"
+    a.meta().create_log(name, LogConfig())
+    written = write_segments(a, name, 2, 10, "l")
+    code, out = dlctl(inventory, "truncate", name, "--to", f"{written[-1].segment_seq}/0/0")
+    assert code == 0, out
+    assert ClockStore(a.meta()).get(name).version == -1  # nothing written
+
+
+def test_a_point_inside_an_entry_keeps_the_stamps_of_the_records_after_it(sites: Sites, inventory: Path):
+    a, b = sites["a"], sites["b"]
+    name = "orders"
+    a.meta().create_log(name, LogConfig())
+    written = write_segments(a, name, 2, 50, "o")
+    stream(sites, "a", "b", name)
+    at_b = stamps_at(b, name, len(written))
+    pin_past(a, "a-to-b", name, dr.after(written[-1]))
+    inside = [i for i, d in enumerate(written) if d.slot > 0 and i > 50]
+    assert inside, "the writer put every record in an entry of its own: no point inside an entry"
+    k = inside[0]
+    point = written[k]
+    code, out = dlctl(inventory, "truncate", name, "--to", str(point))
+    assert code == 0, out
+    assert ClockStore(a.meta()).truncation_base(name) == (point, {"a": k})
+    entry = DLSN(point.segment_seq, point.entry_id, 0)
+    assert ClockStore(a.meta()).truncation_entry(name) == (entry, {"a": sum(1 for d in written if d < entry)})
+    retained, _ = run(_stamped(a, name))
+    assert retained[0][0].dlsn == point
+    assert {("a", r.dlsn): vt for r, vt in retained} == {key: v for key, v in at_b.items() if key[1] >= point}
+
+
+def test_the_point_of_a_replicated_log_never_moves_past_its_recorded_base(sites: Sites):
+    """What moves a truncation point without recording the base first (``dlctl gc`` applying
+    retention) is refused for a replicated log, and allowed once the base is there."""
+    a = sites["a"]
+    name = "guarded"
+    a.meta().create_log(name, LogConfig())
+    written = write_segments(a, name, 2, 10, "g")
+    end = DLSN(written[-1].segment_seq + 1, 0, 0)
+    store = TruncationStore(a.meta())
+    PinStore(a.meta()).set(PinRecord(holder="a-to-z", log=name, position=end, sink_cluster="z"))
+    with pytest.raises(RefusedError, match="clock base"):
+        store.advance(name, end, reason="retention", by="test")
+    assert store.get(name) is None
+    prepare(a.meta(), name, end, secret=DEFAULT_SECRET)
+    _, moved = store.advance(name, end, reason="retention", by="test")
+    assert moved and ClockStore(a.meta()).truncation_base(name) == (end, {"a": 20})
