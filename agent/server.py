@@ -221,6 +221,10 @@ class AgentServer:
         self._ids(log_id, seg, entry_id)
         return self.store.read(log_id, seg, entry_id)
 
+    def read_range(self, log_id: int, seg: int, first: int, last: int, max_bytes: int) -> bytes:
+        self._ids(log_id, seg, first)
+        return self.store.read_range(log_id, seg, first, last, min(max_bytes, p.MAX_RANGE_BYTES))
+
     async def read_entry_fencing(self, log_id: int, seg: int, entry_id: int) -> bytes:
         self._ids(log_id, seg, entry_id)
         await self.store.fence(log_id, seg)  # durable before the read is answered
@@ -452,6 +456,8 @@ class _Conn(asyncio.Protocol):
                 self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args)), 0)
             else:
                 self._run_sync(op, rid, server.read_entry, args)
+        elif op is p.Op.READ_RANGE:
+            self._run_sync(op, rid, server.read_range, args)
         elif op is p.Op.READ_LAC:
             self._run_sync(op, rid, server.read_lac, args)
         elif op is p.Op.LONG_POLL:

@@ -596,6 +596,61 @@ class SegmentStore:
             raise LimboError(f"replica of {_seg_name(seg.key)} is corrupt at offset {off} of {seg.path}: {problem}")
         return buf
 
+    def read_range(self, log_id: int, segment_seq: int, first: int, last: int, max_bytes: int) -> bytes:
+        """Encoded entries ``first``, ``first + 1``, ... back to back, each CRC re-verified as
+        ``read`` does: up to ``last``, up to the first entry this replica lacks, and no more
+        than ``max_bytes`` (but always ``first``, or NoSuchEntryError). Entries that lie back to
+        back in the file (the usual case) are read with one ``pread`` per run."""
+        seg = self._segment(log_id, segment_seq)
+        check_entry_id(first)
+        index, mem = seg.index, seg.mem
+        locs: list[tuple[int, int, int, int]] = []  # (entry id, offset, size, crc)
+        total = 0
+        entry_id = first
+        while entry_id <= last:
+            loc = index.get(entry_id)
+            if loc is None:
+                if entry_id == first:
+                    raise NoSuchEntryError(f"entry {entry_id} of {_seg_name(seg.key)} is not on this agent")
+                break
+            off, length, crc = loc
+            n = HEADER_SIZE + length
+            if locs and total + n > max_bytes:
+                break
+            locs.append((entry_id, off, n, crc))
+            total += n
+            entry_id += 1
+        parts: list[bytes | memoryview] = []
+        i = 0
+        while i < len(locs):
+            entry_id, off, n, crc = locs[i]
+            buf = mem.get(off)
+            if buf is not None:  # accepted, not yet durable: served from memory, as read() does
+                parts.append(buf)
+                i += 1
+                continue
+            j, end = i + 1, off + n  # the run of entries lying back to back on disk
+            while j < len(locs) and locs[j][1] == end and mem.get(end) is None:
+                end += locs[j][2]
+                j += 1
+            try:
+                run = os.pread(self._fds.get(seg), end - off, off)
+            except OSError as exc:
+                self._to_limbo(seg, off, f"read of entries {entry_id}..{locs[j - 1][0]} failed: {exc}")
+                raise LimboError(f"replica of {_seg_name(seg.key)} is unreadable at offset {off} of {seg.path}: {exc}") from exc
+            view = memoryview(run)
+            pos = 0
+            for k in range(i, j):
+                e_id, e_off, e_n, e_crc = locs[k]
+                problem = _verify(view[pos : pos + e_n], e_n, seg.key, e_id, e_crc)
+                if problem is not None:
+                    self._to_limbo(seg, e_off, problem)
+                    raise LimboError(f"replica of {_seg_name(seg.key)} is corrupt at offset {e_off} of {seg.path}: {problem}")
+                pos += e_n
+            parts.append(run)
+            i = j
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     def _to_limbo(self, seg: Segment, offset: int, reason: str) -> None:
         if seg.limbo is not None:
             return

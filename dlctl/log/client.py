@@ -298,7 +298,7 @@ class AgentClient:
             conn.transport.close()
 
     # Requests -----------------------------------------------------------------------------------
-    async def _call(self, op: int, build: Any, *args: Any, timeout: float | None = None) -> bytes:
+    async def _call(self, op: int, build: Any, *args: Any, timeout: float | None = None, whole: bool = False) -> bytes:
         conn = self._conn
         if conn is None or not conn.ready:
             conn = await self._connection()
@@ -315,7 +315,7 @@ class AgentClient:
         limit = self.request_timeout if timeout is None else timeout
         conn.track(rid, fut, limit)
         conn.send(frame)
-        return await self._reply(conn, rid, op, fut, limit)
+        return await self._reply(conn, rid, op, fut, limit, whole)
 
     def _verify_entry(self, data: bytes, log_id: int, segment_seq: int, entry_id: int) -> Entry:
         where = f"entry {log_id}/{segment_seq}/{entry_id} from agent {self.address}"
@@ -339,7 +339,25 @@ class AgentClient:
         self._check_entry(data, log_id, segment_seq, entry_id)
         return data
 
-    def _check_entry(self, data: bytes, log_id: int, segment_seq: int, entry_id: int) -> None:
+    async def read_range(self, log_id: int, segment_seq: int, first: int, last: int, max_bytes: int) -> tuple[bytes, list[tuple[int, int]]]:
+        """Consecutive entries from ``first`` (READ_RANGE: up to ``last``, the replica's first
+        gap or about ``max_bytes``) as one buffer and each entry's (start, end) in it; every
+        entry CRC-verified and its ids checked, as ``read`` does."""
+        data = await self._call(p.Op.READ_RANGE, p.read_range_request, log_id, segment_seq, first, last, max_bytes, whole=True)
+        where = f"entries {log_id}/{segment_seq}/{first}..{last} from agent {self.address}"
+        skip = p.OK_RESULT_OFFSET  # ``whole``: the entries follow the response preamble
+        try:
+            spans = [(start + skip, end + skip) for start, end in p.split_entries(memoryview(data)[skip:])]
+        except p.ProtocolError as exc:
+            raise AgentIOError(f"{where}: {exc}") from None
+        if not spans or len(spans) > last - first + 1:
+            raise AgentIOError(f"{where}: the agent returned {len(spans)} entries")
+        view = memoryview(data)
+        for i, (start, end) in enumerate(spans):
+            self._check_entry(view[start:end], log_id, segment_seq, first + i)
+        return data, spans
+
+    def _check_entry(self, data: bytes | memoryview, log_id: int, segment_seq: int, entry_id: int) -> None:
         """``_verify_entry`` without building the Entry (no copy of the payload): the same
         checks as ``format.decode``, then the ids."""
         where = f"entry {log_id}/{segment_seq}/{entry_id} from agent {self.address}"
@@ -432,8 +450,10 @@ class AgentClient:
     async def _appended(self, conn: _Connection, rid: int, fut: asyncio.Future[p.Frame]) -> list[tuple[int, int, int]]:
         return p.decode_dlsns(await self._reply(conn, rid, p.Op.APPEND, fut, self.request_timeout))
 
-    async def _reply(self, conn: _Connection, rid: int, op: int, fut: asyncio.Future[p.Frame], limit: float) -> bytes:
-        """Wait for the response to request ``rid``; its result body, or its typed error."""
+    async def _reply(self, conn: _Connection, rid: int, op: int, fut: asyncio.Future[p.Frame], limit: float, whole: bool = False) -> bytes:
+        """Wait for the response to request ``rid``; its result body, or its typed error.
+        ``whole``: the response body itself, the result from ``p.OK_RESULT_OFFSET`` on (a
+        large result is not copied once more)."""
         try:
             reply = await fut
         except _Timeout:
@@ -444,6 +464,8 @@ class AgentClient:
         try:
             if reply.opcode != op | p.RESPONSE:
                 raise p.ProtocolError(f"response to request {rid} has opcode {reply.opcode}, expected {op | p.RESPONSE}")
+            if whole and reply.body[: p.OK_RESULT_OFFSET] == p.OK_PREAMBLE:
+                return reply.body
             return p.decode_response(reply)
         except p.ProtocolError as exc:
             conn.abort(f"agent {self.address} sent an invalid response: {exc}")
@@ -491,7 +513,7 @@ class SyncAgentClient:
 
 _SYNC_METHODS = frozenset(
     {
-        "connect", "add", "read", "read_entry", "read_lac", "long_poll",
+        "connect", "add", "read", "read_entry", "read_range", "read_lac", "long_poll",
         "fence", "digest", "list_segments", "delete_segment", "stat",
     }
 )

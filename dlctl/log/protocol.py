@@ -55,6 +55,18 @@ Operations (request body -> result on success)::
                                                    (dlctl.log.records
                                                    layout; txid ignored)
     12  RELEASE         -                          name u16+UTF-8          released u8 (0: not owner)
+    13  READ_RANGE      -                          log u64, seg u64,       the encoded entries first,
+                                                   first i64, last i64,    first+1, ... back to back: up
+                                                   max bytes u32           to last, up to the first one
+                                                                           this replica lacks, and no more
+                                                                           than max bytes (but always
+                                                                           first); NO_SUCH_ENTRY when it
+                                                                           lacks first
+
+READ_RANGE is the bulk read of a copy (the bootstrap reads whole segments): one request and one
+disk read for many consecutive entries. The agent verifies every entry's CRC as READ_ENTRY does,
+caps the answer at MAX_RANGE_BYTES whatever max bytes says, and the client checks each entry
+again (CRC and ids) when it splits the answer.
 
 APPEND and RELEASE are the write-proxy ops (DESIGN.md §5): the agent that owns the log batches
 the records of all its clients into entries and answers with each record's DLSN once it is
@@ -104,6 +116,7 @@ FLAG_RECOVERY = 0x1  # ADD_ENTRY: recovery add from the fencing writer; accepted
 FLAG_FENCE = 0x1  # READ_ENTRY: fence the replica (durably) before reading
 FLAG_RESET_ORDER = 0x1  # APPEND: the client has seen its failures and resends from the oldest
 MAX_LOG_NAME = 255  # bytes of a log name on the wire (names are validated by dlctl.names)
+MAX_RANGE_BYTES = 8 * 1024 * 1024  # the most a READ_RANGE answers beyond its first entry
 
 STATUS_OK = 0
 STATUS_INTERNAL = 255
@@ -123,6 +136,7 @@ class Op(IntEnum):
     STAT = 10
     APPEND = 11
     RELEASE = 12
+    READ_RANGE = 13
 
 
 _ALLOWED_FLAGS: dict[int, int] = {int(op): 0 for op in Op}
@@ -238,6 +252,7 @@ _SEG = struct.Struct(">QQ")
 _ENTRY_REF = struct.Struct(">QQq")
 _LONG_POLL = struct.Struct(">QQqI")
 _DIGEST_REQ = struct.Struct(">QQqq")
+_RANGE_REQ = struct.Struct(">QQqqI")
 _I64 = struct.Struct(">q")
 _FENCE_RES = struct.Struct(">qq")
 _DIGEST_RES = struct.Struct(">QQQqqqQ")
@@ -247,6 +262,8 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _DLSN = struct.Struct(">QqI")
 _OK_PREAMBLE = _ERR.pack(STATUS_OK, 0)
+OK_PREAMBLE = _OK_PREAMBLE  # a successful response's body starts with it ...
+OK_RESULT_OFFSET = len(_OK_PREAMBLE)  # ... and its result follows
 MAX_LONG_POLL_MS = 2**32 - 1
 
 
@@ -269,6 +286,12 @@ def add_entry_request(request_id: int, entry: bytes | memoryview, recovery: bool
 
 def read_entry_request(request_id: int, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> bytes:
     return encode_frame(Op.READ_ENTRY, FLAG_FENCE if fence else 0, request_id, _pack(_ENTRY_REF, log_id, segment_seq, entry_id))
+
+
+def read_range_request(request_id: int, log_id: int, segment_seq: int, first: int, last: int, max_bytes: int) -> bytes:
+    if last < first or max_bytes < 1:
+        raise ValueError(f"READ_RANGE of entries {first}..{last} with max bytes {max_bytes}: needs first <= last and max bytes >= 1")
+    return encode_frame(Op.READ_RANGE, 0, request_id, _pack(_RANGE_REQ, log_id, segment_seq, first, last, min(max_bytes, 2**32 - 1)))
 
 
 def read_lac_request(request_id: int, log_id: int, segment_seq: int) -> bytes:
@@ -366,6 +389,12 @@ def decode_request(frame: Frame) -> Request:
         args = (body,)
     elif op is Op.READ_ENTRY:
         args = _unpack_exact(_ENTRY_REF, body, op.name)
+    elif op is Op.READ_RANGE:
+        args = _unpack_exact(_RANGE_REQ, body, op.name)
+        if args[3] < args[2]:
+            raise ProtocolError(f"READ_RANGE request {request_id}: last entry {args[3]} is before first entry {args[2]}")
+        if args[4] < 1:
+            raise ProtocolError(f"READ_RANGE request {request_id}: max bytes must be at least 1")
     elif op in (Op.READ_LAC, Op.FENCE, Op.DELETE_SEGMENT):
         args = _unpack_exact(_SEG, body, op.name)
     elif op is Op.LONG_POLL:
@@ -453,6 +482,23 @@ def decode_response(frame: Frame) -> bytes:
 
 
 # Result bodies -------------------------------------------------------------------------------
+
+
+def split_entries(result: bytes | bytearray | memoryview) -> list[tuple[int, int]]:
+    """(start, end) of each encoded entry in a READ_RANGE result, by their headers' lengths (not
+    verified: the caller checks each entry); raises ``ProtocolError`` when they do not tile it."""
+    out = []
+    pos, end = 0, len(result)
+    while pos < end:
+        if end - pos < ENTRY_HEADER_SIZE:
+            raise ProtocolError(f"READ_RANGE result: {end - pos} bytes at offset {pos} are too few for an entry header")
+        (length,) = _U32.unpack_from(result, pos + ENTRY_HEADER_SIZE - 8)
+        stop = pos + ENTRY_HEADER_SIZE + length
+        if stop > end:
+            raise ProtocolError(f"READ_RANGE result: the entry at offset {pos} claims {length} payload bytes, {end - pos - ENTRY_HEADER_SIZE} remain")
+        out.append((pos, stop))
+        pos = stop
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -59,17 +59,8 @@ from .logs import _depose, _release, owner_record
 from .session import ClusterSession
 
 
-def _async(session: ClusterSession, fn: Callable[[AgentPool], Any]) -> Any:
-    """Run ``fn(pool)`` (a coroutine function) with a fresh agent pool of ``session``."""
-
-    async def go() -> Any:
-        pool = AgentPool(session.meta, session.secret)
-        try:
-            return await fn(pool)
-        finally:
-            await pool.close()
-
-    return asyncio.run(go())
+def _async(session: ClusterSession, fn: Any) -> Any:
+    return session.with_pool(fn)
 
 
 # -- fencing and promoting logs ------------------------------------------------------------------

@@ -39,13 +39,11 @@ with the commit), so a re-run never copies it twice; an interrupted copy resumes
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import NotFoundError, RefusedError
 from ..log.dlsn import DLSN, INITIAL
-from ..log.pool import AgentPool
 from ..replication import dr, truncation_base
 from ..replication.decision import first_retained
 from ..replication.records import StreamConfig
@@ -56,14 +54,7 @@ PENDING = "dr recover: a bootstrap copy from {first} is pending"
 
 
 def _async(session: ClusterSession, fn: Any) -> Any:
-    async def go() -> Any:
-        pool = AgentPool(session.meta, session.secret)
-        try:
-            return await fn(pool)
-        finally:
-            await pool.close()
-
-    return asyncio.run(go())
+    return session.with_pool(fn)
 
 
 def first_of(session: ClusterSession, name: str) -> DLSN | None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from functools import cached_property
 from types import TracebackType
+from typing import Any
 
 from ..errors import ConfigError
 from ..inventory import Cluster
@@ -32,6 +35,20 @@ class ClusterSession:
         if self.cluster.secret_file is None:
             raise ConfigError(f"cluster {self.cluster.name!r} has no secret_file; it is needed to talk to agents")
         return read_secret_file(self.cluster.secret_file)
+
+    def with_pool(self, fn: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run ``fn(pool)`` (a coroutine function) to completion with a fresh agent pool of this
+        cluster, closed afterwards; for synchronous callers."""
+        from ..log.pool import AgentPool
+
+        async def go() -> Any:
+            pool = AgentPool(self.meta, self.secret)
+            try:
+                return await fn(pool)
+            finally:
+                await pool.close()
+
+        return asyncio.run(go())
 
     def close(self) -> None:
         if self._client is not None:

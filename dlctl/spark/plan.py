@@ -141,9 +141,10 @@ class SegmentTask:
         return self.source.bytes
 
 
-def batches(tasks: Sequence[SegmentTask], slots: int, *, max_bytes: int = 256 * 1024 * 1024, per_slot: int = 4) -> list[list[SegmentTask]]:
+def batches(tasks: Sequence[SegmentTask], slots: int, *, max_bytes: int = 256 * 1024 * 1024, per_slot: int = 8) -> list[list[SegmentTask]]:
     """Group consecutive segments into Spark tasks ("one task per segment or range"): about
-    ``per_slot`` tasks per concurrent slot so the load stays balanced, none above ``max_bytes``
+    ``per_slot`` tasks per concurrent slot so the load stays balanced (the last task to finish
+    leaves the other slots idle: smaller tasks, a shorter tail), none above ``max_bytes``
     unless one segment alone is (Spark's per-task cost is tens of ms: a task per tiny segment
     would cost more than the copy)."""
     if not tasks:
@@ -196,7 +197,8 @@ def verification_problem(result: Mapping[str, Any]) -> str | None:
     if result.get("error"):
         return f"{where}: {result['error']}"
     if not result.get("source_digest") or result.get("source_digest") != result.get("sink_digest"):
-        return f"{where}: the content digest of the sink copy ({result.get('sink_digest')}) differs from the source's ({result.get('source_digest')})"
+        at = f", first at entry {result['content_differs_at_entry']}" if result.get("content_differs_at_entry") is not None else ""
+        return f"{where}: the content digest of the sink copy ({result.get('sink_digest')}) differs from the source's ({result.get('source_digest')}){at}"
     if result.get("source_records") != result.get("records"):
         return f"{where}: {result.get('records')} records written but {result.get('source_records')} read"
     check = result.get("replica_check") or {}

@@ -11,12 +11,17 @@ The copy, for one segment:
    avoids the agents that failed the previous attempt the same way). Delete whatever an
    earlier, unverified attempt left of this sink segment on those agents: the segment is not
    in the sink's metadata yet, so nothing can be reading it.
-2. **Pipeline.** Up to ``window`` source entries are read ahead, each from any replica of its
-   write set (nearest first, speculative after an adaptive timeout, CRC-verified end to end; a
-   corrupt or missing replica hands over to the next). Entries are re-encoded in entry order
-   (``transform.EntryCopier``) and each sink entry is added to all W agents of its write set,
-   with many adds in flight and bounded bytes outstanding. A ``throttle`` caps this task's
-   rate (token bucket).
+2. **Pipeline.** About ``window`` source entries are read ahead. When every replica holds
+   every entry (E = W, the usual case) they are read in ranges of about 2 MiB (READ_RANGE: one
+   request and one disk read for many entries, the first choice of replica rotating from range
+   to range); otherwise one entry per request. Either way each read goes to any replica of the
+   write set (nearest first, speculative after an adaptive timeout, CRC-verified end to end by
+   the agent and again by the client; a corrupt or missing replica hands over to the next).
+   Entries are re-encoded in entry order (``transform.EntryCopier``, straight from the buffer
+   they arrived in) and each sink entry is added to all W agents of its write set, with many
+   adds in flight and bounded bytes outstanding. A ``throttle`` caps this task's rate (token
+   bucket). The segments of one Spark task share an event loop and the agents' connections,
+   two at a time: the next one is read while the previous waits for its last fdatasync.
 3. **Verify.** The content digest of the source entries as read must equal the content digest
    of the sink entries as written, and every sink replica's own DIGEST (entry ids and CRCs it
    stores) must equal the digest of the entries sent to it.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 import zlib
 from collections.abc import Mapping
@@ -37,12 +43,13 @@ from typing import Any
 
 from ..errors import DlctlError, RefusedError
 from ..log.client import AgentClient
-from ..log.errors import AgentError, NoSuchSegmentError
-from ..log.format import decode_header
+from ..log.errors import AgentError, BadRequestError, NoSuchSegmentError
+from ..log import format as fmt
 from ..log.readpolicy import AdaptiveTimeout
 from ..log.records import CorruptRecords
 from ..log.rereplication import digest_of
 from ..log.speculative import EntryReadError, ReplicaReader
+from ..meta.records import SegmentRecord
 from ..placement import choose_ensemble
 from .credentials import SecretRef
 from .plan import SegmentTask
@@ -131,22 +138,45 @@ class _Bucket:
 
 def copy_segment(task: SegmentTask, endpoints: Endpoints, attempt: int = 0) -> dict[str, Any]:
     """Copy one segment (see the module docstring); never raises for a per-segment failure."""
+    return asyncio.run(_copy_segments([task], endpoints, attempt))[0]
+
+
+def copy_segments(tasks: list[SegmentTask], endpoints: Endpoints) -> list[dict[str, Any]]:
+    """One Spark task covering a range of segments (fewer, larger tasks: Spark's per-task cost
+    is tens of ms, more than copying a small segment). The segments share one event loop and
+    the agents' connections, and the next segment starts while the previous one waits for its
+    last adds to be durable and its replicas' digests (``overlap`` segments at a time)."""
+    return asyncio.run(_copy_segments(tasks, endpoints))
+
+
+async def _copy_segments(tasks: list[SegmentTask], endpoints: Endpoints, attempt: int = 0, overlap: int = 2) -> list[dict[str, Any]]:
+    source = StaticPool(endpoints.source_nodes, endpoints.source_secret.get(), endpoints.request_timeout)
+    sink = StaticPool(endpoints.sink_nodes, endpoints.sink_secret.get(), endpoints.request_timeout)
+    bucket = _Bucket(endpoints.throttle) if endpoints.throttle else None  # the task's rate, whatever overlaps
+    gate = asyncio.Semaphore(overlap)  # FIFO: segments start in order
+
+    async def one(task: SegmentTask) -> dict[str, Any]:
+        async with gate:
+            return await _copy_result(task, endpoints, attempt, source, sink, bucket)
+
+    try:
+        return list(await asyncio.gather(*(one(t) for t in tasks)))
+    finally:
+        await source.close()
+        await sink.close()
+
+
+async def _copy_result(task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: _Bucket | None) -> dict[str, Any]:
     started = time.monotonic()
     base = {"log": task.log, "source_seq": task.source.seq, "sink_seq": task.sink_seq, "first_entry": task.source.min_active_entry, "last_entry": task.source.last_entry_id, "start_vv": dict(task.start_vv)}
     try:
-        result = asyncio.run(_copy(task, endpoints, attempt))
+        result = await _copy(task, endpoints, attempt, source, sink, bucket)
     except _NeedsClock as exc:
         return dict(base, error=str(exc), needs_clock=True, seconds=round(time.monotonic() - started, 3))
     except (DlctlError, CorruptRecords, ValueError, OSError) as exc:
         message = exc.message if isinstance(exc, DlctlError) else f"{type(exc).__name__}: {exc}"
         return dict(base, error=message, seconds=round(time.monotonic() - started, 3))
     return dict(base, **result, seconds=round(time.monotonic() - started, 3))
-
-
-def copy_segments(tasks: list[SegmentTask], endpoints: Endpoints) -> list[dict[str, Any]]:
-    """One Spark task covering a range of segments (fewer, larger tasks: Spark's per-task cost
-    is tens of ms, more than copying a small segment)."""
-    return [copy_segment(t, endpoints) for t in tasks]
 
 
 def scan_clocks(tasks: list[SegmentTask], endpoints: Endpoints) -> list[dict[str, Any]]:
@@ -180,11 +210,69 @@ class EncodedReader(ReplicaReader):
         return await client.read(log_id, segment_seq, entry_id)
 
 
-async def _read_entries(task: SegmentTask, pool: StaticPool, window: int, stats: dict[str, int]):
-    """Yield the segment's encoded entries in entry-id order, ``window`` read ahead."""
-    reader = EncodedReader(pool, timeout=AdaptiveTimeout(floor=0.05, ceiling=2.0))  # type: ignore[arg-type]
+class RangeReader(ReplicaReader):
+    """Speculative reads of *ranges* of consecutive entries (READ_RANGE): the same choice of
+    replicas, adaptive timeout, suspects and hand-over on failure as ``ReplicaReader.read``,
+    for a range that starts at the entry id passed to ``read``; the answer is ``(buffer,
+    spans)``, each span an entry CRC-checked by the client. ``ends`` maps a range's first entry
+    id to its last. An agent that does not know READ_RANGE (older) serves the first entry by
+    READ_ENTRY instead."""
+
+    max_bytes = 4 * 1024 * 1024
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ends: dict[int, int] = {}
+
+    async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int) -> Any:  # type: ignore[override]
+        client = await self.pool.client(node)
+        try:
+            return await client.read_range(log_id, segment_seq, entry_id, self.ends[entry_id], self.max_bytes)
+        except BadRequestError as exc:
+            if "unknown opcode" not in exc.message:
+                raise
+        data = await client.read(log_id, segment_seq, entry_id)
+        return data, [(0, len(data))]
+
+
+def _whole_ensembles(seg: SegmentRecord) -> bool:
+    """Whether every replica of the segment holds every entry (E = W): then any replica can
+    serve any range. Striped ensembles (E > W) are read entry by entry."""
+    return all(len(change.nodes) == seg.write_quorum for change in seg.ensembles)
+
+
+def _ranges(seg: SegmentRecord, first: int, last: int, target_bytes: int) -> list[tuple[int, int]]:
+    """``first..last`` cut into ranges of about ``target_bytes`` (from the segment's average
+    entry size), never across an ensemble change (a range is served by one write set)."""
+    entries = max(1, last - first + 1)
+    per = max(1, min(4096, target_bytes // max(1, seg.bytes // entries)))
+    cuts = sorted({c.first_entry_id for c in seg.ensembles if first < c.first_entry_id <= last})
+    out = []
+    start = first
+    for stop in [*cuts, last + 1]:
+        while start < stop:
+            end = min(stop, start + per) - 1
+            out.append((start, end))
+            start = end + 1
+    return out
+
+
+Chunk = tuple[bytes, int, int]  # a buffer and where one encoded entry lies in it
+
+
+async def _read_entries(task: SegmentTask, pool: StaticPool, window: int, stats: dict[str, int], range_bytes: int = 2 * 1024 * 1024):
+    """Yield the segment's encoded entries in entry-id order as ``(buffer, start, end)``: whole
+    ranges of entries per request when every replica holds every entry, with ``window`` entries
+    read ahead; else one entry per request."""
     seg = task.source
-    first, last = seg.min_active_entry, seg.last_entry_id
+    first, last = max(seg.min_active_entry, 0), seg.last_entry_id
+    if last < first:
+        return
+    if _whole_ensembles(seg):
+        async for chunk in _read_ranges(task, pool, window, stats, first, last, range_bytes):
+            yield chunk
+        return
+    reader = EncodedReader(pool, timeout=AdaptiveTimeout(floor=0.05, ceiling=2.0))  # type: ignore[arg-type]
     pending: dict[int, asyncio.Task] = {}
     next_id = first
 
@@ -201,19 +289,62 @@ async def _read_entries(task: SegmentTask, pool: StaticPool, window: int, stats:
             except EntryReadError as exc:
                 raise CopyFailed(f"segment {seg.seq} of log {task.log!r} (source): {exc.message}", hint=exc.hint) from None
             stats["replica_failures"] = reader.stats.replica_failures
-            yield entry
+            yield entry, 0, len(entry)
     finally:
         for fut in pending.values():
             fut.cancel()
         await asyncio.gather(*pending.values(), return_exceptions=True)
 
 
+async def _read_ranges(task: SegmentTask, pool: StaticPool, window: int, stats: dict[str, int], first: int, last: int, range_bytes: int):
+    seg = task.source
+    reader = RangeReader(pool, timeout=AdaptiveTimeout(floor=0.05, ceiling=2.0))  # type: ignore[arg-type]
+    ranges = _ranges(seg, first, last, range_bytes)
+    per_range = max(1, (ranges[0][1] - ranges[0][0] + 1))
+    ahead = max(2, window // per_range)  # ranges in flight: about ``window`` entries
+    pending: list[tuple[int, int, asyncio.Future]] = []
+    todo = iter(ranges)
+
+    def launch(a: int, b: int) -> asyncio.Future:
+        reader.ends[a] = b
+        return asyncio.ensure_future(reader.read(task.source_log_id, seg, a))
+
+    def fill() -> None:
+        while len(pending) < ahead:
+            r = next(todo, None)
+            if r is None:
+                return
+            pending.append((r[0], r[1], launch(*r)))
+
+    try:
+        fill()
+        while pending:
+            a, b, fut = pending.pop(0)
+            fill()
+            while True:
+                try:
+                    data, spans = await fut
+                except EntryReadError as exc:
+                    raise CopyFailed(f"segment {seg.seq} of log {task.log!r} (source): {exc.message}", hint=exc.hint) from None
+                stats["replica_failures"] = reader.stats.replica_failures
+                for start, end in spans:
+                    yield data, start, end
+                a += len(spans)
+                if a > b:
+                    break
+                fut = launch(a, b)  # the replica answered part of the range (its byte cap): the rest
+    finally:
+        for _a, _b, fut in pending:
+            fut.cancel()
+        await asyncio.gather(*(f for _a, _b, f in pending), return_exceptions=True)
+
+
 async def _scan(task: SegmentTask, endpoints: Endpoints) -> tuple[dict, int]:
     pool = StaticPool(endpoints.source_nodes, endpoints.source_secret.get(), endpoints.request_timeout)
     scanner = ClockScanner(task.source_cluster)
     try:
-        async for entry in _read_entries(task, pool, endpoints.window, {}):
-            scanner.add_entry(entry)
+        async for buf, start, _end in _read_entries(task, pool, endpoints.window, {}):
+            scanner.add_entry(buf, start)
     finally:
         await pool.close()
     return scanner.effect.to_dict(), scanner.replicated
@@ -247,114 +378,121 @@ async def _ensemble(task: SegmentTask, pool: StaticPool) -> tuple[str, ...]:
         exclude |= dead
 
 
-async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int) -> dict[str, Any]:
+async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: _Bucket | None) -> dict[str, Any]:
     where = f"segment {task.source.seq} of log {task.log!r}"
-    source = StaticPool(endpoints.source_nodes, endpoints.source_secret.get(), endpoints.request_timeout)
-    sink = StaticPool(endpoints.sink_nodes, endpoints.sink_secret.get(), endpoints.request_timeout)
+    task = replace(task, seed=task.seed + attempt)
+    ensemble = await _ensemble(task, sink)
+    w = task.sink_policy.write_quorum
+    clients = {n: await sink.client(n) for n in ensemble}
+    # A stale replica of this (uncommitted) sink segment from an earlier attempt goes first.
+    for node, client in clients.items():
+        try:
+            await client.delete_segment(task.sink_log_id, task.sink_seq)
+        except NoSuchSegmentError:
+            pass
+        except AgentError as exc:
+            raise CopyFailed(f"{where}: cannot clear sink agent {node} before copying: {exc.message}") from None
+
+    copier = EntryCopier(
+        source_cluster=task.source_cluster,
+        source_seq=task.source.seq,
+        sink_log_id=task.sink_log_id,
+        sink_seq=task.sink_seq,
+        clock=Clock(task.source_cluster, task.start_vv),
+    )
+    source_digest = ContentDigest()
+    sink_digest = ContentDigest()
+    crcs: dict[str, list[tuple[int, int]]] = {n: [] for n in ensemble}
+    outstanding = 0
+    room = asyncio.Condition()
+    failures: list[str] = []
+    adds: set[asyncio.Future] = set()
+    read_stats: dict[str, int] = {}
+    source_bytes = 0
+    e = len(ensemble)
+    limit = endpoints.max_outstanding_bytes
+
+    async def add(node: str, encoded: bytearray, entry_id: int) -> None:
+        nonlocal outstanding
+        try:
+            await clients[node].add(encoded)
+        except AgentError as exc:
+            failures.append(f"sink agent {node} did not store entry {entry_id}: {exc.message}")
+        finally:
+            async with room:
+                outstanding -= len(encoded)
+                room.notify_all()
+
     try:
-        task = replace(task, seed=task.seed + attempt)
-        ensemble = await _ensemble(task, sink)
-        w = task.sink_policy.write_quorum
-        clients = {n: await sink.client(n) for n in ensemble}
-        # A stale replica of this (uncommitted) sink segment from an earlier attempt goes first.
-        for node, client in clients.items():
-            try:
-                await client.delete_segment(task.sink_log_id, task.sink_seq)
-            except NoSuchSegmentError:
-                pass
-            except AgentError as exc:
-                raise CopyFailed(f"{where}: cannot clear sink agent {node} before copying: {exc.message}") from None
-
-        copier = EntryCopier(
-            source_cluster=task.source_cluster,
-            source_seq=task.source.seq,
-            sink_log_id=task.sink_log_id,
-            sink_seq=task.sink_seq,
-            clock=Clock(task.source_cluster, task.start_vv),
-        )
-        source_digest = ContentDigest()
-        sink_digest = ContentDigest()
-        crcs: dict[str, list[tuple[int, int]]] = {n: [] for n in ensemble}
-        outstanding = 0
-        room = asyncio.Condition()
-        failures: list[str] = []
-        adds: set[asyncio.Task] = set()
-        bucket = _Bucket(endpoints.throttle) if endpoints.throttle else None
-        read_stats: dict[str, int] = {}
-        source_bytes = 0
-
-        async def add(node: str, encoded: bytes, entry_id: int) -> None:
-            nonlocal outstanding
-            try:
-                await clients[node].add(encoded)
-            except AgentError as exc:
-                failures.append(f"sink agent {node} did not store entry {entry_id}: {exc.message}")
-            finally:
-                async with room:
-                    outstanding -= len(encoded)
-                    room.notify_all()
-
-        async for encoded in _read_entries(task, source, endpoints.window, read_stats):
+        async for buf, start, end in _read_entries(task, source, endpoints.window, read_stats):
             if failures:
                 break
-            source_bytes += len(encoded)
-            source_digest.add_entry(encoded)
+            source_bytes += end - start
+            source_digest.add_entry(buf, start)
             before = copier.stats.records - copier.stats.local_records
-            out = copier.copy(encoded)
+            out = copier.copy(buf, start)
             if task.assume_local and copier.stats.records - copier.stats.local_records > before:
                 raise _NeedsClock(f"{where} holds records replicated from another location; its clock needs a pre-pass")
             sink_digest.add_entry(out)
-            header = decode_header(out)
+            entry_id, crc = _ENTRY_ID.unpack_from(out, 24)[0], _CRC.unpack_from(out, fmt.HEADER_SIZE - 4)[0]
             if bucket is not None:
                 await bucket.take(len(out))
-            async with room:
-                await room.wait_for(lambda: outstanding < endpoints.max_outstanding_bytes)
-                outstanding += len(out) * w
-            e = len(ensemble)
+            if outstanding >= limit:
+                async with room:
+                    await room.wait_for(lambda: outstanding < limit)
+            outstanding += len(out) * w
             for i in range(w):
-                node = ensemble[(header.entry_id + i) % e]
-                crcs[node].append((header.entry_id, header.crc))
-                t = asyncio.ensure_future(add(node, out, header.entry_id))
+                node = ensemble[(entry_id + i) % e]
+                crcs[node].append((entry_id, crc))
+                t = asyncio.ensure_future(add(node, out, entry_id))
                 adds.add(t)
                 t.add_done_callback(adds.discard)
         if adds:
             await asyncio.gather(*list(adds))
-        if failures:
-            raise CopyFailed(f"{where}: " + "; ".join(failures[:3]), hint="check the sink agents; re-run to resume")
-
-        # Verify: each replica's own digest of what it stores = the digest of what was sent to it.
-        expected = {n: digest_of(pairs) for n, pairs in crcs.items()}
-        check: dict[str, str] = {}
-        for node, client in clients.items():
-            try:
-                got = await client.digest(task.sink_log_id, task.sink_seq)
-            except AgentError as exc:
-                raise CopyFailed(f"{where}: cannot verify the copy on sink agent {node}: {exc.message}") from None
-            ok = got.digest == expected[node] and got.entries == len(crcs[node])
-            check[node] = "ok" if ok else f"holds {got.entries} entries (sent {len(crcs[node])}), digest {got.digest[:16]}… (expected {expected[node][:16]}…)"
-        stats = copier.stats
-        return {
-            "ensemble": list(ensemble),
-            "entries": stats.entries,
-            "records": stats.records,
-            "source_records": source_digest.records,
-            "local_records": stats.local_records,
-            "source_bytes": source_bytes,
-            "sink_bytes": stats.sink_bytes,
-            "first_txid": stats.first_txid,
-            "last_txid": stats.last_txid,
-            "last_data_slot": list(stats.last_data_slot) if stats.last_data_slot else None,
-            "end_vv": dict(copier.clock.vv),
-            "source_digest": source_digest.hexdigest(),
-            "sink_digest": sink_digest.hexdigest(),
-            "replica_expected": expected,
-            "replica_entries": {n: len(p) for n, p in crcs.items()},
-            "replica_check": check,
-            "replica_failures": read_stats.get("replica_failures", 0),
-        }
     finally:
-        await source.close()
-        await sink.close()
+        for t in adds:
+            t.cancel()  # only after a failure: the sink copy is abandoned (the driver sweeps it)
+    if failures:
+        raise CopyFailed(f"{where}: " + "; ".join(failures[:3]), hint="check the sink agents; re-run to resume")
+
+    # Verify: each replica's own digest of what it stores = the digest of what was sent to it.
+    expected = {n: digest_of(pairs) for n, pairs in crcs.items()}
+    check: dict[str, str] = {}
+    for node, client in clients.items():
+        try:
+            got = await client.digest(task.sink_log_id, task.sink_seq)
+        except AgentError as exc:
+            raise CopyFailed(f"{where}: cannot verify the copy on sink agent {node}: {exc.message}") from None
+        ok = got.digest == expected[node] and got.entries == len(crcs[node])
+        check[node] = "ok" if ok else f"holds {got.entries} entries (sent {len(crcs[node])}), digest {got.digest[:16]}… (expected {expected[node][:16]}…)"
+    stats = copier.stats
+    result = {
+        "ensemble": list(ensemble),
+        "entries": stats.entries,
+        "records": stats.records,
+        "source_records": source_digest.records,
+        "local_records": stats.local_records,
+        "source_bytes": source_bytes,
+        "sink_bytes": stats.sink_bytes,
+        "first_txid": stats.first_txid,
+        "last_txid": stats.last_txid,
+        "last_data_slot": list(stats.last_data_slot) if stats.last_data_slot else None,
+        "end_vv": dict(copier.clock.vv),
+        "source_digest": source_digest.hexdigest(),
+        "sink_digest": sink_digest.hexdigest(),
+        "replica_expected": expected,
+        "replica_entries": {n: len(p) for n, p in crcs.items()},
+        "replica_check": check,
+        "replica_failures": read_stats.get("replica_failures", 0),
+    }
+    differs = source_digest.first_difference(sink_digest)
+    if differs is not None:
+        result["content_differs_at_entry"] = max(task.source.min_active_entry, 0) + differs
+    return result
+
+
+_ENTRY_ID = struct.Struct(">q")  # at offset 24 of an encoded entry (dlctl.log.format)
+_CRC = struct.Struct(">I")  # at offset 44
 
 
 __all__ = ["CopyFailed", "EncodedReader", "Endpoints", "StaticPool", "copy_segment", "copy_segments", "scan_clock", "scan_clocks"]

@@ -21,6 +21,8 @@ from dlctl.replication.origin import SOURCE_POSITION, Origin, decode_source_posi
 from dlctl.spark import plan as P
 from dlctl.spark.credentials import SecretRef, secure_spark_conf_problems
 from dlctl.spark.engine import EngineOptions, parse_conf
+from dlctl.log.records import CorruptRecords
+from dlctl.spark import task as T
 from dlctl.spark.transform import Clock, ClockEffect, ClockScanner, ContentDigest, EntryCopier, content_digest
 
 
@@ -175,6 +177,101 @@ def test_the_content_digest_of_a_copy_equals_the_sources_and_changes_with_any_pa
     assert content_digest([fmt.decode(entry(1, 0, flipped)).payload]) != src_digest.hexdigest()
 
 
+_RECORDS = st.lists(
+    st.one_of(
+        st.builds(lambda p, i: Record(i, p), st.binary(max_size=200), st.integers(0, 1000)),  # what writers write: the fast path
+        st.builds(lambda p, k, h: Record(5, p, k, h), st.binary(max_size=50), st.binary(max_size=8), st.dictionaries(st.sampled_from(["app", "x", "dl.own"]), st.binary(max_size=10), max_size=3)),
+        st.builds(lambda vt: Record(7, b"r", headers={**Origin("north", DLSN(8, 1, 2), vt).headers(), SOURCE_POSITION: b"north@8/1/2"}), st.dictionaries(st.sampled_from(["north", "west", "east"]), st.integers(1, 50), min_size=1)),
+        st.just(Record(9, b"c", control=True)),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_RECORDS, min_size=1, max_size=4), st.dictionaries(st.sampled_from(["east", "north", "a", "z"]), st.integers(0, 9)))
+def test_every_record_keeps_its_content_and_gets_its_source_position_and_the_clock_a_stream_gives_it(entries, vv0):
+    """The copy against a straightforward model: decode every sink record and compare it with
+    its source record, a stream's ``SourceClock`` stamping the same records in order."""
+    copier = EntryCopier(source_cluster="east", source_seq=3, sink_log_id=9, sink_seq=4, clock=Clock("east", vv0))
+    model = SourceClock("east", vv0)
+    for e, records in enumerate(entries):
+        sink = fmt.decode(copier.copy(entry(3, e, records)))
+        assert (sink.log_id, sink.segment_seq, sink.entry_id) == (9, 4, e)
+        out = list(decode_records(sink.payload))
+        assert len(out) == len(records) + 1 and out[-1].control  # + the writer's totals, rewritten
+        for slot, (src, got) in enumerate(zip(records, out)):
+            assert (got.txid, got.key, got.payload, got.control) == (src.txid, src.key, src.payload, src.control)
+            if src.control:
+                assert got.headers == src.headers
+                continue
+            assert {k: v for k, v in got.headers.items() if not k.startswith("dl.")} == {k: v for k, v in src.headers.items() if not k.startswith("dl.")}
+            assert decode_source_position(got.headers) == ("east", DLSN(3, e, slot))
+            origin = Origin.from_headers(src.headers)
+            vt = {k: v for k, v in model.stamp(origin).items() if v > 0}  # as encoded: no zero counters
+            assert Origin.from_headers(got.headers) == (origin or Origin("east", DLSN(3, e, slot), vt))
+    assert copier.clock.vv == model.vv
+
+
+@settings(max_examples=100, deadline=None)
+@given(_RECORDS, st.binary(max_size=30), st.binary(max_size=30))
+def test_an_entry_is_copied_and_digested_alike_wherever_it_lies_in_a_buffer(records, before, after):
+    source = entry(1, 0, records)
+    alone = EntryCopier(source_cluster="east", source_seq=1, sink_log_id=2, sink_seq=3, clock=Clock("east"))
+    inside = EntryCopier(source_cluster="east", source_seq=1, sink_log_id=2, sink_seq=3, clock=Clock("east"))
+    assert inside.copy(before + source + after, len(before)) == alone.copy(source)
+    a, b = ContentDigest(), ContentDigest()
+    a.add_entry(source)
+    b.add_entry(before + source + after, len(before))
+    assert a.hexdigest() == b.hexdigest() and a.records == b.records
+
+
+def test_a_digest_names_the_first_entry_whose_content_differs():
+    good = [entry(1, i, [Record(i, bytes([i]) * 10)]) for i in range(4)]
+    bad = good[:2] + [entry(1, 2, [Record(2, b"\x02" * 9 + b"!")])] + good[3:]
+    a, b = ContentDigest(), ContentDigest()
+    for x, y in zip(good, bad):
+        a.add_entry(x)
+        b.add_entry(y)
+    assert a.hexdigest() != b.hexdigest() and a.first_difference(b) == 2 and a.first_difference(a) is None
+    short = ContentDigest()
+    short.add_entry(good[0])
+    assert a.first_difference(short) == 1
+    problem = P.verification_problem(good_result(sink_digest="e", content_differs_at_entry=7))
+    assert "first at entry 7" in problem
+
+
+def _overrun_header_value() -> bytes:
+    raw = bytearray(encode_records([Record(1, b"abc", headers={"dl.vt": b"east=1"})]))
+    raw[24:28] = b"\xff\xff\xff\xff"  # the header's value length: far past the record's end
+    return bytes(raw)
+
+
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        (encode_records([Record(1, b"abc")])[:-1], "record at byte 0 claims"),  # the last record overruns the entry
+        (encode_records([Record(1, b"abc")]) + b"\x00\x00", "truncated record header at byte 20"),
+        (_overrun_header_value(), "record at byte 0: header (value )?overruns the record"),
+    ],
+)
+def test_records_that_do_not_parse_are_refused_naming_the_byte_by_the_copy_and_by_the_digest(payload, where):
+    bad = fmt.encode(fmt.Entry(7, 1, 0, -1, payload))
+    with pytest.raises(CorruptRecords, match=where):
+        ContentDigest().add_entry(bad)
+    with pytest.raises(CorruptRecords, match=where):
+        EntryCopier(source_cluster="east", source_seq=1, sink_log_id=2, sink_seq=3, clock=Clock("east")).copy(bad)
+
+
+def test_ranges_cover_the_segment_in_pieces_of_about_the_target_size_never_across_an_ensemble_change():
+    s = SegmentRecord(5, SegmentState.COMPLETED, (EnsembleChange(0, ("a", "b", "c")), EnsembleChange(10, ("a", "b", "d"))), 3, 2, 0.0, last_entry_id=24, records=25, bytes=25 * 1000)
+    ranges = T._ranges(s, 0, 24, 4000)
+    assert ranges == [(0, 3), (4, 7), (8, 9), (10, 13), (14, 17), (18, 21), (22, 24)]
+    assert T._ranges(s, 22, 24, 10**9) == [(22, 24)]
+    assert T._whole_ensembles(s)
+    assert not T._whole_ensembles(SegmentRecord(5, SegmentState.COMPLETED, (EnsembleChange(0, ("a", "b", "c")),), 2, 2, 0.0, last_entry_id=3))
+
+
 def test_the_clock_scanner_summarises_a_segment_as_a_clock_effect():
     relayed = Record(1, b"r", headers=Origin("west", DLSN(1, 0, 0), {"west": 4, "east": 9}).headers())
     scanner = ClockScanner("east")
@@ -254,3 +351,28 @@ def test_a_secret_reference_never_shows_the_secret(tmp_path):
 
     assert pickle.loads(pickle.dumps(ref)).get() == b"top-secret-value"
     assert b"top-secret" not in pickle.dumps(ref)  # a path travels to executors, not the secret
+
+
+def test_a_range_read_from_an_agent_without_read_range_falls_back_to_reading_its_first_entry():
+    import asyncio
+
+    from dlctl.log.errors import BadRequestError
+
+    class OldAgent:  # what an agent from before READ_RANGE answers
+        async def read_range(self, *args):
+            raise BadRequestError("unknown opcode 13 in request 4")
+
+        async def read(self, log_id, seq, entry_id):
+            return b"entry %d" % entry_id
+
+    class Pool:
+        nodes = {"a": {}, "b": {}, "c": {}}
+
+        async def client(self, node):
+            return OldAgent()
+
+    s = SegmentRecord(5, SegmentState.COMPLETED, (EnsembleChange(0, ("a", "b", "c")),), 3, 2, 0.0, last_entry_id=9)
+    reader = T.RangeReader(Pool())
+    reader.ends[4] = 9
+    assert asyncio.run(reader.read(7, s, 4)) == (b"entry 4", [(0, 7)])
+    assert reader.stats.replica_failures == 0
