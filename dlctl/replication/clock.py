@@ -23,14 +23,26 @@ exactly that vector, so it changes nothing for a reader that still starts earlie
 cut short after writing it is harmless). It only ever moves forward. A point inside an entry
 (slot > 0) also gets a step at the entry's start with the vector before it (``"entry_vv"``):
 storage keeps the whole boundary entry, and what copies from the entry's start (``dr``) starts
-from that vector.
+from that vector. A point that is not at its segment's start also gets a step at the segment's
+start (``"segment": {"vv": ..., "before_entry": n, "before_point": n}``: the vector before the
+segment's first record, and how many data records of the segment lie before the point's entry
+and before the point): storage deletes segments whole, and a bootstrap copies the boundary
+segment from its first active entry (``dlctl.spark.clockbase``), so it needs the count of what
+it leaves out to fold the segment's clock effect from metadata.
+
+**Derived and raising steps.** Steps written for a truncation base are *derived*: exactly the
+vector a reader from the beginning holds there, so they change no timestamp wherever they lie
+(``"derived": true`` on the step). Steps ``dr recover`` writes *raise* the clock and always
+start at a segment's first position. ``derived_steps`` tells them apart (a bootstrap may copy
+across a derived step, never across a raising one).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
@@ -94,8 +106,66 @@ def parse_entry_vv(data: bytes, where: str) -> TruncationBase | None:
         raise ValueError(f"{where}: malformed truncation base: {exc}") from None
 
 
-def _dump(steps: ClockBase, reason: str, truncation: dict | None = None) -> bytes:
-    raw: dict = {"steps": [{"from": str(f), "vv": vv} for f, vv in steps], "reason": reason, "updated": time.time()}
+def parse_derived(data: bytes, where: str) -> ClockBase:
+    """The derived steps (written for truncation bases: exact, they change no timestamp): those
+    flagged ``"derived"``, and for a base recorded before steps were flagged, the steps at the
+    recorded positions with the recorded vectors."""
+    steps = parse_base(data, where)
+    raw = json.loads(data)
+    flagged = [(DLSN.parse(s["from"]), s["vv"]) for s in raw["steps"] if s.get("derived")]
+    base = parse_truncation(data, where)
+    if base is not None:
+        flagged.append(base)
+        entry = parse_entry_vv(data, where)
+        if entry is not None:
+            flagged.append(entry)
+        segment = parse_segment(data, where)
+        if segment is not None:
+            flagged.append((segment.start, segment.vv))
+    return tuple(s for s in steps if any(s[0] == f and s[1] == {k: int(v) for k, v in vv.items() if int(v) > 0} for f, vv in flagged))
+
+
+@dataclass(frozen=True)
+class SegmentBase:
+    """What the last truncation recorded about the start of its point's segment (the point not
+    at the segment's start): the vector before the segment's first record, and the data
+    records of the segment before the point's entry and before the point (None: unknown)."""
+
+    start: DLSN  # the segment's first position
+    vv: dict[str, int]
+    before_entry: int | None
+    before_point: int | None
+
+
+def parse_segment(data: bytes, where: str) -> SegmentBase | None:
+    base = parse_truncation(data, where)
+    if base is None:
+        return None
+    raw = json.loads(data)["truncation"].get("segment")
+    if raw is None:
+        return None
+    try:
+        vv = {validate_name("location", k): int(v) for k, v in raw["vv"].items()}
+        counts = [None if raw.get(k) is None else int(raw[k]) for k in ("before_entry", "before_point")]
+        if any(v < 0 for v in vv.values()) or any(c is not None and c < 0 for c in counts):
+            raise ValueError("negative count")
+        return SegmentBase(DLSN(base[0].segment_seq, 0, 0), vv, counts[0], counts[1])
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{where}: malformed truncation base: {exc}") from None
+
+
+def _same(a: tuple[DLSN, Mapping[str, int]], b: tuple[DLSN, Mapping[str, int]]) -> bool:
+    return a[0] == b[0] and {k: v for k, v in a[1].items() if v > 0} == {k: v for k, v in b[1].items() if v > 0}
+
+
+def _dump(steps: ClockBase, reason: str, truncation: dict | None = None, derived: Sequence[tuple[DLSN, Mapping[str, int]]] = ()) -> bytes:
+    out = []
+    for f, vv in steps:
+        step: dict = {"from": str(f), "vv": vv}
+        if any(_same((f, vv), d) for d in derived):
+            step["derived"] = True
+        out.append(step)
+    raw: dict = {"steps": out, "reason": reason, "updated": time.time()}
     if truncation is not None:
         raw["truncation"] = truncation
     return json.dumps(raw, sort_keys=True).encode()
@@ -149,12 +219,44 @@ class ClockStore:
         data, _ = self._raw(name)
         return parse_entry_vv(data, paths.log_clock(self.cluster, name)) if data is not None else None
 
-    def set_truncation_base(self, name: str, at: DLSN, vv: Mapping[str, int], reason: str = "truncation", entry_vv: Mapping[str, int] | None = None) -> ClockBase:
+    def derived_steps(self, name: str) -> ClockBase:
+        """The log's derived steps (truncation bases: exact, they change no timestamp)."""
+        data, _ = self._raw(name)
+        return parse_derived(data, paths.log_clock(self.cluster, name)) if data is not None else ()
+
+    def truncation_segment(self, name: str) -> SegmentBase | None:
+        """For a truncation point not at its segment's start: what was recorded about that start."""
+        data, _ = self._raw(name)
+        return parse_segment(data, paths.log_clock(self.cluster, name)) if data is not None else None
+
+    def skipped_records(self, name: str) -> dict[tuple[int, int], int]:
+        """(segment, first active entry) -> the data records of that segment before that entry,
+        as the last truncation recorded them (empty: none recorded)."""
+        data, _ = self._raw(name)
+        if data is None:
+            return {}
+        where = paths.log_clock(self.cluster, name)
+        base, segment = parse_truncation(data, where), parse_segment(data, where)
+        if base is None or segment is None or segment.before_entry is None:
+            return {}
+        return {(base[0].segment_seq, base[0].entry_id): segment.before_entry}
+
+    def set_truncation_base(
+        self,
+        name: str,
+        at: DLSN,
+        vv: Mapping[str, int],
+        reason: str = "truncation",
+        entry_vv: Mapping[str, int] | None = None,
+        segment: SegmentBase | None = None,
+    ) -> ClockBase:
         """Record ``vv`` (what a reader from the beginning holds just before ``at``) as a step at
         ``at`` and as the truncation base; for ``at`` inside an entry, ``entry_vv`` (the vector
-        before the entry) as a step at the entry's start too. Idempotent (the same call again
-        changes nothing) and never backwards: a base already at or past ``at`` stays (returns the
-        steps in place)."""
+        before the entry) as a step at the entry's start too; for ``at`` after its segment's
+        start, ``segment`` (the vector before the segment's first record, as a step there too,
+        and the segment's record counts). Every such step is flagged derived. Idempotent (the
+        same call again changes nothing) and never backwards: a base already at or past ``at``
+        stays (returns the steps in place)."""
         path = paths.log_clock(self.cluster, name)
         wanted = {k: int(v) for k, v in vv.items() if v > 0}
         extra: list[tuple[DLSN, dict[str, int]]] = []
@@ -163,17 +265,26 @@ class ClockStore:
             entry = {k: int(v) for k, v in entry_vv.items() if v > 0}
             extra.append((DLSN(at.segment_seq, at.entry_id, 0), entry))
             record["entry_vv"] = entry
+        if segment is not None and at > DLSN(at.segment_seq, 0, 0):
+            seg_vv = {k: int(v) for k, v in segment.vv.items() if v > 0}
+            extra.append((DLSN(at.segment_seq, 0, 0), seg_vv))
+            record["segment"] = {"vv": seg_vv, "before_entry": segment.before_entry, "before_point": segment.before_point}
         for _ in range(8):
             data, version = self._raw(name)
             steps = parse_base(data, path) if data is not None else ()
             current = parse_truncation(data, path) if data is not None else None
             if current is not None and current[0] >= at:
                 return steps
-            # A step already at ``at`` (an earlier run cut short) is replaced: same value.
+            # A step already at ``at`` (an earlier run cut short) is replaced: same value. A
+            # raising step at the same position (``dr recover``) stays: it is not ours.
             mine = [(at, wanted), *extra]
-            new_steps = tuple(sorted((*(s for s in steps if s[0] not in {m[0] for m in mine}), *mine), key=lambda s: s[0]))
+            derived = parse_derived(data, path) if data is not None else ()
+            ours = {m[0] for m in mine}
+            kept = [s for s in steps if s[0] not in ours or not any(_same(s, d) for d in derived)]
+            kept = [s for s in kept if not any(_same(s, m) for m in mine)]
+            new_steps = tuple(sorted((*kept, *mine), key=lambda s: s[0]))
             old_reason = json.loads(data).get("reason", "") if data is not None else ""
-            body = _dump(new_steps, old_reason or reason, record)
+            body = _dump(new_steps, old_reason or reason, record, (*derived, *mine))
             try:
                 if version < 0:
                     self.client.create(path, body, acl=self.meta.acl)
@@ -194,6 +305,7 @@ class ClockStore:
             data, version = self._raw(name)  # one read: the steps and the truncation base of one version
             current = Versioned(parse_base(data, path) if data is not None else (), version)
             truncation = _raw_truncation(data)  # kept as it is
+            derived = parse_derived(data, path) if data is not None else ()  # stay flagged
             already = floor_at(current.value, DLSN(2**62, 0, 0))
             wanted = {k: int(v) for k, v in floor.items() if v > 0}
             if all(already.get(k, 0) >= v for k, v in wanted.items()) and current.version >= 0:
@@ -201,9 +313,9 @@ class ClockStore:
             steps = tuple(sorted((*current.value, (start, merge(already, wanted))), key=lambda s: s[0]))
             try:
                 if current.version < 0:
-                    self.client.create(path, _dump(steps, reason, truncation), acl=self.meta.acl)
+                    self.client.create(path, _dump(steps, reason, truncation, derived), acl=self.meta.acl)
                 else:
-                    self.client.set(path, _dump(steps, reason, truncation), version=current.version)
+                    self.client.set(path, _dump(steps, reason, truncation, derived), version=current.version)
                 return steps
             except (NodeExistsError, BadVersionError):
                 continue  # raised concurrently: merge again

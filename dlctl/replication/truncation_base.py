@@ -12,6 +12,14 @@ just before T and records it as a clock step at T (``ClockStore.set_truncation_b
 only the records between the previous truncation base (or the beginning) and T — they are still
 there — so every record is read once in its life, by the truncation that deletes it.
 
+A point T after the start of its segment S leaves S in place (storage deletes segments whole),
+partially truncated from T's entry on. The same scan also records, as derived steps, the vector
+before T's entry (T inside an entry) and before S's first record, with the data records of S
+before T's entry and before T (``segment_base``): a bootstrap copies S from its first active
+entry and needs both the vector there and how many of S's records it leaves out
+(``dlctl.spark.clockbase``). A scan that starts at a previous base inside S continues the counts
+that base recorded, so no record is read twice for them.
+
 When no reading is needed:
 
 * nothing lies between the previous base and T (no data record in the segments' metadata): the
@@ -42,7 +50,7 @@ from ..meta.pins import PinStore
 from ..meta.records import SegmentRecord, SegmentState
 from ..meta.store import MetaStore
 from .causal import SourceClock, merge
-from .clock import ClockStore, floor_at
+from .clock import ClockStore, SegmentBase, floor_at
 from .origin import ORIGIN_CLUSTER, Origin, OriginHeaderError
 
 WINDOW = 64  # entries read at once while scanning
@@ -106,6 +114,31 @@ def base_without_reading(previous_vv: Mapping[str, int], previous_at: DLSN, step
     return out
 
 
+def segment_base(seg_start: DLSN, entry: DLSN, start: DLSN, counted: int, found: Mapping[DLSN, tuple[dict[str, int], int]], known: SegmentBase | None) -> SegmentBase | None:
+    """What to record about the start of the point's segment, from one scan from ``start``:
+    ``counted`` data records before the point, ``found`` the vector and count before each mark
+    (``seg_start``, ``entry``) the scan passed. A scan that started inside the segment (the
+    previous base lies in it) continues what the previous base recorded (``known``); None
+    when nothing tells the vector at the segment's start."""
+    if seg_start in found:
+        vv, at_start = found[seg_start]
+        before_point = counted - at_start
+        before_entry = found[entry][1] - at_start if entry in found else before_point
+        return SegmentBase(seg_start, dict(vv), before_entry, before_point)
+    if known is None or known.start != seg_start:
+        return None
+    if known.before_point is None:
+        return SegmentBase(seg_start, dict(known.vv), None, None)
+    before_point = known.before_point + counted
+    if entry in found:
+        before_entry: int | None = known.before_point + found[entry][1]
+    elif entry < start:
+        before_entry = known.before_entry  # the previous point lies in the same entry
+    else:
+        before_entry = before_point  # the point is the entry's start
+    return SegmentBase(seg_start, dict(known.vv), before_entry, before_point)
+
+
 @dataclass
 class Evidence:
     """Why a log's clock matters beyond this location (empty: it does not)."""
@@ -150,12 +183,14 @@ def evidence(meta: MetaStore, name: str, steps: Sequence[Any], has_base: bool) -
     return out
 
 
-async def scan(pool: AgentPool, log_id: int, name: str, location: str, segments: Sequence[SegmentRecord], start: DLSN, start_vv: Mapping[str, int], steps: Sequence[tuple[DLSN, Mapping[str, int]]], point: DLSN, window: int = WINDOW, also: DLSN | None = None) -> tuple[dict[str, int], int, dict[str, int] | None]:
+async def scan(pool: AgentPool, log_id: int, name: str, location: str, segments: Sequence[SegmentRecord], start: DLSN, start_vv: Mapping[str, int], steps: Sequence[tuple[DLSN, Mapping[str, int]]], point: DLSN, window: int = WINDOW, marks: Sequence[DLSN] = ()) -> tuple[dict[str, int], int, dict[DLSN, tuple[dict[str, int], int]]]:
     """Read the records in [``start``, ``point``) and stamp them as a reader from the beginning
     does (from ``start_vv``, the vector before ``start``); returns the vector before ``point``,
-    the number of data records read, and the vector before ``also`` (a position in between, or
-    None). Raises ``RefusedError`` naming what could not be read."""
-    at_also: dict[str, int] | None = None
+    the number of data records read, and for each of ``marks`` (positions in between) the
+    vector before it and the data records read before it — in the same pass, so every record
+    is still read once. Raises ``RefusedError`` naming what could not be read."""
+    at_marks: dict[DLSN, tuple[dict[str, int], int]] = {}
+    pending = sorted(m for m in marks if start <= m <= point)
     by_seq = {s.seq: s for s in segments}
     clock = SourceClock(location, start_vv, base=[s for s in steps if s[0] > start], start=start)
     replicas = ReplicaReader(pool)
@@ -188,8 +223,9 @@ async def scan(pool: AgentPool, log_id: int, name: str, location: str, segments:
                     if entry_id == r.last and r.to_slot is not None and slot >= r.to_slot:
                         break
                     here = DLSN(seg.seq, entry_id, slot)
-                    if also is not None and at_also is None and here >= also:
-                        at_also = base_without_reading(clock.vv, start, steps, also)
+                    while pending and here >= pending[0]:
+                        mark = pending.pop(0)
+                        at_marks[mark] = (base_without_reading(clock.vv, start, steps, mark), counted)
                     if record.control:
                         continue
                     try:
@@ -198,10 +234,10 @@ async def scan(pool: AgentPool, log_id: int, name: str, location: str, segments:
                         raise _unreadable(name, point, seg.seq, entry_id, str(exc)) from None
                     clock.stamp(origin, here)
                     counted += 1
-    if also is not None and at_also is None:
-        at_also = base_without_reading(clock.vv, start, steps, also)
+    for mark in pending:  # no record between it and the point
+        at_marks[mark] = (base_without_reading(clock.vv, start, steps, mark), counted)
     # Steps after the last record, up to the point, apply before the record at the point.
-    return base_without_reading(clock.vv, start, steps, point), counted, at_also
+    return base_without_reading(clock.vv, start, steps, point), counted, at_marks
 
 
 def _unreadable(name: str, point: DLSN, seq: int, entry_id: int, why: str) -> RefusedError:
@@ -225,7 +261,8 @@ def prepare(meta: MetaStore, name: str, point: DLSN, *, secret: bytes | None = N
     base = store.truncation_base(name)
     if base is not None and base[0] >= point:
         return {"clock_base": "in place", "at": str(base[0]), "vv": base[1]}
-    ev = evidence(meta, name, [s for s in steps if base is None or s != (base[0], base[1])], base is not None)
+    derived = store.derived_steps(name)  # a truncation's own steps are no evidence of a raised clock
+    ev = evidence(meta, name, [s for s in steps if s not in derived and (base is None or s != (base[0], base[1]))], base is not None)
     if not ev.replicated:
         return {"clock_base": "not needed (the log is not replicated)"}
     if previous is None:
@@ -244,33 +281,39 @@ def prepare(meta: MetaStore, name: str, point: DLSN, *, secret: bytes | None = N
     except ValueError as exc:
         raise RefusedError(f"refused: log {name!r} cannot be truncated to {point}: {exc}") from None
     # A point inside an entry: the vector before the entry's start too (storage keeps the entry).
-    entry = DLSN(point.segment_seq, point.entry_id, 0) if point.slot > 0 else None
-    entry_vv = None
-    if entry is not None and entry <= start:
-        known = store.truncation_entry(name)
-        entry_vv = known[1] if known is not None and known[0] == entry else None
-    also = entry if entry is not None and entry > start else None
-    counted = 0
+    # A point after its segment's start: the vector before the segment and its record counts
+    # (storage keeps the segment; a bootstrap copies it from its first active entry).
+    entry = DLSN(point.segment_seq, point.entry_id, 0)
+    seg_start = DLSN(point.segment_seq, 0, 0)
+    marks = [m for m in (seg_start, entry) if start <= m < point]
     if not holds:
-        vv = base_without_reading(start_vv, start, steps, point)
-        entry_vv = base_without_reading(start_vv, start, steps, also) if also is not None else entry_vv
+        found = {m: (base_without_reading(start_vv, start, steps, m), 0) for m in marks}
+        vv, counted = base_without_reading(start_vv, start, steps, point), 0
         how = "no record between the previous base and the point"
     else:
         log_id = meta.get_log(name).value.log_id
 
-        async def go() -> tuple[dict[str, int], int, dict[str, int] | None]:
+        async def go() -> tuple[dict[str, int], int, dict[DLSN, tuple[dict[str, int], int]]]:
             own = pool is None
             p = pool if pool is not None else AgentPool(meta, _need(secret, name))
             try:
-                return await scan(p, log_id, name, meta.cluster, plain, start, start_vv, steps, point, also=also)
+                return await scan(p, log_id, name, meta.cluster, plain, start, start_vv, steps, point, marks=marks)
             finally:
                 if own:
                     await p.close()
 
-        vv, counted, at_entry = _run(go())
-        entry_vv = at_entry if also is not None else entry_vv
+        vv, counted, found = _run(go())
         how = f"counted {counted} record(s) from {start}"
-    store.set_truncation_base(name, point, vv, reason="truncation base", entry_vv=entry_vv)
+    entry_vv = found[entry][0] if entry in found else None
+    segment = None
+    if point > seg_start:
+        known = store.truncation_segment(name) if start > seg_start else None
+        if entry_vv is None and point.slot > 0:
+            # The entry starts before the previous base, inside the same entry: recorded then.
+            was = store.truncation_entry(name)
+            entry_vv = was[1] if was is not None and was[0] == entry else None
+        segment = segment_base(seg_start, entry, start, counted, found, known)
+    store.set_truncation_base(name, point, vv, reason="truncation base", entry_vv=entry_vv, segment=segment)
     return {"clock_base": how, "at": str(point), "vv": vv, "why": ev.describe()}
 
 
@@ -281,7 +324,8 @@ def describe(meta: MetaStore, name: str, point: DLSN, segments: Sequence[Segment
     base = store.truncation_base(name)
     if base is not None and base[0] >= point:
         return f"the clock base at {base[0]} is recorded already"
-    ev = evidence(meta, name, [s for s in steps if base is None or s != (base[0], base[1])], base is not None)
+    derived = store.derived_steps(name)  # a truncation's own steps are no evidence of a raised clock
+    ev = evidence(meta, name, [s for s in steps if s not in derived and (base is None or s != (base[0], base[1]))], base is not None)
     if not ev.replicated:
         return "clock base: none needed (the log is not replicated: no pin, no stream into it, no clock step)"
     start = base[0] if base is not None else (previous or INITIAL)
@@ -348,4 +392,4 @@ def covered(meta: MetaStore, name: str) -> DLSN | None:
     return base[0] if base is not None else None
 
 
-__all__ = ["EntryRange", "Evidence", "base_at", "base_without_reading", "covered", "describe", "evidence", "may_hold_records", "prepare", "ranges", "scan"]
+__all__ = ["EntryRange", "Evidence", "base_at", "base_without_reading", "covered", "describe", "evidence", "may_hold_records", "prepare", "ranges", "scan", "segment_base"]

@@ -87,6 +87,8 @@ class LogPlan:
     assume_local: bool = True  # the source log holds only its own records (clock from metadata)
     progress: P.LogProgress | None = None  # an earlier run of this job
     clock_steps: tuple = ()  # the source log's clock base steps: applied as a stream applies them (clockbase)
+    clock_derived: tuple = ()  # those that are truncation bases (exact: passed over inside a copied segment)
+    skipped: int = 0  # data records of the first copied segment before its first active entry (not copied)
     start_vv: dict[str, int] = field(default_factory=dict)  # the source's version vector before the first copied record
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,7 +99,7 @@ class LogPlan:
             "first": str(sel.first) if sel.first else None,
             "segments": len(sel.copy),
             "bytes": sel.bytes,
-            "records": sel.records,
+            "records": sel.records - self.skipped,  # a partially truncated first segment: from its first active entry
             "snapshot": str(sel.snapshot),
             "sink_log": "exists" if self.sink_log else "created by the copy",
             "resumes": bool(self.progress and self.progress.verified),
@@ -160,7 +162,15 @@ def plan_job(source: Any, sink: Any, logs: Sequence[str], *, holder: str) -> Job
         if not lp.assume_local:
             lp.notes.append("the source log receives records from another location: their vector clocks are read in a first pass")
         lp.clock_steps = _clock_steps(source, name)
-        lp.blockers += clockbase.blockers(selection.copy, lp.clock_steps)
+        lp.clock_derived, recorded = _clock_kinds(source, name)
+        lp.blockers += clockbase.blockers(selection.copy, lp.clock_steps, lp.clock_derived)
+        skipped = clockbase.skipped(selection.copy[0], recorded) if selection.copy else 0
+        if skipped is None and lp.assume_local:
+            # Unknown how many records precede the first active entry: read the clocks instead.
+            lp.assume_local = False
+            lp.notes.append(f"segment {selection.copy[0].seq} is partially truncated and no truncation recorded its records before entry "
+                            f"{selection.copy[0].min_active_entry}: the vector clocks are read in a first pass")
+        lp.skipped = skipped or 0
         found = _find_progress(sink, holder, name)
         if sink_log is not None:
             _check_sink(sink, lp, source.cluster.name, found)
@@ -175,6 +185,15 @@ def _clock_steps(session: Any, name: str) -> tuple:
     from ..replication.clock import ClockStore
 
     return ClockStore(session.meta).steps(name)
+
+
+def _clock_kinds(session: Any, name: str) -> tuple[tuple, dict[tuple[int, int], int]]:
+    """The source log's derived clock steps, and the records its last truncation recorded
+    before its first active entry ((segment, entry) -> records)."""
+    from ..replication.clock import ClockStore
+
+    store = ClockStore(session.meta)
+    return store.derived_steps(name), store.skipped_records(name)
 
 
 def _logs_replicated_into(session: Any) -> set[str]:
@@ -544,8 +563,8 @@ def _tasks(job: JobPlan, lp: LogPlan, prog: P.LogProgress, effects: list[ClockEf
     copy = lp.selection.copy
     if prog.committed or not copy:
         return []
-    effect_list = effects if effects is not None else [P.local_effect(s) for s in copy]
-    starts = clockbase.start_vectors(job.source_cluster, effect_list, clockbase.place(copy, lp.clock_steps).at_start, lp.start_vv)
+    effect_list = effects if effects is not None else [P.local_effect(s, lp.skipped if i == 0 else 0) for i, s in enumerate(copy)]
+    starts = clockbase.start_vectors(job.source_cluster, effect_list, clockbase.place(copy, lp.clock_steps, lp.clock_derived).at_start, lp.start_vv)
     seqs = list(range(prog.reserved[0], prog.reserved[0] + len(copy)))
     return [
         P.SegmentTask(lp.log, job.source_cluster, lp.source_log.value.log_id, seg, job.sink_cluster, prog.sink_log_id, seq, lp.sink_policy, start, assume_local=effects is None)

@@ -98,9 +98,11 @@ def sink_blockers(*, owner: str | None, segments: Sequence[SegmentRecord]) -> li
 # -- vector clocks -----------------------------------------------------------------------------
 
 
-def local_effect(segment: SegmentRecord) -> ClockEffect:
-    """A segment holding only records written at the source: its clock advances by its record count."""
-    return ClockEffect(add=segment.records)
+def local_effect(segment: SegmentRecord, skipped: int = 0) -> ClockEffect:
+    """A segment holding only records written at the source: its clock advances by the records
+    copied — its record count less the ``skipped`` ones before its first active entry (a
+    partially truncated segment is copied from there; ``clockbase.skipped``)."""
+    return ClockEffect(add=segment.records - skipped)
 
 
 def start_vectors(location: str, effects: Sequence[ClockEffect], vv0: Mapping[str, int] | None = None) -> list[dict[str, int]]:

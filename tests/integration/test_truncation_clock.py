@@ -40,6 +40,7 @@ from dlctl.replication import dr
 from dlctl.replication.causal import SourceClock
 from dlctl.replication.clock import ClockStore
 from dlctl.replication.origin import Origin
+from dlctl.replication.store import StreamStore
 from dlctl.replication.truncation_base import prepare
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.spark, pytest.mark.slow]
@@ -80,6 +81,24 @@ async def segment(meta, name: str, payloads: list[bytes]) -> list[DLSN]:
             futures = [writer.submit(p) for p in payloads]
             await writer.flush()
             return [f.result() for f in futures]
+        finally:
+            await writer.close()
+    finally:
+        await pool.close()
+
+
+async def grouped(meta, name: str, groups: list[list[bytes]]) -> list[DLSN]:
+    """One completed segment holding ``groups``, each flushed on its own."""
+    pool = AgentPool(meta, DEFAULT_SECRET)
+    try:
+        writer = await LogWriter.open(meta, pool, name)
+        try:
+            out: list[DLSN] = []
+            for group in groups:
+                futures = [writer.submit(p) for p in group]
+                await writer.flush()
+                out += [f.result() for f in futures]
+            return out
         finally:
             await writer.close()
     finally:
@@ -282,3 +301,69 @@ def test_the_point_of_a_replicated_log_never_moves_past_its_recorded_base(sites:
     prepare(a.meta(), name, end, secret=DEFAULT_SECRET)
     _, moved = store.advance(name, end, reason="retention", by="test")
     assert moved and ClockStore(a.meta()).truncation_base(name) == (end, {"a": 20})
+
+
+def test_a_bootstrap_after_truncating_inside_a_segment_is_not_refused_and_stamps_as_the_stream_from_the_start(sites: Sites, inventory: Path):
+    """``dlctl truncate`` to a point in the middle of a segment (inside an entry): the truncation's
+    clock steps lie inside the segment a bootstrap copies (from the point's entry on). The copy
+    must not be refused, and every record — in that segment and in the segments after it, whose
+    vectors are folded from the copied part's record count — gets the timestamp ``b`` got."""
+    a, b, c = sites["a"], sites["b"], sites["c"]
+    name = "mid"
+    a.meta().create_log(name, LogConfig())
+    written: list[DLSN] = []
+    for s in range(3):  # entries of several records: flushing a group closes its entry
+        written += run(grouped(a.meta(), name, [[f"m-{s}-{g}-{i}".encode() for i in range(10)] for g in range(6)]))
+    assert [d.decision.value for d in stream(sites, "a", "b", name).decisions if d.log == name] == ["start"]
+    at_b = stamps_at(b, name, len(written))
+    pin_past(a, "a-to-b", name, dr.after(written[-1]))
+    middle = written[60].segment_seq
+    inside = [i for i, d in enumerate(written) if d.segment_seq == middle and d.slot > 0 and d.entry_id > 0 and i < 110]
+    assert inside, "no record of the middle segment lies inside an entry after its first one"
+    k1 = inside[0]
+    later = [i for i in inside if written[i].entry_id > written[k1].entry_id]
+    assert later
+    k = later[len(later) // 2]
+    point1, point = written[k1], written[k]
+    entry1, entry = DLSN(middle, point1.entry_id, 0), DLSN(middle, point.entry_id, 0)
+    skipped1 = sum(1 for d in written if DLSN(middle, 0, 0) <= d < entry1)
+    skipped = sum(1 for d in written if DLSN(middle, 0, 0) <= d < entry)
+    assert 0 < skipped1 < skipped
+
+    # Truncated twice inside the segment: the second scan starts at the first point (inside the
+    # segment) and continues the counts the first one recorded there.
+    store = ClockStore(a.meta())
+    code, out = dlctl(inventory, "truncate", name, "--to", str(point1))
+    assert code == 0, out
+    assert store.truncation_base(name) == (point1, {"a": k1})
+    assert store.skipped_records(name) == {(middle, point1.entry_id): skipped1}
+    code, out = dlctl(inventory, "truncate", name, "--to", str(point))
+    assert code == 0, out
+    assert f'"counted {k - k1} record(s) from {point1}"' in json.dumps(out), out  # read once: only what lies between
+    assert store.truncation_base(name) == (point, {"a": k})
+    # The segment's start is recorded too (exact, like the point's), with its records before the entry.
+    assert store.truncation_segment(name).vv == {"a": 60} and store.truncation_segment(name).before_entry == skipped
+    assert store.skipped_records(name) == {(middle, point.entry_id): skipped}
+    steps = [(DLSN(middle, 0, 0), {"a": 60}), (entry1, {"a": 60 + skipped1}), (point1, {"a": k1}), (entry, {"a": 60 + skipped}), (point, {"a": k})]
+    assert list(store.derived_steps(name)) == list(store.steps(name)) == steps
+    seg = {v.value.seq: v.value for v in a.meta().segments(name)}[middle]
+    assert seg.min_active_entry == point.entry_id
+
+    # The plan is not refused, and c bootstraps (Spark) then streams on. (A stream a -> c that
+    # an earlier test made runs: the copy commits into c only while it is paused.)
+    running = "a-to-c" in StreamStore(c.meta()).list_streams()
+    if running:
+        apply(ops.pause_plan(c.session(), "a-to-c"))
+    built = stream(sites, "a", "c", name)
+    assert [d.decision.value for d in built.decisions if d.log == name] == ["bootstrap"]
+    if running:
+        apply(ops.resume_plan(c.session(), "a-to-c"))
+    more = write_segments(a, name, 1, 30, "after")
+    total = len(written) + len(more)
+    at_b = stamps_at(b, name, total)
+    held = [d for d in written + more if d >= entry]  # the copy starts at the point's entry
+    at_c = stamps_at(c, name, len(held))
+    assert at_c == {key: v for key, v in at_b.items() if key[1] >= entry}
+    # The stamps after the copied part of the segment could only be right with the skipped count.
+    first_after = min(key for key in at_c if key[1].segment_seq > middle)
+    assert at_c[first_after] == {"a": 121}

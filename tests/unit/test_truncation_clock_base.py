@@ -9,7 +9,15 @@ import pytest
 from dlctl.log.dlsn import DLSN, INITIAL
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 from dlctl.replication.causal import SourceClock
-from dlctl.replication.clock import _dump, parse_base, parse_entry_vv, parse_truncation
+from dlctl.replication.clock import (
+    SegmentBase,
+    _dump,
+    parse_base,
+    parse_derived,
+    parse_entry_vv,
+    parse_segment,
+    parse_truncation,
+)
 from dlctl.replication.origin import Origin
 from dlctl.replication.truncation_base import (
     EntryRange,
@@ -17,6 +25,7 @@ from dlctl.replication.truncation_base import (
     base_without_reading,
     may_hold_records,
     ranges,
+    segment_base,
 )
 
 
@@ -107,3 +116,45 @@ def test_evidence_of_replication():
     assert Evidence(streams_in=["c-to-a"]).replicated
     assert Evidence(steps=1).replicated
     assert Evidence(truncation_base=True).replicated
+
+
+# -- the start of the point's segment (what a bootstrap copying it from its first active entry needs) ---
+
+def test_one_scan_from_before_the_segment_records_its_start_vector_and_its_records_before_the_entry_and_the_point():
+    start, entry = DLSN(3, 0, 0), DLSN(3, 4, 0)
+    # The scan from 2/0/0 read 10 records before 3/0/0 and 7 more before 3/4/0, 9 before the point 3/4/2.
+    found = {start: ({"a": 10}, 10), entry: ({"a": 17}, 17)}
+    assert segment_base(start, entry, DLSN(2, 0, 0), 19, found, None) == SegmentBase(start, {"a": 10}, 7, 9)
+    # A point at the entry's start: the entry is the point.
+    assert segment_base(start, DLSN(3, 4, 0), DLSN(2, 0, 0), 17, {start: ({"a": 10}, 10)}, None) == SegmentBase(start, {"a": 10}, 7, 7)
+
+
+def test_a_scan_from_a_previous_base_inside_the_segment_continues_what_that_base_recorded():
+    start = DLSN(3, 0, 0)
+    known = SegmentBase(start, {"a": 10}, 5, 6)  # the previous point 3/2/1: 5 records before entry 2, 6 before it
+    # New point 3/6/3: the scan from 3/2/1 read 8 records before entry 6, 11 before the point.
+    got = segment_base(start, DLSN(3, 6, 0), DLSN(3, 2, 1), 11, {DLSN(3, 6, 0): ({"a": 24}, 8)}, known)
+    assert got == SegmentBase(start, {"a": 10}, 6 + 8, 6 + 11)
+    # The new point in the previous point's entry: the entry's count stays.
+    assert segment_base(start, DLSN(3, 2, 0), DLSN(3, 2, 1), 2, {}, known) == SegmentBase(start, {"a": 10}, 5, 8)
+    # The previous base in another segment, or none recorded: nothing tells the segment's start.
+    assert segment_base(start, DLSN(3, 2, 0), DLSN(3, 2, 1), 2, {}, SegmentBase(DLSN(2, 0, 0), {}, 0, 0)) is None
+    assert segment_base(start, DLSN(3, 2, 0), DLSN(3, 2, 1), 2, {}, None) is None
+
+
+def test_truncation_steps_are_flagged_derived_and_raising_steps_are_not():
+    steps = ((DLSN(3, 0, 0), {"a": 10}), (DLSN(3, 4, 0), {"a": 17}), (DLSN(3, 4, 2), {"a": 19}), (DLSN(5, 0, 0), {"a": 90}))
+    record = {"at": "3/4/2", "vv": {"a": 19}, "entry_vv": {"a": 17}, "segment": {"vv": {"a": 10}, "before_entry": 7, "before_point": 9}}
+    body = _dump(steps, "truncation base", record, steps[:3])
+    assert parse_base(body, "z") == steps
+    assert parse_derived(body, "z") == steps[:3]
+    assert parse_segment(body, "z") == SegmentBase(DLSN(3, 0, 0), {"a": 10}, 7, 9)
+    # A base recorded before steps were flagged: its steps are recognised by the recorded vectors.
+    old = _dump(steps, "truncation base", {"at": "3/4/2", "vv": {"a": 19}, "entry_vv": {"a": 17}})
+    assert parse_derived(old, "z") == steps[1:3]
+    assert parse_segment(old, "z") is None
+    # A raising step at a derived step's position but with another vector is not derived.
+    assert parse_derived(_dump(((DLSN(3, 4, 2), {"a": 50}),), "dr", record), "z") == ()
+    bad = _dump((), "t", dict(record, segment={"vv": {"a": 1}, "before_entry": -1, "before_point": 0}))
+    with pytest.raises(ValueError, match="malformed truncation base"):
+        parse_segment(bad, "z")
