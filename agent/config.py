@@ -10,6 +10,7 @@
     zookeeper   = "127.0.0.1:2181"     # connect string (may carry a chroot: host:port/path)
     secret_file = "/etc/dlagent/secret"        # cluster secret, mode 0600
     zk_auth_file = "/etc/dlagent/zk-auth"      # optional, 'user:password', mode 0600
+    event_loop  = "auto"               # "uvloop", "asyncio", or "auto": uvloop when installed
 
     [storage]
     sync = "always"            # or "never": relies on replication alone (see SyncPolicy)
@@ -47,7 +48,7 @@ from dlctl.names import validate_name
 from .replication_config import ReplicationSettings, parse_replication
 
 _REQUIRED = ("node_id", "cluster", "region", "rack", "data_dir", "listen", "zookeeper", "secret_file")
-_OPTIONAL = ("advertise", "zk_auth_file", "storage", "tls", "session_timeout", "auditor", "proxy", "replication", "housekeeping")
+_OPTIONAL = ("advertise", "zk_auth_file", "event_loop", "storage", "tls", "session_timeout", "auditor", "proxy", "replication", "housekeeping")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,10 @@ class AgentConfig:
     proxy: ProxySettings = ProxySettings()
     replication: ReplicationSettings = ReplicationSettings()  # [replication]: see dlagent.replication_config
     housekeeping: HousekeepingSettings = HousekeepingSettings()
+    event_loop: str = "auto"
+
+
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 def parse_address(text: str, *, where: str) -> tuple[str, int]:
@@ -153,6 +158,9 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         raise ConfigError(f"{path}: [storage] group_commit_ms must be a number of milliseconds in 0..1000")
     if not (isinstance(storage.group_commit_bytes, int) and storage.group_commit_bytes > 0):
         raise ConfigError(f"{path}: [storage] group_commit_bytes must be a positive integer")
+    event_loop = raw.get("event_loop", "auto")
+    if event_loop not in EVENT_LOOPS:
+        raise ConfigError(f"{where('event_loop')} must be one of {', '.join(EVENT_LOOPS)}, got {event_loop!r}")
     session_timeout = raw.get("session_timeout", 6.0)
     if not isinstance(session_timeout, (int, float)) or not 0.5 <= session_timeout <= 120:
         raise ConfigError(f"{where('session_timeout')} must be seconds in 0.5..120")
@@ -176,6 +184,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         proxy=proxy,
         replication=replication,
         housekeeping=housekeeping,
+        event_loop=event_loop,
         **names,
     )
 

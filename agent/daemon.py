@@ -127,7 +127,8 @@ async def serve(config: AgentConfig) -> int:
     # collection) and, if elected, applies retention and collects truncated segments' records.
     housekeeping = Housekeeping(zk, config.cluster, config.node_id, store, secret, config.housekeeping, zk_auth).start()
 
-    log.info("dlagent %s ready: node %s of cluster %s serving on %s", __version__, config.node_id, config.cluster, config.advertise)
+    loop_kind = type(asyncio.get_running_loop()).__module__.split(".")[0]  # "uvloop" or "asyncio"
+    log.info("dlagent %s ready: node %s of cluster %s serving on %s (event loop: %s)", __version__, config.node_id, config.cluster, config.advertise, loop_kind)
 
     waiters = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(storage_failed.wait())]
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

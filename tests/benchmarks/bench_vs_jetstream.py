@@ -36,7 +36,8 @@ What runs:
 How the comparison is fair, and where it is not:
   * Same machine, same run, loopback only, rounds interleaved. Both clients are asyncio Python
     in one process (nats-py here; dlctl's writer in the ``dlctl bench`` process), so client CPU
-    counts for both; neither is given extra processes or connections.
+    counts for both; neither is given extra processes or connections. Both run on uvloop when it
+    is installed (a dlctl dependency; the ``dlctl`` console script and the agents use it).
   * Replication: both keep 3 copies and acknowledge after a majority (JetStream R3 acks once the
     stream's Raft quorum, 2 of 3, has the message; dlctl E=W=3, A=2 acks once 2 agents have it).
   * Durability is NOT the same by default, and the difference favours JetStream. dlctl's agents
@@ -289,6 +290,17 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def run_client(main: Any) -> Any:
+    """The JetStream client's event loop: uvloop when installed, as the ``dlctl`` console script
+    uses for dlctl's client (``dlctl.cli.main.use_uvloop``), so both clients run on the same loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
 class JetStreamSystem:
     """A JetStream cluster with one R3 file stream per record size, measured round by round."""
 
@@ -302,7 +314,7 @@ class JetStreamSystem:
     def start(self) -> None:
         self.cluster.start()
         for size in RECORD_SIZES:
-            self.leaders[size] = asyncio.run(_js_stream(self.cluster, f"BENCH{size}"))
+            self.leaders[size] = run_client(_js_stream(self.cluster, f"BENCH{size}"))
 
     async def _round(self, size: int, sync_samples: int) -> dict[str, Any]:
         import nats
@@ -329,7 +341,7 @@ class JetStreamSystem:
             await nc.close()
 
     def round(self, size: int, sync_samples: int) -> dict[str, Any]:
-        return asyncio.run(self._round(size, sync_samples))
+        return run_client(self._round(size, sync_samples))
 
     def stop(self) -> None:
         self.cluster.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -41,6 +42,17 @@ def test_good_config_resolves_relative_paths_and_defaults(tmp_path):
     assert cfg.data_dir == (tmp_path / "data").resolve()
     assert cfg.secret_file == (tmp_path / "secret").resolve()
     assert cfg.storage.group_commit_ms == 1.5 and cfg.storage.group_commit_bytes == 512 * 1024
+    assert cfg.event_loop == "auto"
+
+
+@pytest.mark.parametrize("choice,expected", [("asyncio", "asyncio"), ("auto", "uvloop"), ("uvloop", "uvloop")])
+def test_the_event_loop_setting_picks_the_loop_the_agent_runs_on(choice, expected):
+    from dlagent.cli import run_loop
+
+    async def kind() -> str:
+        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+    assert run_loop(choice, kind()) == expected
 
 
 @pytest.mark.parametrize(
@@ -55,6 +67,7 @@ def test_good_config_resolves_relative_paths_and_defaults(tmp_path):
         (lambda t: t.replace("[storage]", "[storage]\nfsync = 1"), "unknown key(s) in [storage]: fsync"),
         (lambda t: t.replace('rack = "rack-a"', "rack = 7"), "key 'rack' must be a string"),
         (lambda t: t + "[[[", "not valid TOML"),
+        (lambda t: 'event_loop = "trio"\n' + t, "key 'event_loop' must be one of auto, uvloop, asyncio"),
     ],
 )
 def test_bad_config_names_file_key_and_problem(tmp_path, edit, message):
