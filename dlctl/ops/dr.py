@@ -974,8 +974,29 @@ def dr_status(sessions: dict[str, ClusterSession], only: str | None = None) -> l
             entry.update(reachable=False, error=getattr(exc, "message", None) or repr(exc))
         entry["in"] = [describe(sink, c, st) for sink, c, st in streams if c.sink_cluster == name]
         entry["out"] = [describe(sink, c, st) for sink, c, st in streams if c.source_cluster == name]
-        entry["recoverable_from"] = sorted({c.source_cluster for _, c, st in streams if c.sink_cluster == name and st is not StreamState.FAILED_OVER})
+        entry["recoverable_from"] = sorted(
+            {c.source_cluster for _, c, st in streams if c.sink_cluster == name and st is not StreamState.FAILED_OVER}
+            | _pinning_for(sessions, name)
+        )
         out.append(entry)
+    return out
+
+
+def _pinning_for(sessions: dict[str, ClusterSession], sink: str) -> set[str]:
+    """The locations that keep records for streams into ``sink`` by their retention pins: they
+    still name it when ``sink`` lost its own metadata (a location rebuilt empty), and
+    ``dr recover`` rebuilds its streams from them."""
+    out = set()
+    for name, session in sessions.items():
+        if name == sink:
+            continue
+        try:
+            pins = PinStore(session.meta)
+            logs = session.meta.list_logs()
+            if any(p.value.sink_cluster == sink and not p.value.holder.startswith("bootstrap-") for log in logs for p in pins.pins_of_log(log)):
+                out.add(name)
+        except Exception:  # noqa: BLE001 - an unreachable cluster: reported on its own row
+            continue
     return out
 
 

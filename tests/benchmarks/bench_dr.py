@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import shutil
 import sys
 import tempfile
@@ -208,6 +209,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2000.0, help="records/s of the load during switchover and failover")
     parser.add_argument("--records", type=int, default=20000, help="records per location before dr recover")
     args = parser.parse_args()
+    # The failover run kills a whole location, ZooKeeper included: kazoo's reconnect attempts
+    # would otherwise print a line each to stderr between the figures.
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     idle = with_sites(("a", "b"), switchover, None)
     loaded = with_sites(("a", "b"), switchover, args.rate)
     print(f"switchover under {args.rate:g} rec/s: b accepts writes after {loaded['promoted_s']}s (first ack at b {loaded['first_ack_at_b_s']}s), whole command {loaded['total_s']}s")

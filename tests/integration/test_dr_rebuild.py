@@ -212,6 +212,9 @@ def test_dr_recover_rebuilds_a_wiped_locations_metadata_from_its_peers_and_bring
     assert a.meta().list_logs() == [] and StreamStore(a.meta()).list_streams() == []
 
     inv = sites.write_inventory(tmp_path / "inv.toml")
+    # a's own metadata names no stream any more; the sources' pins still do.
+    code, status = dlctl(inv, "dr", "status", "--cluster", "a", "-o", "json")
+    assert code == 0 and [e["recoverable_from"] for e in status] == [["b", "c"]], status
     code, plan = dlctl(inv, "dr", "recover", "--cluster", "a", "--dry-run", "-o", "json")
     assert code == 0, plan
     actions = [s["action"] for s in plan["steps"]]
