@@ -33,11 +33,11 @@ from ..errors import (
 from ..log.dlsn import DLSN, INITIAL
 from ..log.pool import AgentPool
 from ..log.recovery import recover_log
+from ..meta.access import REPLICATION_PREFIX, AccessMode, AccessStore
 from ..meta.pins import PinStore
 from ..meta.records import SegmentState
 from ..plan import Plan, Step, apply
 from ..replication import dr
-from ..meta.access import REPLICATION_PREFIX, AccessMode, AccessStore
 from ..replication.clock import ClockStore
 from ..replication.origin import (
     ORIGIN_CLUSTER,
