@@ -165,14 +165,7 @@ async def recover(sites, records: int) -> dict:
     await read_all(sites["c"].meta(), LOG, until=total, timeout=600)
     reader_rate = total / (time.monotonic() - t0)
     a = sites["a"]
-    for node in a.agents.values():
-        node.proc.kill()
-    for node in a.agents.values():
-        shutil.rmtree(node.data_dir, ignore_errors=True)
-    for node in a.agents.values():
-        node.start(wait=False)
-    for node in a.agents.values():
-        node.wait_ready(a.admin)
+    a.wipe_disks()
     started = time.monotonic()
     result = await asyncio.get_running_loop().run_in_executor(None, lambda: apply(dr_ops.recover_plan(a.session(), {"b": sites["b"].session(), "c": sites["c"].session()})))
     whole = time.monotonic() - started

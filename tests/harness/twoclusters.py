@@ -10,7 +10,11 @@ connection a sink agent of ``b`` has to cluster ``a`` (agents and ZooKeeper) and
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import shutil
 from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +50,21 @@ class Site:
         session = ClusterSession(Cluster(self.name, self.ns.connect_string, first.secret_file, None))
         self._sessions.append(session)
         return session
+
+    def start_agents(self) -> None:
+        for node in self.agents.values():
+            node.start(wait=False)
+        for node in self.agents.values():
+            node.wait_ready(self.admin)
+
+    def wipe_disks(self) -> None:
+        """Disks replaced: every agent is SIGKILLed, loses its data dir and starts empty (the
+        location's ZooKeeper is left as it is)."""
+        for node in self.agents.values():
+            node.proc.kill()
+        for node in self.agents.values():
+            shutil.rmtree(node.data_dir, ignore_errors=True)
+        self.start_agents()
 
     def heal(self) -> None:
         for node in self.agents.values():
@@ -178,3 +197,18 @@ def origin_of(record: ReadRecord) -> tuple[str, DLSN] | None:
 
     origin = Origin.from_headers(record.headers)
     return (origin.cluster, origin.dlsn) if origin else None
+
+
+def run_cli(inventory: Path, *argv: str) -> tuple[int, dict | list | str, str]:
+    """Run the dlctl CLI in this process as an operator would (``--config inventory --yes``):
+    (exit code, stdout parsed as JSON when it is, stderr)."""
+    from dlctl.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(["--config", str(inventory), "--yes", *argv])
+    text = out.getvalue()
+    try:
+        return code, json.loads(text), err.getvalue()
+    except ValueError:
+        return code, text, err.getvalue()

@@ -10,11 +10,8 @@ proxy. Operators' actions go through the ``dlctl`` CLI (``main``), as an operato
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import time
 from collections.abc import Iterator
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,7 @@ from harness.agents import DEFAULT_SECRET
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
-from harness.twoclusters import Sites, read_all, replication_sites
+from harness.twoclusters import Sites, read_all, replication_sites, run_cli
 
 from dlctl.log.dlsn import DLSN
 from dlctl.log.errors import ReadOnlyLogError
@@ -30,11 +27,11 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer, ProducerOptions
 from dlctl.log.recovery import recover_log
 from dlctl.log.writer import LogWriter
+from dlctl.meta.access import AccessMode, AccessStore, LogReadOnlyError
 from dlctl.meta.records import LogConfig
 from dlctl.ops import replication as ops
 from dlctl.plan import apply
 from dlctl.replication import dr
-from dlctl.meta.access import AccessMode, AccessStore, LogReadOnlyError
 from dlctl.replication.records import StreamState
 from dlctl.replication.store import StreamStore
 
@@ -56,16 +53,8 @@ def inventory(sites: Sites, path: Path) -> Path:
 
 
 def dlctl(inv: Path, *argv: str) -> tuple[int, dict | list | str]:
-    from dlctl.cli.main import main
-
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = main(["--config", str(inv), "--yes", *argv])
-    text = out.getvalue()
-    try:
-        return code, json.loads(text)
-    except ValueError:
-        return code, text
+    code, out, _ = run_cli(inv, *argv)
+    return code, out
 
 
 async def dlctl_async(inv: Path, *argv: str) -> tuple[int, dict | list | str]:
@@ -409,7 +398,6 @@ def a_counters_at(site, name: str) -> list[int]:
 
 
 def test_dr_recover_of_a_wiped_location_in_an_active_active_cycle_brings_back_every_record_once_and_never_reuses_its_clock(cycle: Sites, tmp_path: Path):
-    import shutil
 
     sites = cycle
     name = "profiles"
@@ -430,14 +418,7 @@ def test_dr_recover_of_a_wiped_location_in_an_active_active_cycle_brings_back_ev
 
     # Disks replaced: every agent of a loses its data; a's ZooKeeper metadata survives.
     a = sites["a"]
-    for node in a.agents.values():
-        node.proc.kill()
-    for node in a.agents.values():
-        shutil.rmtree(node.data_dir, ignore_errors=True)
-    for node in a.agents.values():
-        node.start(wait=False)
-    for node in a.agents.values():
-        node.wait_ready(a.admin)
+    a.wipe_disks()
 
     inv = inventory(sites, tmp_path / "inv.toml")
     code, plan = dlctl(inv, "dr", "recover", "--cluster", "a", "--dry-run", "-o", "json")

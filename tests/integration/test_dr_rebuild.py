@@ -16,11 +16,8 @@ real SIGKILLs, the operator's actions through the ``dlctl`` CLI with ``-o json``
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import shutil
 from collections.abc import Iterator
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -28,7 +25,7 @@ from harness.agents import DEFAULT_SECRET
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
-from harness.twoclusters import Site, Sites, read_all, replication_sites
+from harness.twoclusters import Site, Sites, read_all, replication_sites, run_cli
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
@@ -71,17 +68,7 @@ def pair(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
 
 
 def dlctl_full(inv: Path, *argv: str) -> tuple[int, dict | list | str, str]:
-    """Run the CLI as an operator would: (exit code, stdout parsed as JSON when it is, stderr)."""
-    from dlctl.cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(["--config", str(inv), "--yes", *argv])
-    text = out.getvalue()
-    try:
-        return code, json.loads(text), err.getvalue()
-    except ValueError:
-        return code, text, err.getvalue()
+    return run_cli(inv, *argv)
 
 
 def dlctl(inv: Path, *argv: str) -> tuple[int, dict | list | str]:
@@ -134,13 +121,6 @@ def counters_of(site: Site, name: str, location: str) -> list[int]:
 def kill_agents(site: Site) -> None:
     for node in site.agents.values():
         node.proc.kill()
-
-
-def start_agents(site: Site) -> None:
-    for node in site.agents.values():
-        node.start(wait=False)
-    for node in site.agents.values():
-        node.wait_ready(site.admin)
 
 
 def delete_children(client: KazooClient, path: str) -> None:
@@ -208,7 +188,7 @@ def test_dr_recover_rebuilds_a_wiped_locations_metadata_from_its_peers_and_bring
     for node in a.agents.values():
         shutil.rmtree(node.data_dir)
     delete_children(a.admin, "/")
-    start_agents(a)
+    a.start_agents()
     assert a.meta().list_logs() == [] and StreamStore(a.meta()).list_streams() == []
 
     inv = sites.write_inventory(tmp_path / "inv.toml")
@@ -295,7 +275,7 @@ def test_dr_recover_rebuilds_a_wiped_one_way_standby_as_a_replica_of_its_stream(
     for node in b.agents.values():
         shutil.rmtree(node.data_dir)
     b.admin.delete("/dlctl/b", recursive=True)
-    start_agents(b)
+    b.start_agents()
 
     inv = pair.write_inventory(tmp_path / "inv.toml")
     code, plan = dlctl(inv, "dr", "recover", "--cluster", "b", "--dry-run", "-o", "json")
@@ -334,7 +314,7 @@ def test_dr_recover_of_a_location_restored_from_an_old_backup_completes_its_meta
     for node in a.agents.values():
         shutil.copytree(node.data_dir, backup / node.node_id)
     zk_backup = dump_tree(a.admin, "/dlctl/a")
-    start_agents(a)
+    a.start_agents()
 
     # Later: more records at both, and a second log added to the pair.
     for n in "ab":
@@ -358,7 +338,7 @@ def test_dr_recover_of_a_location_restored_from_an_old_backup_completes_its_meta
     inv = sites.write_inventory(tmp_path / "inv.toml")
     code, out = dlctl(inv, "replication", "pause", "b-to-a", "--sink", "a", "-o", "json")
     assert code == 0, out
-    start_agents(a)
+    a.start_agents()
 
     code, plan = dlctl(inv, "dr", "recover", "--cluster", "a", "--dry-run", "-o", "json")
     assert code == 0, plan

@@ -11,12 +11,9 @@ never goes back.
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -24,7 +21,7 @@ from harness.agents import DEFAULT_SECRET
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
-from harness.twoclusters import Sites, read_all, replication_sites
+from harness.twoclusters import Sites, read_all, replication_sites, run_cli
 
 from dlctl.errors import ExitCode
 from dlctl.log.dlsn import DLSN, INITIAL
@@ -52,16 +49,8 @@ def pair(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
 
 
 def dlctl(inv: Path, *argv: str) -> tuple[int, dict | list | str]:
-    from dlctl.cli.main import main
-
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = main(["--config", str(inv), "--yes", *argv])
-    text = out.getvalue()
-    try:
-        return code, json.loads(text)
-    except ValueError:
-        return code, text
+    code, out, _ = run_cli(inv, *argv)
+    return code, out
 
 
 async def write_rounds(site, prefix: str, rounds: int, per_round: int) -> None:
@@ -91,18 +80,6 @@ def vts_by_identity(site) -> dict[tuple[str, DLSN], dict[str, int]]:
 
 def identities(site) -> list[tuple[str, DLSN]]:
     return [dr.identity(r, site.name) for r in records(site)]
-
-
-def wipe(site) -> None:
-    """Disks replaced: every agent of the location loses its data; its ZooKeeper survives."""
-    for node in site.agents.values():
-        node.proc.kill()
-    for node in site.agents.values():
-        shutil.rmtree(node.data_dir, ignore_errors=True)
-    for node in site.agents.values():
-        node.start(wait=False)
-    for node in site.agents.values():
-        node.wait_ready(site.admin)
 
 
 def test_dr_recover_of_a_wiped_location_whose_peer_truncated_bootstraps_what_the_peer_retains_and_reports_the_gap(pair: Sites, tmp_path: Path):
@@ -145,7 +122,7 @@ def test_dr_recover_of_a_wiped_location_whose_peer_truncated_bootstraps_what_the
     deleted = total - len(retained)
     assert 0 < deleted < total
 
-    wipe(a)
+    a.wipe_disks()
 
     code, plan = dlctl(inv, "-o", "json", "dr", "recover", "--cluster", "a", "--dry-run")
     assert code == 0 and "bootstrap" in [s["action"] for s in plan["steps"]], plan
@@ -207,10 +184,7 @@ def restart(site, *, restore: dict[str, Path] | None = None, backup: dict[str, P
         if restore is not None:
             shutil.rmtree(node.data_dir, ignore_errors=True)
             shutil.copytree(restore[node_id], node.data_dir)
-    for node in site.agents.values():
-        node.start(wait=False)
-    for node in site.agents.values():
-        node.wait_ready(site.admin)
+    site.start_agents()
 
 
 def test_dr_recover_of_a_location_restored_from_an_old_backup_whose_peer_truncated_streams_the_rest_without_duplicates(pair: Sites, tmp_path: Path):
