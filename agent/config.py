@@ -16,6 +16,8 @@
     sync = "always"            # or "never": relies on replication alone (see SyncPolicy)
     group_commit_ms = 2.0
     group_commit_bytes = 524288
+    inline_sync_bytes = 65536      # small batches are synced on the event loop (0: never)
+    preallocate_bytes = 4194304    # segment files grow ahead of the data by up to this (0: off)
 
     [auditor]                  # re-replication auditor (see dlagent.auditor)
     enabled = true             # false: this agent never stands for election
@@ -56,6 +58,8 @@ class StorageSettings:
     sync: str = "always"
     group_commit_ms: float = 2.0
     group_commit_bytes: int = 512 * 1024
+    inline_sync_bytes: int = 64 * 1024
+    preallocate_bytes: int = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
     storage_raw = raw.get("storage", {})
     if not isinstance(storage_raw, dict):
         raise ConfigError(f"{where('storage')} must be a table")
-    extra = sorted(set(storage_raw) - {"sync", "group_commit_ms", "group_commit_bytes"})
+    extra = sorted(set(storage_raw) - {"sync", "group_commit_ms", "group_commit_bytes", "inline_sync_bytes", "preallocate_bytes"})
     if extra:
         raise ConfigError(f"{path}: unknown key(s) in [storage]: {', '.join(extra)}")
     storage = StorageSettings(**storage_raw)
@@ -158,6 +162,10 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         raise ConfigError(f"{path}: [storage] group_commit_ms must be a number of milliseconds in 0..1000")
     if not (isinstance(storage.group_commit_bytes, int) and storage.group_commit_bytes > 0):
         raise ConfigError(f"{path}: [storage] group_commit_bytes must be a positive integer")
+    for key in ("inline_sync_bytes", "preallocate_bytes"):
+        value = getattr(storage, key)
+        if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 30):
+            raise ConfigError(f"{path}: [storage] {key} must be a number of bytes in 0..1073741824 (0: off)")
     event_loop = raw.get("event_loop", "auto")
     if event_loop not in EVENT_LOOPS:
         raise ConfigError(f"{where('event_loop')} must be one of {', '.join(EVENT_LOOPS)}, got {event_loop!r}")

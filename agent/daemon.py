@@ -74,7 +74,13 @@ async def serve(config: AgentConfig) -> int:
 
     store = SegmentStore(
         config.data_dir,
-        SyncPolicy(mode=config.storage.sync, window_ms=config.storage.group_commit_ms, window_bytes=config.storage.group_commit_bytes),
+        SyncPolicy(
+            mode=config.storage.sync,
+            window_ms=config.storage.group_commit_ms,
+            window_bytes=config.storage.group_commit_bytes,
+            inline_bytes=config.storage.inline_sync_bytes,
+            prealloc_bytes=config.storage.preallocate_bytes,
+        ),
     )
     report = await store.open()
     log.info("storage recovered: %s", report.to_dict() if hasattr(report, "to_dict") else report)

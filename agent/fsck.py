@@ -54,6 +54,7 @@ def check_segment_row(check: SegmentCheck) -> dict[str, Any]:
         "fenced": check.fenced,
         "limbo": check.limbo is not None,
         "size_bytes": scan.file_size if scan else 0,
+        "preallocated_bytes": scan.zero_tail if scan else 0,  # zeros behind the data: not a problem
         "problem": short,
         "problems": problems,
         "path": str(check.path),

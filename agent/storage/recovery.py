@@ -6,9 +6,12 @@ acts on the verdict, and by ``dlagent fsck``, which only reports it.
 The verdict after the first invalid record at offset ``o``:
 
 - **torn tail**: no valid entry of this log/segment starts anywhere after ``o``. Whatever is
-  there (a short header, a truncated payload, zero fill, garbage) was being written when the
+  there (a short header, a truncated payload, garbage) was being written when the
   agent or machine died and was never acknowledged (acks follow fdatasync of everything
   before them), so cutting it loses nothing.
+- **preallocated space**: nothing but zero bytes from ``o`` to the end of the file. The store
+  grows files ahead of the data (SyncPolicy.prealloc_bytes), and a crash leaves those zeros;
+  an entry never starts with a zero byte, so nothing was lost. Trimmed quietly, not reported.
 - **mid-file corruption** (limbo): some later offset holds a complete entry of this
   log/segment with a valid CRC. Entries are only ever appended, so valid data after the
   invalid record means the invalid record was once complete — the disk or someone else
@@ -74,6 +77,7 @@ class ScanResult:
     lac: int = -1
     valid_end: int = 0  # end of the last valid entry before any problem
     bytes: int = 0  # bytes of valid entries
+    zero_tail: int = 0  # zero bytes from valid_end to file_size: preallocated space, trim it
     # At most one of these is set when the file has a problem.
     torn_reason: str | None = None  # invalid tail from valid_end to file_size: cut it
     corrupt_reason: str | None = None  # invalid record at valid_end, valid data later: limbo
@@ -138,14 +142,14 @@ def find_next_valid(fd: int, size: int, start: int, log_id: int, seq: int) -> in
     return -1
 
 
-def _describe_tail(fd: int, start: int, end: int, reason: str) -> str:
+def _all_zeros(fd: int, start: int, end: int) -> bool:
     pos = start
     while pos < end:
         buf = os.pread(fd, min(1 << 20, end - pos), pos)
         if not buf or buf.count(0) != len(buf):
-            return reason
+            return False
         pos += len(buf)
-    return f"zero fill ({end - start} bytes)"
+    return True
 
 
 def scan_file(path: Path, log_id: int, seq: int) -> ScanResult:
@@ -209,9 +213,12 @@ def _scan(fd: int, r: ScanResult) -> None:
         r.lac, r.bytes, r.valid_end = lac, nbytes, pos
     if reason is None:
         return
+    if _all_zeros(fd, pos, size):
+        r.zero_tail = size - pos
+        return
     nxt = find_next_valid(fd, size, pos + 1, log_id, seq)
     if nxt == -1:
-        r.torn_reason = _describe_tail(fd, pos, size, reason)
+        r.torn_reason = reason
     else:
         r.corrupt_reason = reason
         r.next_valid_offset = nxt

@@ -6,6 +6,7 @@ offset) snapshots and never touches a Segment.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -14,11 +15,13 @@ from .index import EntryIndex
 from .layout import Key
 from .types import LimboRecord, SegmentInfo
 
+log = logging.getLogger("dlagent.storage")
+
 
 class Segment:
     __slots__ = (
         "key", "log_id", "seq", "path", "index", "lac", "size", "durable", "mem",
-        "fenced", "fence_durable", "fencing", "limbo", "fd",
+        "fenced", "fence_durable", "fencing", "limbo", "fd", "alloc_end",
     )
 
     def __init__(self, key: Key, path: Path, index: EntryIndex | None = None, size: int = 0, lac: int = -1) -> None:
@@ -39,6 +42,8 @@ class Segment:
         self.fencing = None  # asyncio.Future of a fence being made durable
         self.limbo: LimboRecord | None = None
         self.fd: int | None = None
+        # The file's length: ``size`` plus space preallocated ahead of the data (zeros).
+        self.alloc_end = size
 
     @property
     def pinned(self) -> bool:
@@ -68,6 +73,7 @@ class FdCache:
     def __init__(self, capacity: int = 512) -> None:
         self.capacity = max(1, capacity)
         self._open: OrderedDict[Segment, None] = OrderedDict()
+        self._sizes: dict[Segment, int] = {}  # preallocated segments' sizes at the last trim_idle
 
     def get(self, seg: Segment) -> int:
         fd = seg.fd
@@ -95,8 +101,36 @@ class FdCache:
         self._open.pop(seg, None)
         if seg.fd is not None:
             fd, seg.fd = seg.fd, None
-            os.close(fd)
+            try:
+                trim_preallocation(seg, fd)
+            finally:
+                os.close(fd)
 
     def close_all(self) -> None:
         for seg in list(self._open):
             self.close(seg)
+
+    def trim_idle(self) -> None:
+        """Trim the preallocated space of open segments that took no data since the last call:
+        a writer that rolled to its next segment leaves the last one idle but open."""
+        before, self._sizes = self._sizes, {}
+        for seg in self._open:
+            if seg.alloc_end > seg.size and seg.fd is not None and not seg.pinned:
+                if before.get(seg) == seg.size:
+                    trim_preallocation(seg, seg.fd)
+                else:
+                    self._sizes[seg] = seg.size
+
+
+def trim_preallocation(seg: Segment, fd: int) -> None:
+    """Give back the zeros preallocated behind ``seg``'s data when its file is closed. Not
+    synced: if a crash brings them back, startup recovery trims them again. Only for a segment
+    without unwritten data (the FdCache never closes a pinned one, nor the store before a flush)."""
+    if seg.alloc_end <= seg.size or seg.pinned:
+        return
+    try:
+        os.ftruncate(fd, seg.size)
+    except OSError as exc:
+        log.warning("%s: cannot trim %d preallocated bytes: %s", seg.path, seg.alloc_end - seg.size, exc)
+        return
+    seg.alloc_end = seg.size

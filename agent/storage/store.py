@@ -57,6 +57,9 @@ _CRC_COVERED = HEADER_SIZE - 4
 _DIGEST_ITEM = struct.Struct(">qI")
 RECLAIMED_FILE = "reclaimed.json"  # in the data dir: bytes and replicas freed by deletes, ever
 SETTLE_DELAY = 0.02  # seconds deletes wait to share one directory fsync
+# How often segments left idle give back their preallocated space: one that took no data over
+# a whole period is trimmed (so within two periods of its last add).
+TRIM_IDLE_SECONDS = 2.0
 
 
 def digest_of(pairs: Iterable[tuple[int, int]]) -> str:
@@ -114,6 +117,7 @@ class SegmentStore:
         self._reclaimed_bytes = 0
         self._reclaimed_replicas = 0
         self._settling: asyncio.Task | None = None  # the next settle, which deletes join
+        self._trim_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -147,11 +151,20 @@ class SegmentStore:
         self._committer.start()
         self._state = "open"
         self._serving = True
+        self._trim_timer = self._loop.call_later(TRIM_IDLE_SECONDS, self._trim_idle)
         log.info(
             "opened %s: %d segments, %d entries, %d tails cut, %d in limbo",
             self.data_dir, report.segments, report.entries, len(report.tails_cut), len(report.limbo),
         )
         return report
+
+    def _trim_idle(self) -> None:
+        """Every TRIM_IDLE_SECONDS: give back the preallocated space of segments left idle."""
+        self._trim_timer = None
+        if not self._serving:
+            return
+        self._fds.trim_idle()
+        self._trim_timer = self._loop.call_later(TRIM_IDLE_SECONDS, self._trim_idle)  # type: ignore[union-attr]
 
     def _make_data_dir(self) -> None:
         root = layout.segments_root(self.data_dir)
@@ -174,6 +187,9 @@ class SegmentStore:
             return
         self._state = "closing"
         self._serving = False
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
+            self._trim_timer = None
         try:
             if self._failure is None:
                 try:
@@ -248,20 +264,25 @@ class SegmentStore:
             seg.limbo = record
             limbo.append(record)
             return seg
+        if scan is not None and scan.zero_tail:
+            # Preallocated space left by a crash: not data, not a tear (see recovery).
+            self._cut(check.path, scan.valid_end, sync=False)
+            seg.size = seg.durable = seg.alloc_end = scan.valid_end
         torn = check.torn_tail
         if torn is not None:
             offset, nbytes, reason = torn
             self._cut(check.path, offset)
-            seg.size = seg.durable = offset
+            seg.size = seg.durable = seg.alloc_end = offset
             tails.append(TailCut(key[0], key[1], str(check.path), offset, nbytes, reason))
             log.warning("%s: cut %d-byte torn tail at offset %d (%s)", check.path, nbytes, offset, reason)
         return seg
 
-    def _cut(self, path: Path, length: int) -> None:
+    def _cut(self, path: Path, length: int, sync: bool = True) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             os.ftruncate(fd, length)
-            self._fsync(fd)
+            if sync:
+                self._fsync(fd)
         except OSError as exc:
             raise AgentIOError(f"cannot cut the torn tail of {path} at offset {length}: {exc}") from exc
         finally:
@@ -825,6 +846,7 @@ class SegmentStore:
             "segments": len(self._segments),
             "entries": sum(s.index.count for s in segs),
             "bytes": sum(s.size for s in segs),
+            "preallocated_bytes": sum(s.alloc_end - s.size for s in segs if s.alloc_end > s.size),
             "limbo": sum(1 for s in segs if s.limbo is not None),
             "reclaimed_bytes": self._reclaimed_bytes,  # freed by deleting replicas, since the data dir exists
             "reclaimed_replicas": self._reclaimed_replicas,
@@ -834,6 +856,7 @@ class SegmentStore:
             "failure": None if self._failure is None else str(self._failure),
             "adds": c.adds,
             "batches": c.batches,
+            "inline_batches": c.inline_batches,  # synced on the event loop (small, sync thread idle)
             "fdatasyncs": c.fdatasyncs,
             "bytes_written": c.bytes_written,
             "pending_bytes": c.pending_bytes,

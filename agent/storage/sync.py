@@ -30,6 +30,16 @@ A failed write or fdatasync is fatal: after it, the page cache may hold data the
 since the last good sync can ever be acknowledged. Every waiting add fails with
 AgentIOError and the owner is told (``on_fatal``) so it stops serving.
 
+A batch handed over while the sync thread is idle and holding at most ``inline_bytes`` is
+made durable on the loop thread instead (see SyncPolicy): a lone synchronous writer's add then
+costs no wake-up of the sync thread and none of the loop on the way back. The rules above are
+unchanged: it is the only batch in flight, and it is reported before anything else runs.
+
+Segment files are preallocated ahead of the data (``prealloc_bytes``): the loop decides, when
+an add crosses the allocated end, how far the file should grow, and the thread that writes the
+batch calls ``posix_fallocate`` first. A failed preallocation is not fatal (the write decides):
+it is logged once and preallocation stops.
+
 Metadata jobs (new files, markers, deletes: ``run_blocking``) run on a thread of their own,
 so a stream of data batches never delays a fence behind it. Their order with the data is
 explicit in the store: a fence or a delete first awaits the data it depends on.
@@ -96,17 +106,30 @@ def _future_waiter(fut: asyncio.Future) -> Callable[[BaseException | None], None
     return done
 
 
+# Preallocation grows a file by as much as it holds, at least this much and at most the
+# policy's prealloc_bytes: a small segment wastes little, a big one rarely grows (a lone
+# writer's 3,000 appends of 150 bytes grow the file 5 times).
+PREALLOC_MIN = 16 * 1024
+
+
 class Slot:
     """One segment's contiguous byte range in a batch. ``fd`` is the segment's file, which stays
-    open while it has unwritten data (the FdCache never evicts a pinned segment)."""
+    open while it has unwritten data (the FdCache never evicts a pinned segment). ``grow_from``
+    and ``grow_to``, when set, is a range to preallocate before writing."""
 
-    __slots__ = ("fd", "start", "bufs", "end")
+    __slots__ = ("fd", "start", "bufs", "end", "grow_from", "grow_to")
 
     def __init__(self, fd: int, start: int, buf: bytes) -> None:
         self.fd = fd
         self.start = start
         self.bufs = [buf]
         self.end = start + len(buf)
+        self.grow_from = -1
+        self.grow_to = -1
+
+    def grow(self, start: int, end: int) -> None:
+        self.grow_from = start if self.grow_from < 0 else min(self.grow_from, start)
+        self.grow_to = max(self.grow_to, end)
 
 
 class Batch:
@@ -142,6 +165,8 @@ class GroupCommitter:
         self._busy = False  # the sync thread is working through batches
         self._window = policy.window_ms / 1000.0
         self._window_bytes = policy.window_bytes
+        self._inline_bytes = policy.inline_bytes
+        self._prealloc = policy.prealloc_bytes  # 0 once a preallocation failed
         self._stopped = False
         self._sync: ThreadPoolExecutor | None = None
         self._meta: ThreadPoolExecutor | None = None
@@ -150,6 +175,7 @@ class GroupCommitter:
         # Counters for stat() and the benchmarks.
         self.adds = 0
         self.batches = 0
+        self.inline_batches = 0
         self.fdatasyncs = 0
         self.bytes_written = 0
 
@@ -181,20 +207,27 @@ class GroupCommitter:
         seg.size = end
         seg.mem[off] = buf
         self.adds += 1
+        grow_to = 0
+        if end > seg.alloc_end and self._prealloc:
+            grow_to = end + min(max(end, PREALLOC_MIN), self._prealloc)
         with self._lock:
             b = self._open
             slot = b.segs.get(seg)
             if slot is None:
-                b.segs[seg] = Slot(seg.fd, off, buf)  # type: ignore[arg-type]
+                slot = b.segs[seg] = Slot(seg.fd, off, buf)  # type: ignore[arg-type]
             else:
                 slot.bufs.append(buf)
                 slot.end = end
+            if grow_to:
+                slot.grow(seg.alloc_end, grow_to)
             if callback is not None:
                 b.waiters.append(callback)
             first = not b.adds
             b.adds += 1
             b.bytes += len(buf)
             wake = first and not self._busy  # a busy sync thread takes the batch by itself
+        if grow_to:
+            seg.alloc_end = grow_to
         if wake:
             b.started = self._loop.time()  # type: ignore[union-attr]
             self._loop.call_soon(self._linger, b, -1)  # type: ignore[union-attr]
@@ -258,7 +291,43 @@ class GroupCommitter:
             self._open = Batch()
             self._taken.append(batch)
             self._busy = True
-        self._sync.submit(self._cycle, batch)  # type: ignore[union-attr]
+        if batch.bytes <= self._inline_bytes:
+            self._inline(batch)
+        else:
+            self._sync.submit(self._cycle, batch)  # type: ignore[union-attr]
+
+    def _inline(self, batch: Batch) -> None:
+        """Loop thread, sync thread idle: make a small ``batch`` durable here and report it.
+        Nothing can join the batch meanwhile (adds come from this thread)."""
+        try:
+            self._write(batch)
+        except BaseException as exc:  # noqa: BLE001 - any failure here is fatal
+            self._fail(exc)
+            return
+        with self._lock:
+            self._busy = False
+        self.inline_batches += 1
+        self._completed(batch)
+
+    def _write(self, batch: Batch) -> None:
+        """Preallocate, write and (in "always" mode) fdatasync every file of ``batch``. Nobody
+        else touches a batch once taken: the loop appends to the next one. Every byte of the
+        batch is written before its fdatasync is called."""
+        for slot in batch.segs.values():
+            if slot.grow_to > 0 and self._prealloc:
+                self._preallocate(slot)
+            pwritev_all(slot.fd, slot.bufs, slot.start)
+        if self._sync_data:
+            for slot in batch.segs.values():
+                self._fdatasync(slot.fd)
+
+    def _preallocate(self, slot: Slot) -> None:
+        try:
+            os.posix_fallocate(slot.fd, slot.grow_from, slot.grow_to - slot.grow_from)
+        except OSError as exc:
+            # Only an optimisation: the write itself decides whether the disk has room.
+            self._prealloc = 0
+            log.warning("preallocating segment files failed (%s); files now grow with each write", exc)
 
     def _cycle(self, batch: Batch) -> None:
         """Sync thread: make ``batch`` durable, then each batch that opened meanwhile, until none."""
@@ -266,13 +335,7 @@ class GroupCommitter:
         assert loop is not None
         while True:
             try:
-                # Nobody else touches a batch once taken: the loop appends to the next one.
-                # Every byte of the batch is written before its fdatasync is called.
-                for slot in batch.segs.values():
-                    pwritev_all(slot.fd, slot.bufs, slot.start)
-                if self._sync_data:
-                    for slot in batch.segs.values():
-                        self._fdatasync(slot.fd)
+                self._write(batch)
             except BaseException as exc:  # noqa: BLE001 - any failure here is fatal
                 loop.call_soon_threadsafe(self._fail, exc)
                 return

@@ -31,11 +31,27 @@ class SyncPolicy:
     re-replicated; if every replica of an entry sits in the same power domain, an
     acknowledged entry can be lost for good. New files, directories, fence markers and limbo
     markers are still fsynced in this mode. Never the default.
+
+    ``inline_bytes``: a batch of at most this many bytes, handed over while the sync thread is
+    idle, is written and synced on the event-loop thread itself. A lone synchronous writer then
+    pays no thread hand-off (two wake-ups, about 60 µs here); the loop is blocked for one small
+    fdatasync meanwhile, and whatever arrives during it forms the next batch. 0: always the
+    sync thread.
+
+    ``prealloc_bytes``: segment files grow ahead of the data with ``posix_fallocate`` by as
+    much as they already hold, between 64 KiB and this many bytes at a time, so that most
+    fdatasyncs need not also commit a new file size (measured on ext4: an fdatasync of an
+    append inside allocated space takes about two thirds of one that extends the file). The
+    zeros behind the data are trimmed when the file is closed; a crash leaves them, and
+    startup recovery trims them quietly (zeros to the end of the file are never a torn entry).
+    0: files grow with each write.
     """
 
     mode: str = "always"
     window_ms: float = 2.0
     window_bytes: int = 512 * 1024
+    inline_bytes: int = 64 * 1024
+    prealloc_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
         if self.mode not in SYNC_MODES:
@@ -44,6 +60,10 @@ class SyncPolicy:
             raise ValueError(f"sync window_ms {self.window_ms} out of range (0..1000)")
         if not 0 < self.window_bytes <= 1 << 30:
             raise ValueError(f"sync window_bytes {self.window_bytes} out of range (1..1 GiB)")
+        if not 0 <= self.inline_bytes <= 1 << 30:
+            raise ValueError(f"sync inline_bytes {self.inline_bytes} out of range (0..1 GiB)")
+        if not 0 <= self.prealloc_bytes <= 1 << 30:
+            raise ValueError(f"sync prealloc_bytes {self.prealloc_bytes} out of range (0..1 GiB)")
 
 
 @dataclass(frozen=True)

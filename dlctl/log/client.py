@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import ssl
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from . import protocol as p
@@ -23,10 +24,39 @@ from .format import HEADER_SIZE, CorruptEntry, Entry, crc32c, decode, decode_hea
 
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class _Timeout(AgentUnavailableError):
     """A request's deadline passed (the public error names the op and the timeout)."""
+
+
+class _Callback:
+    """A request completed by a plain function, called right where its response is parsed (or
+    its deadline swept, or the connection lost): no task, no future, no loop turn. Stands in
+    for the Future in ``_Connection.pending``, so it has the three methods used there."""
+
+    __slots__ = ("_fn", "_done")
+
+    def __init__(self, fn: Callable[[p.Frame | None, BaseException | None], None]) -> None:
+        self._fn = fn
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, frame: p.Frame) -> None:
+        self._finish(frame, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._finish(None, exc)
+
+    def _finish(self, frame: p.Frame | None, exc: BaseException | None) -> None:
+        self._done = True
+        try:
+            self._fn(frame, exc)
+        except Exception:  # noqa: BLE001 - a broken caller must not break the connection's reader
+            log.exception("request completion callback failed")
 
 
 class _Connection(asyncio.Protocol):
@@ -37,7 +67,7 @@ class _Connection(asyncio.Protocol):
         self.where = where
         self.transport: asyncio.Transport | None = None
         self.decoder = p.FrameDecoder()
-        self.pending: dict[int, asyncio.Future[p.Frame]] = {}
+        self.pending: dict[int, asyncio.Future[p.Frame] | _Callback] = {}
         # Deadlines are swept by one timer per connection rather than one timer per request:
         # arming and cancelling a TimerHandle per request costs more than the request itself.
         self.deadlines: dict[int, float] = {}
@@ -130,11 +160,17 @@ class _Connection(asyncio.Protocol):
             return
         self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
+    def flush_now(self) -> None:
+        """Write what is queued now rather than at the end of this loop turn (the call_soon
+        scheduled by ``send`` then finds nothing left)."""
+        if self._out:
+            self._flush()
+
     async def writable(self) -> None:
         if self._writable is not None:
             await asyncio.shield(self._writable)
 
-    def track(self, request_id: int, fut: asyncio.Future[p.Frame], timeout: float) -> None:
+    def track(self, request_id: int, fut: asyncio.Future[p.Frame] | _Callback, timeout: float) -> None:
         deadline = self.loop.time() + timeout
         self.pending[request_id] = fut
         self.deadlines[request_id] = deadline
@@ -333,6 +369,35 @@ class AgentClient:
         """Store an encoded entry durably on the agent; ``recovery`` is accepted on a fenced replica."""
         await self._call(p.Op.ADD_ENTRY, p.add_entry_request, encoded, recovery)
 
+    def add_nowait(self, encoded: bytes, on_done: Callable[[BaseException | None], None], *, flush: bool = False) -> bool:
+        """``add`` without a task, for the writer's hot path: ``on_done(None)`` once the entry is
+        durable on the agent, ``on_done(error)`` (the error ``add`` would raise) otherwise,
+        called from the connection's reader. ``flush``: write the frame now rather than at the
+        end of this loop turn. Returns False, having sent nothing, when the connection is not
+        ready or is held back by flow control: use ``add`` then."""
+        conn = self._conn
+        if conn is None or not conn.ready or conn.lost or conn._writable is not None:
+            return False
+        rid = next(self._ids)
+        frame = p.add_entry_request(rid, encoded, False)
+        limit = self.request_timeout
+
+        def finished(reply: p.Frame | None, exc: BaseException | None) -> None:
+            if reply is not None:
+                try:
+                    self._result(conn, rid, p.Op.ADD_ENTRY, reply)
+                except AgentError as error:
+                    exc = error
+            elif isinstance(exc, _Timeout):
+                exc = self._timed_out(p.Op.ADD_ENTRY, limit)
+            on_done(exc)
+
+        conn.track(rid, _Callback(finished), limit)
+        conn.send(frame)
+        if flush:
+            conn.flush_now()
+        return True
+
     async def read(self, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> bytes:
         """The encoded entry, CRC-verified. ``fence``: a recovery read that fences the replica first."""
         data = await self._call(p.Op.READ_ENTRY, p.read_entry_request, log_id, segment_seq, entry_id, fence)
@@ -457,10 +522,17 @@ class AgentClient:
         try:
             reply = await fut
         except _Timeout:
-            raise AgentUnavailableError(f"{p.Op(op).name} request to agent {self.address} timed out after {limit:g}s") from None
+            raise self._timed_out(op, limit) from None
         except BaseException:
             conn.forget(rid)  # cancelled: a late response is dropped
             raise
+        return self._result(conn, rid, op, reply, whole)
+
+    def _timed_out(self, op: int, limit: float) -> AgentUnavailableError:
+        return AgentUnavailableError(f"{p.Op(op).name} request to agent {self.address} timed out after {limit:g}s")
+
+    def _result(self, conn: _Connection, rid: int, op: int, reply: p.Frame, whole: bool = False) -> bytes:
+        """The result body of response ``reply`` to request ``rid``, or its typed error."""
         try:
             if reply.opcode != op | p.RESPONSE:
                 raise p.ProtocolError(f"response to request {rid} has opcode {reply.opcode}, expected {op | p.RESPONSE}")

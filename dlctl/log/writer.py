@@ -538,17 +538,30 @@ class LogWriter:
         entry = _Entry(batch, entry_id, encoded, len(body), len(targets))
         seg.inflight.append(entry)
         self._cancel_lac_timer()  # this entry carries the LAC
+        # A lone entry (a synchronous writer) goes out now; entries dispatched together are
+        # coalesced into one write per agent at the end of the loop turn.
+        flush = len(seg.inflight) == 1
         for node in targets:
-            task = self._loop.create_task(self._send(seg, entry, node))
-            seg.tasks.add(task)
-            task.add_done_callback(seg.tasks.discard)
+            # The hot path has no task per replica: the reply is handled where it is parsed.
+            if not seg.clients[node].add_nowait(entry.encoded, lambda exc, node=node: self._added(seg, entry, node, exc), flush=flush):
+                task = self._loop.create_task(self._send(seg, entry, node))
+                seg.tasks.add(task)
+                task.add_done_callback(seg.tasks.discard)
         if not can_still_ack(0, len(targets), seg.a):
             self._request_roll(f"entry {entry_id} of segment {seg.seq} cannot reach ack quorum", failure=True, urgent=True)
 
     async def _send(self, seg: _Segment, entry: _Entry, node: str) -> None:
+        """An add that must wait for its connection (being opened, or held by flow control)."""
         try:
             await seg.clients[node].add(entry.encoded)
-        except FencedError as exc:
+        except AgentError as exc:
+            self._added(seg, entry, node, exc)
+            return
+        self._added(seg, entry, node, None)
+
+    def _added(self, seg: _Segment, entry: _Entry, node: str, exc: BaseException | None) -> None:
+        """Agent ``node`` answered the add of ``entry``: stored (``exc`` None) or not."""
+        if isinstance(exc, FencedError):
             if not seg.sealed:
                 self._fail(
                     WriterDeposedError(
@@ -558,7 +571,9 @@ class LogWriter:
                     )
                 )
             return
-        except AgentError as exc:
+        if exc is not None:
+            if not isinstance(exc, AgentError):  # not from the agent: the writer itself is broken
+                raise exc
             self._on_replica_failed(seg, entry, node, exc)
             return
         if seg.sealed or self._error is not None:

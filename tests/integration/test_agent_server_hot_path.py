@@ -11,12 +11,12 @@ import time
 
 import pytest
 from dlagent.server import AgentServer
-from dlagent.storage import SegmentStore
+from dlagent.storage import SegmentStore, SyncPolicy
 
 from dlctl.log import protocol as p
 from dlctl.log.auth import ClientHandshake, generate_secret
 from dlctl.log.client import AgentClient
-from dlctl.log.errors import AgentIOError
+from dlctl.log.errors import AgentIOError, AgentUnavailableError, FencedError
 from dlctl.log.format import Entry, encode
 
 pytestmark = pytest.mark.agent
@@ -40,7 +40,8 @@ class GatedSync:
 
 async def serve(tmp_path, sync):
     secret = generate_secret()
-    store = SegmentStore(tmp_path, fdatasync=sync)
+    # A held fdatasync must be the sync thread's: inline, it would block this loop (the client's too).
+    store = SegmentStore(tmp_path, SyncPolicy(inline_bytes=0), fdatasync=sync)
     await store.open()
     server = AgentServer(store, secret, "127.0.0.1", 0)
     await server.start()
@@ -164,6 +165,82 @@ def test_client_read_verifies_crc_and_ids_without_decoding(tmp_path):
                 store.mode = mode
                 with pytest.raises(AgentIOError, match=message):
                     await c.read(7, 1, 0)
+        await server.stop()
+        await store.close()
+
+    asyncio.run(body())
+
+
+async def _nowait(c: AgentClient, encoded: bytes, *, flush: bool = False) -> BaseException | None:
+    """add_nowait awaited through its callback: None once durable, else the error."""
+    done: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+    assert c.add_nowait(encoded, done.set_result, flush=flush)
+    return await done
+
+
+def test_client_add_nowait_calls_back_once_durable(tmp_path):
+    sync = GatedSync()
+
+    async def body():
+        store, server, secret = await serve(tmp_path, sync)
+        async with AgentClient("127.0.0.1", server.address[1], secret) as c:
+            await c.add(entry(1, 0))
+            sync.gate.clear()
+            sync.entered.clear()
+            results: list[BaseException | None] = []
+            assert c.add_nowait(entry(1, 1), results.append, flush=True)
+            assert c.add_nowait(entry(1, 2), results.append)
+            assert await asyncio.to_thread(sync.entered.wait, 10)
+            await asyncio.sleep(0.05)
+            assert results == [], "called back before the fdatasync returned"
+            sync.gate.set()
+            assert await asyncio.wait_for(_nowait(c, entry(1, 3)), 10) is None
+            assert results == [None, None]
+            assert [s.entries for s in await c.list_segments()] == [4]
+        await server.stop()
+        await store.close()
+
+    asyncio.run(body())
+
+
+def test_client_add_nowait_reports_the_agents_error_and_timeouts(tmp_path):
+    sync = GatedSync()
+
+    async def body():
+        store, server, secret = await serve(tmp_path, sync)
+        async with AgentClient("127.0.0.1", server.address[1], secret, request_timeout=0.3) as c:
+            await c.add(entry(1, 0))
+            await c.fence(7, 1)
+            error = await _nowait(c, entry(1, 1))
+            assert isinstance(error, FencedError) and "fenced" in str(error)
+            # An add the agent does not answer in time (its fdatasync is held).
+            await c.add(entry(2, 0))
+            sync.gate.clear()
+            error = await asyncio.wait_for(_nowait(c, entry(2, 1)), 10)
+            assert isinstance(error, AgentUnavailableError) and "timed out after 0.3s" in str(error)
+            sync.gate.set()
+        await server.stop()
+        await store.close()
+
+    asyncio.run(body())
+
+
+def test_client_add_nowait_refuses_without_a_ready_connection_and_fails_on_loss(tmp_path):
+    sync = GatedSync()
+
+    async def body():
+        store, server, secret = await serve(tmp_path, sync)
+        c = AgentClient("127.0.0.1", server.address[1], secret)
+        assert not c.add_nowait(entry(1, 0), lambda exc: None), "sent without a connection"
+        await c.add(entry(1, 0))
+        sync.gate.clear()
+        sync.entered.clear()
+        results: list[BaseException | None] = []
+        assert c.add_nowait(entry(1, 1), results.append, flush=True)
+        assert await asyncio.to_thread(sync.entered.wait, 10)
+        await c.close()  # the connection goes while the add is in flight
+        assert len(results) == 1 and isinstance(results[0], AgentUnavailableError)
+        sync.gate.set()
         await server.stop()
         await store.close()
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from dlagent.storage import SyncPolicy
 from dlctl.log.format import Entry, encode
 
 
@@ -51,3 +52,11 @@ def entry() -> Callable[..., bytes]:
 @pytest.fixture(scope="session")
 def counting_sync() -> type[CountingSync]:
     return CountingSync
+
+
+@pytest.fixture(scope="session")
+def threaded() -> SyncPolicy:
+    """For tests that hold or step fdatasync, or read file sizes: every batch goes to the sync
+    thread (none is synced inline on the loop, which a held fdatasync would block), and files
+    grow with each write (no preallocation)."""
+    return SyncPolicy(inline_bytes=0, prealloc_bytes=0)

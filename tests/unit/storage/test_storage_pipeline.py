@@ -49,12 +49,12 @@ async def until(event: threading.Event) -> None:
     assert await asyncio.to_thread(event.wait, 10), "timed out"
 
 
-def test_an_add_written_after_an_fdatasync_started_waits_for_the_next_one(tmp_path, entry):
+def test_an_add_written_after_an_fdatasync_started_waits_for_the_next_one(threaded, tmp_path, entry):
     sync = SteppedSync()
     a, b = entry(1, 1, 0), entry(1, 1, 1, payload=os.urandom(300_000))
 
     async def body():
-        store = SegmentStore(tmp_path, fdatasync=sync)
+        store = SegmentStore(tmp_path, threaded, fdatasync=sync)
         await store.open()
         add_a = asyncio.ensure_future(store.add(a))
         await until(sync.started[0])  # A's fdatasync is in flight, not returned
@@ -79,11 +79,11 @@ def test_an_add_written_after_an_fdatasync_started_waits_for_the_next_one(tmp_pa
     asyncio.run(body())
 
 
-def test_adds_arriving_during_a_sync_share_the_next_one(tmp_path, entry):
+def test_adds_arriving_during_a_sync_share_the_next_one(threaded, tmp_path, entry):
     sync = SteppedSync()
 
     async def body():
-        store = SegmentStore(tmp_path, fdatasync=sync)
+        store = SegmentStore(tmp_path, threaded, fdatasync=sync)
         await store.open()
         first = asyncio.ensure_future(store.add(entry(1, 1, 0)))
         await until(sync.started[0])
@@ -100,12 +100,12 @@ def test_adds_arriving_during_a_sync_share_the_next_one(tmp_path, entry):
     asyncio.run(body())
 
 
-def test_add_nowait_calls_back_once_durable(tmp_path, entry):
+def test_add_nowait_calls_back_once_durable(threaded, tmp_path, entry):
     sync = SteppedSync()
     results: list[tuple[int, BaseException | None, bool]] = []
 
     async def body():
-        store = SegmentStore(tmp_path, fdatasync=sync)
+        store = SegmentStore(tmp_path, threaded, fdatasync=sync)
         await store.open()
         sync.release[0].set()
         await store.add(entry(1, 1, 0))  # creates the segment (the slow path)
@@ -145,12 +145,12 @@ def test_add_nowait_calls_back_once_durable(tmp_path, entry):
     asyncio.run(body())
 
 
-def test_a_failed_fdatasync_fails_nowait_callbacks_and_never_acknowledges(tmp_path, entry):
+def test_a_failed_fdatasync_fails_nowait_callbacks_and_never_acknowledges(threaded, tmp_path, entry):
     sync = SteppedSync()
     results: list[BaseException | None] = []
 
     async def body():
-        store = SegmentStore(tmp_path, fdatasync=sync)
+        store = SegmentStore(tmp_path, threaded, fdatasync=sync)
         await store.open()
         sync.release[0].set()
         await store.add(entry(1, 1, 0))
@@ -172,11 +172,11 @@ def test_a_failed_fdatasync_fails_nowait_callbacks_and_never_acknowledges(tmp_pa
     asyncio.run(body())
 
 
-def test_metadata_jobs_do_not_wait_behind_a_data_sync(tmp_path, entry):
+def test_metadata_jobs_do_not_wait_behind_a_data_sync(threaded, tmp_path, entry):
     sync = SteppedSync()
 
     async def body():
-        store = SegmentStore(tmp_path, fdatasync=sync)
+        store = SegmentStore(tmp_path, threaded, fdatasync=sync)
         await store.open()
         held = asyncio.ensure_future(store.add(entry(1, 1, 0)))
         await until(sync.started[0])

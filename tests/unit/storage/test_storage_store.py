@@ -94,9 +94,9 @@ def test_non_contiguous_and_out_of_order_ids(tmp_path, entry):
     asyncio.run(body())
 
 
-def test_idempotent_re_add_and_conflicting_re_add(tmp_path, entry):
+def test_idempotent_re_add_and_conflicting_re_add(tmp_path, entry, threaded):
     async def body():
-        store = SegmentStore(tmp_path)
+        store = SegmentStore(tmp_path, threaded)  # file sizes are compared
         await store.open()
         first = entry(1, 1, 0, payload=b"original")
         await asyncio.gather(store.add(first), store.add(first))  # the second while the first is pending
@@ -182,11 +182,11 @@ def test_fence_is_durable_and_refuses_normal_adds(tmp_path, entry):
     asyncio.run(body())
 
 
-def test_fence_waits_for_adds_accepted_before_it(tmp_path, entry, counting_sync):
+def test_fence_waits_for_adds_accepted_before_it(tmp_path, entry, counting_sync, threaded):
     sync = counting_sync()
 
     async def body():
-        store = SegmentStore(tmp_path, fdatasync=sync)
+        store = SegmentStore(tmp_path, threaded, fdatasync=sync)
         await store.open()
         await store.add(entry(1, 1, 0))
         sync.gate.clear()  # hold the next fdatasync
@@ -492,11 +492,11 @@ def test_closed_store_refuses_everything(tmp_path, entry):
     asyncio.run(body())
 
 
-def test_pending_entries_are_readable_before_their_sync_completes(tmp_path, entry, counting_sync):
+def test_pending_entries_are_readable_before_their_sync_completes(tmp_path, entry, counting_sync, threaded):
     sync = counting_sync()
 
     async def body():
-        store = SegmentStore(tmp_path, fdatasync=sync)
+        store = SegmentStore(tmp_path, threaded, fdatasync=sync)
         await store.open()
         sync.gate.clear()
         add = asyncio.ensure_future(store.add(entry(1, 1, 0)))

@@ -72,7 +72,8 @@ def test_window_bytes_ends_the_linger(tmp_path, entry, counting_sync, window_byt
     sync = counting_sync()
 
     async def body():
-        store = SegmentStore(tmp_path, SyncPolicy(window_ms=1000, window_bytes=window_bytes), fdatasync=sync)
+        # The held sync must be the thread's (inline, it would block the loop).
+        store = SegmentStore(tmp_path, SyncPolicy(window_ms=1000, window_bytes=window_bytes, inline_bytes=0), fdatasync=sync)
         await store.open()
         await store.add(entry(1, 1, 0))
         before = sync.calls
