@@ -291,7 +291,10 @@ class GroupCommitter:
             self._open = Batch()
             self._taken.append(batch)
             self._busy = True
-        if batch.bytes <= self._inline_bytes:
+            # Inline only when no earlier batch still waits for its report (the sync thread
+            # went idle but its _completed call has not run yet): reports go out in order.
+            inline = len(self._taken) == 1 and batch.bytes <= self._inline_bytes
+        if inline:
             self._inline(batch)
         else:
             self._sync.submit(self._cycle, batch)  # type: ignore[union-attr]

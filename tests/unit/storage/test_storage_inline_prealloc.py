@@ -237,3 +237,49 @@ def test_a_segment_left_idle_gives_back_its_preallocation(tmp_path, entry, monke
         await store.close()
 
     asyncio.run(body())
+
+
+class _LateReports:
+    """The event loop as the sync thread sees it, except that the thread's report of a finished
+    batch (call_soon_threadsafe) waits for ``go``: the window in which the thread is already
+    idle but the loop has not yet learnt that its last batch is durable."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.go = threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._loop, name)
+
+    def call_soon_threadsafe(self, fn, *args):
+        self.go.wait(10)
+        return self._loop.call_soon_threadsafe(fn, *args)
+
+
+def test_a_small_batch_is_not_synced_inline_before_an_earlier_batch_is_reported(tmp_path, entry):
+    big = entry(1, 1, 0, payload=os.urandom(100_000))  # over inline_bytes: the sync thread's
+    small = entry(1, 1, 1)
+
+    async def body():
+        store = SegmentStore(tmp_path, SyncPolicy(inline_bytes=64 * 1024))
+        await store.open()
+        committer = store._committer
+        late = committer._loop = _LateReports(asyncio.get_running_loop())
+        order: list[str] = []
+        first = asyncio.ensure_future(store.add(big))
+        first.add_done_callback(lambda _: order.append("big"))
+        deadline = asyncio.get_running_loop().time() + 10
+        while committer._busy or not committer._taken:  # synced, thread idle, not yet reported
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.001)
+        second = asyncio.ensure_future(store.add(small))
+        second.add_done_callback(lambda _: order.append("small"))
+        await asyncio.sleep(0.05)
+        assert not second.done(), "acknowledged before the batch ahead of it was reported"
+        late.go.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        assert order == ["big", "small"]
+        assert [store.read(1, 1, 0), store.read(1, 1, 1)] == [big, small]
+        await store.close()
+
+    asyncio.run(body())
