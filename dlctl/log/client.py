@@ -158,6 +158,8 @@ class _Connection(asyncio.Protocol):
         out, self._out = self._out, []
         if self.lost or self.transport is None or not out:
             return
+        if self.transport.is_closing():
+            return  # going: connection_lost fails what was waiting for these frames
         self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def flush_now(self) -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from dlctl.log.client import SyncAgentClient
 from dlctl.meta import paths
@@ -105,6 +105,10 @@ class AgentNode:
         try:
             data, _ = zk.get(paths.available_node(self.cluster, self.node_id))
         except NoNodeError:  # not registered (or a predecessor's record just expired)
+            return None
+        except (ConnectionLoss, SessionExpiredError):
+            # ``zk`` is reconnecting: its server was restarted (a whole location revived), and
+            # a session that outlived the outage is replaced by a new one. Not known yet.
             return None
         return json.loads(data)
 
