@@ -154,6 +154,26 @@ def test_torn_tail_after_crash_is_cut_and_acknowledged_entries_survive(node, adm
     assert segment.read_bytes().startswith(whole)
 
 
+def test_preallocated_space_left_by_a_crash_is_trimmed_quietly_and_nothing_is_lost(node, admin):
+    with node.client() as c:
+        for eid in range(20):
+            c.add(entry(eid))
+    (segment,) = [p for p in node.segment_files() if p.suffix == ".log"]
+    end = sum(len(entry(eid)) for eid in range(20))
+    assert segment.stat().st_size > end, "the agent grows segment files ahead of the data"
+    node.proc.kill()
+    whole = segment.read_bytes()
+    assert whole[end:].count(0) == len(whole) - end  # zeros behind the data, as the crash left them
+    node.start(zk=admin)
+    assert segment.stat().st_size == end, "startup recovery trims the zeros"
+    with node.client() as c:
+        assert [c.read(LOG_ID, SEG, eid) for eid in range(20)] == [entry(eid) for eid in range(20)]
+        c.add(entry(20))  # right after the data, not after the zeros
+        assert c.read(LOG_ID, SEG, 20) == entry(20)
+    assert segment.read_bytes()[: end + len(entry(20))] == whole[:end] + entry(20)
+    assert "torn tail" not in node.proc.output(), "preallocated space reported as a torn write"
+
+
 def test_bit_flip_before_valid_data_puts_the_replica_in_limbo(node, admin):
     with node.client() as c:
         for eid in range(10):
