@@ -49,12 +49,12 @@ def test_a_range_is_the_entries_back_to_back_up_to_last_the_byte_cap_or_the_firs
     asyncio.run(body())
 
 
-def test_entries_not_yet_durable_are_served_from_memory_among_the_others(tmp_path, entry, counting_sync):
+def test_entries_not_yet_durable_are_served_from_memory_among_the_others(tmp_path, entry, counting_sync, threaded):
     entries = ten(entry)
     sync = counting_sync()
 
     async def body():
-        store = SegmentStore(tmp_path, fdatasync=sync)
+        store = SegmentStore(tmp_path, threaded, fdatasync=sync)  # the held fdatasync is the thread's
         await store.open()
         for e in entries[:5]:
             await store.add(e)
