@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test test-unit demo docs check-docs clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py dlctl/_speedups.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[spark,test]'

@@ -32,11 +32,15 @@ agents, reader); what the digest must catch is a copy that changed, lost, added 
 record, and a 32-bit CRC per entry misses such a change with odds of 2^-32 while costing a
 twentieth of SHA-256 (both sides together were a third of a copy task's CPU).
 
-Hot path. Records with neither key nor headers (what writers write) take a path with a handful
-of Python operations per record: one ``struct`` unpack to hop to the next record, the new
-headers formatted in one operation, and runs of consecutive such records fed to the CRC in one
-call; anything else (keys, application headers, records replicated into the source) takes the
-general path, which parses every header.
+Hot path. ``dlctl/_speedups.c`` runs the two per-record loops in C when it was built (it is
+optional: a node without a compiler, or Spark executors that receive dlctl as a zip, use the
+Python loops here, which are the reference the C code is tested against): the content summary
+of an entry, and the copy of an entry whose data records are local and carry no headers (what
+writers write), which goes over the records twice — once to check them and size the sink
+payload, once to write it into one buffer with room for the entry header in front. An entry
+with any data record that has headers (application headers, or an origin elsewhere) is copied
+by the Python loop, where records without key or headers take a path of a handful of
+operations and the rest the general path, which parses every header.
 """
 
 from __future__ import annotations
@@ -50,6 +54,11 @@ from ..log import format as fmt
 from ..log.records import FLAG_CONTROL, CorruptRecords
 from ..replication.causal import merge
 from ..replication.origin import ORIGIN_CLUSTER, ORIGIN_DLSN, RESERVED_PREFIX, SOURCE_POSITION, VECTOR_TIME, encode_vt
+
+try:  # the same loops in C (dlctl/_speedups.c); absent where nothing compiled it
+    from .. import _speedups
+except ImportError:  # pragma: no cover - exercised by tests that hide the module
+    _speedups = None
 
 _FIXED = struct.Struct(">IBqH")  # size, flags, txid, key length (records.py's layout)
 _PLAIN = struct.Struct(">IBqHH")  # the same with the header count, for a record without key
@@ -125,7 +134,18 @@ def parse(view: memoryview) -> list[_Rec]:
 
 def canonical_summary(buf: bytes | bytearray, start: int = 0, end: int | None = None) -> tuple[int, int, int]:
     """(data records, bytes, CRC-32C) of the canonical encodings of the records in
-    ``buf[start:end]`` (an entry payload); ``CorruptRecords`` names the byte where it breaks.
+    ``buf[start:end]`` (an entry payload); ``CorruptRecords`` names the byte where it breaks."""
+    end = len(buf) if end is None else end
+    if _speedups is None:
+        return canonical_summary_py(buf, start, end)
+    try:
+        return _speedups.canonical_summary(buf, start, end)
+    except ValueError as exc:
+        raise CorruptRecords(str(exc)) from None
+
+
+def canonical_summary_py(buf: bytes | bytearray, start: int = 0, end: int | None = None) -> tuple[int, int, int]:
+    """``canonical_summary`` in Python: the reference the C loop is tested against.
 
     A record without ``dl.*`` headers is its own canonical encoding, so runs of them are fed to
     the CRC as they lie; only a record with reserved headers is fed piece by piece."""
@@ -310,8 +330,9 @@ class CopyStats:
 class EntryCopier:
     """Turns the entries of one source segment, in entry-id order, into sink entries."""
 
-    def __init__(self, *, source_cluster: str, source_seq: int, sink_log_id: int, sink_seq: int, clock: Clock) -> None:
+    def __init__(self, *, source_cluster: str, source_seq: int, sink_log_id: int, sink_seq: int, clock: Clock, speedups: bool = True) -> None:
         self.source_seq = source_seq
+        self._fast = speedups and _speedups is not None
         self.sink_log_id = sink_log_id
         self.sink_seq = sink_seq
         self.clock = clock
@@ -337,15 +358,27 @@ class EntryCopier:
         if end > len(encoded):
             raise CorruptRecords(f"entry of {len(encoded) - start} bytes announces a payload of {header.length}")
         entry_id = header.entry_id
-        stats = self.stats
         clock = self.clock
         own = clock.location
         counter = clock.vv.get(own, 0)  # the own counter, kept here while records are stamped
         before, after = clock.local_template()
         cluster_dlsn = self._cluster_header + self._dlsn_name
         vt_name, src_name, src_prefix = self._vt_name, self._src_name, self._src_prefix
-        added_fixed = self._added_fixed
         seq_prefix = b"%d/%d/" % (self.source_seq, entry_id)
+        if self._fast:
+            try:
+                fast = _speedups.copy_local(buf, base, end, seq_prefix, cluster_dlsn, vt_name, src_name, src_prefix, before, after, counter, fmt.HEADER_SIZE)
+            except ValueError as exc:
+                raise CorruptRecords(str(exc)) from None
+            if fast is not None:  # every data record was local and without headers
+                out, records, counter, first_txid, last_txid, last_slot, totals_txid = fast
+                if counter != clock.vv.get(own, 0):
+                    clock.vv[own] = counter
+                self._count(records, records, first_txid, last_txid, entry_id, last_slot)
+                if totals_txid is not None:
+                    out += self._totals(totals_txid, len(out) + len(_totals_bytes(0, 0, 0)))
+                return self._seal(out, header)
+        added_fixed = self._added_fixed
         unpack_fixed, pack_fixed, pack_plain, pack32 = _FIXED.unpack_from, _FIXED.pack, _PLAIN.pack, _U32.pack
         parts: list[bytes | memoryview] = [b""]  # [0]: the entry header, filled in at the end
         append = parts.append
@@ -406,6 +439,14 @@ class EntryCopier:
             pos = stop
         if counter != clock.vv.get(own, 0):
             clock.vv[own] = counter
+        self._count(records, local, first_txid, last_txid, entry_id, last_slot)
+        if totals_txid is not None:
+            append(self._totals(totals_txid, fmt.HEADER_SIZE + length + len(_totals_bytes(0, 0, 0))))
+        parts[0] = bytes(fmt.HEADER_SIZE)
+        return self._seal(bytearray().join(parts), header)  # one copy of every byte, into the buffer that is sent
+
+    def _count(self, records: int, local: int, first_txid: int | None, last_txid: int | None, entry_id: int, last_slot: int) -> None:
+        stats = self.stats
         stats.records += records
         stats.local_records += local
         if records:
@@ -413,21 +454,24 @@ class EntryCopier:
                 stats.first_txid = first_txid
             stats.last_txid = last_txid  # type: ignore[assignment]
             stats.last_data_slot = (entry_id, last_slot)
-        if totals_txid is not None:
-            size = fmt.HEADER_SIZE + length + len(_totals_bytes(0, 0, 0))
-            totals = _totals_bytes(totals_txid, stats.records, stats.sink_bytes + size)
-            append(totals)
-            length += len(totals)
+
+    def _totals(self, txid: int, entry_size: int) -> bytes:
+        """The writer's per-entry totals record, with the sink segment's numbers once this
+        entry (``entry_size`` bytes, the record included) is written."""
+        return _totals_bytes(txid, self.stats.records, self.stats.sink_bytes + entry_size)
+
+    def _seal(self, out: bytearray, header: fmt.EntryHeader) -> bytearray:
+        """Fill in the entry header before the sink payload in ``out`` and its CRC."""
+        length = len(out) - fmt.HEADER_SIZE
         if length > fmt.MAX_PAYLOAD:
-            raise ValueError(f"sink entry {entry_id} would hold {length} bytes, above the {fmt.MAX_PAYLOAD}-byte maximum")
-        fields = _ENTRY_FIELDS.pack(fmt.MAGIC, fmt.FORMAT_VERSION, header.flags, 0, self.sink_log_id, self.sink_seq, entry_id, header.lac, length)
-        parts[0] = fields + b"\x00\x00\x00\x00"
-        out = bytearray().join(parts)  # one copy of every byte, into the buffer that is sent
+            raise ValueError(f"sink entry {header.entry_id} would hold {length} bytes, above the {fmt.MAX_PAYLOAD}-byte maximum")
+        fields = _ENTRY_FIELDS.pack(fmt.MAGIC, fmt.FORMAT_VERSION, header.flags, 0, self.sink_log_id, self.sink_seq, header.entry_id, header.lac, length)
+        out[: len(fields)] = fields
         with memoryview(out) as whole:
             crc = fmt.crc32c(whole[fmt.HEADER_SIZE :], fmt.crc32c(fields))
         out[fmt.HEADER_SIZE - 4 : fmt.HEADER_SIZE] = _U32.pack(crc)
-        stats.entries += 1
-        stats.sink_bytes += len(out)
+        self.stats.entries += 1
+        self.stats.sink_bytes += len(out)
         return out
 
     def _copy_general(self, rec: _Rec, view: memoryview, dlsn: bytes, parts: list) -> int:

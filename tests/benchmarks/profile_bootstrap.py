@@ -140,6 +140,11 @@ def run(args: argparse.Namespace) -> int:
         if args.sink_w != 3:
             dst.meta.create_log(B.LOG, LogConfig(ensemble_size=args.sink_w, write_quorum=args.sink_w, ack_quorum=args.sink_w))
         import dlctl.spark.job as J
+        import dlctl.spark.transform as T
+
+        saved_speedups = T._speedups
+        if args.no_speedups:
+            T._speedups = None  # the Python loops (in this process; Spark's workers import their own)
 
         saved = J.SparkEngine
         if not args.spark:
@@ -181,12 +186,13 @@ def run(args: argparse.Namespace) -> int:
             if prof:
                 prof.disable()
             J.SparkEngine = saved  # type: ignore[misc]
+            T._speedups = saved_speedups
         t1 = os.times()
         after = {c: sum(_cpu(p) for p in pids) for c, pids in agents.items()}
         own = (t1.user - t0.user) + (t1.system - t0.system)
         kids = sum(v - kids_before.get(p, 0.0) for p, v in kids_seen.items())
         gib = nbytes / GIB
-        print(f"{'spark' if args.spark else 'in-process'} copy, sink W={args.sink_w}, parallelism {args.parallelism}: {nbytes / 2**20:.0f} MiB in {wall:.2f}s = {nbytes / 2**20 / wall:.1f} MiB/s (job's own figure {result.seconds:.2f}s); plain file copy {base / 2**20:.0f} MiB/s ({nbytes / wall / base:.0%})")
+        print(f"{'spark' if args.spark else 'in-process'} copy{' (Python loops)' if args.no_speedups else ''}, sink W={args.sink_w}, parallelism {args.parallelism}: {nbytes / 2**20:.0f} MiB in {wall:.2f}s = {nbytes / 2**20 / wall:.1f} MiB/s (job's own figure {result.seconds:.2f}s); plain file copy {base / 2**20:.0f} MiB/s ({nbytes / wall / base:.0%})")
         print(f"CPU s/GiB: copy process {own / gib:.2f}" + (f", Spark JVM + workers {kids / gib:.2f}" if args.spark else "") + f", source agents {(after['east'] - before['east']) / gib:.2f}, sink agents {(after['west'] - before['west']) / gib:.2f}")
         if args.spark and args.verbose:
             for p, v in sorted(kids_seen.items(), key=lambda kv: -kv[1]):
@@ -208,6 +214,7 @@ def main() -> int:
     parser.add_argument("--spark", action="store_true")
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--cprofile", type=int, default=0)
+    parser.add_argument("--no-speedups", action="store_true", help="in-process: the Python loops instead of dlctl._speedups")
     parser.add_argument("--verbose", action="store_true", help="with --spark: CPU of each process Spark started")
     args = parser.parse_args()
     return {"up": up, "run": run, "down": down}[args.what](args)
