@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from dlctl import __version__
+from dlctl.allocator import keep_large_buffers
 from dlctl.errors import ConfigError, DlctlError, ExitCode
 
 
@@ -56,6 +57,7 @@ def serve_command(config_path: Path, verbose: int) -> None:
         stream=sys.stderr,
     )
     logging.getLogger("dlagent").setLevel(logging.INFO if verbose < 2 else logging.DEBUG)
+    keep_large_buffers()  # entries and ranges pass through large buffers: reuse warm pages
     try:
         config = agent_config.load(config_path)
         code = run_loop(config.event_loop, serve(config))

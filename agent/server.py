@@ -303,7 +303,7 @@ class _Conn(asyncio.Protocol):
         self.in_flight_bytes = 0
         self.write_paused = False
         self.read_paused = False
-        self._out: list[bytes] = []
+        self._out = p.OutQueue()
         self._add_nowait = getattr(self.store, "add_nowait", None)
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.barrier = Barrier()  # write proxy: (producer, log) pairs whose appends failed
@@ -500,7 +500,7 @@ class _Conn(asyncio.Protocol):
     # Execution ------------------------------------------------------------------------------------
     def _run_sync(self, op: int, rid: int, handler: Callable[..., bytes], args: tuple[Any, ...]) -> None:
         try:
-            self.send(p.ok_response(op, rid, handler(*args)))
+            self.send(p.ok_response_parts(op, rid, handler(*args)))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a response
             self.send(self._error(op, rid, exc))
 
@@ -621,7 +621,7 @@ class _Conn(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001
             self.send(self._error(p.Op.LONG_POLL, rid, exc))
         else:
-            self.send(p.ok_response(p.Op.LONG_POLL, rid, result))
+            self.send(p.ok_response_parts(p.Op.LONG_POLL, rid, result))
 
     async def _run_async(self, op: int, rid: int, work: Awaitable[bytes]) -> None:
         try:
@@ -629,7 +629,7 @@ class _Conn(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001
             self.send(self._error(op, rid, exc))
         else:
-            self.send(p.ok_response(op, rid, result))
+            self.send(p.ok_response_parts(op, rid, result))
 
     def _error(self, op: int, rid: int, exc: Exception) -> bytes:
         if isinstance(exc, CorruptEntry):
@@ -645,18 +645,15 @@ class _Conn(asyncio.Protocol):
         return p.error_response(op, rid, p.STATUS_INTERNAL, f"internal error in the agent: {type(exc).__name__}")
 
     # Output -------------------------------------------------------------------------------------
-    def send(self, data: bytes) -> None:
+    def send(self, frame: p.Outgoing) -> None:
         if self.closing:
             return
-        if not self._out:
+        if self._out.push(frame):
             # Responses finishing in the same loop turn (a group commit releases many) go out in one write.
             self.loop.call_soon(self._flush)  # type: ignore[union-attr]
-        self._out.append(data)
 
     def _flush(self) -> None:
-        out, self._out = self._out, []
-        if out and not self.closing and self.transport is not None:
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        self._out.write(None if self.closing else self.transport)
 
     def close(self, reason: str, *, error: bytes | None = None, abort: bool = False) -> None:
         if self.closing:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import click
 
 from .. import __version__
+from ..allocator import keep_large_buffers
 from ..errors import DlctlError, ExitCode
 from ..output import FORMATS
 from .agent import agent_group
@@ -151,4 +152,5 @@ def use_uvloop() -> bool:
 
 def run() -> None:  # pragma: no cover - thin wrapper used by the console script
     use_uvloop()
+    keep_large_buffers()  # reads and appends move large buffers (dlctl.allocator)
     sys.exit(main())

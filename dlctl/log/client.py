@@ -76,7 +76,7 @@ class _Connection(asyncio.Protocol):
         self.hello: asyncio.Future[p.Frame] = loop.create_future()
         self.ready = False  # authenticated and not lost
         self.lost = False
-        self._out: list[bytes] = []
+        self._out = p.OutQueue()
         self._writable: asyncio.Future[None] | None = None
 
     # asyncio.Protocol -----------------------------------------------------------------------
@@ -148,19 +148,16 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def send(self, data: bytes) -> None:
-        if not self._out:
+    def send(self, frame: p.Outgoing) -> None:
+        if self._out.push(frame):
             # Coalesce every frame queued in this loop iteration into one write.
             self.loop.call_soon(self._flush)
-        self._out.append(data)
 
     def _flush(self) -> None:
-        out, self._out = self._out, []
-        if self.lost or self.transport is None or not out:
-            return
-        if self.transport.is_closing():
-            return  # going: connection_lost fails what was waiting for these frames
-        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        transport = self.transport
+        if self.lost or transport is None or transport.is_closing():
+            transport = None  # going: connection_lost fails what was waiting for these frames
+        self._out.write(transport)
 
     def flush_now(self) -> None:
         """Write what is queued now rather than at the end of this loop turn (the call_soon
@@ -369,7 +366,7 @@ class AgentClient:
 
     async def add(self, encoded: bytes, recovery: bool = False) -> None:
         """Store an encoded entry durably on the agent; ``recovery`` is accepted on a fenced replica."""
-        await self._call(p.Op.ADD_ENTRY, p.add_entry_request, encoded, recovery)
+        await self._call(p.Op.ADD_ENTRY, p.add_entry_request_parts, encoded, recovery)
 
     def add_nowait(self, encoded: bytes, on_done: Callable[[BaseException | None], None], *, flush: bool = False) -> bool:
         """``add`` without a task, for the writer's hot path: ``on_done(None)`` once the entry is
@@ -381,7 +378,7 @@ class AgentClient:
         if conn is None or not conn.ready or conn.lost or conn._writable is not None:
             return False
         rid = next(self._ids)
-        frame = p.add_entry_request(rid, encoded, False)
+        frame = p.add_entry_request_parts(rid, encoded, False)
         limit = self.request_timeout
 
         def finished(reply: p.Frame | None, exc: BaseException | None) -> None:

@@ -27,7 +27,7 @@ from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
 from harness.twoclusters import Site, Sites, read_all, replication_sites, run_cli
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
 
 from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer
@@ -127,7 +127,22 @@ def delete_children(client: KazooClient, path: str) -> None:
     for child in client.get_children(path):
         if path == "/" and child == "zookeeper":
             continue  # the server's own
-        client.delete(f"{path.rstrip('/')}/{child}", recursive=True)
+        delete_tree(client, f"{path.rstrip('/')}/{child}")
+
+
+def delete_tree(client: KazooClient, path: str, attempts: int = 20) -> None:
+    """Delete ``path`` and everything under it. The peers keep writing into a location's
+    namespace meanwhile (their workers report progress to its retention pins), so a child can
+    appear while the tree is being deleted: then the delete goes again."""
+    for _ in range(attempts):
+        try:
+            client.delete(path, recursive=True)
+            return
+        except NoNodeError:
+            return
+        except NotEmptyError:
+            continue
+    raise AssertionError(f"could not delete {path}: peers kept writing into it")
 
 
 def dump_tree(client: KazooClient, path: str) -> list[tuple[str, bytes]]:
@@ -148,6 +163,19 @@ def dump_tree(client: KazooClient, path: str) -> list[tuple[str, bytes]]:
 def restore_tree(client: KazooClient, nodes: list[tuple[str, bytes]]) -> None:
     for path, data in nodes:
         client.create(path, data, makepath=True)
+
+
+def replace_tree(client: KazooClient, path: str, nodes: list[tuple[str, bytes]], attempts: int = 20) -> None:
+    """Replace everything under ``path`` by a backup's ``nodes`` (see ``delete_tree``: a peer
+    may create a node the backup holds too: then the restore starts over)."""
+    for _ in range(attempts):
+        delete_tree(client, path)
+        try:
+            restore_tree(client, nodes)
+            return
+        except NodeExistsError:
+            continue
+    raise AssertionError(f"could not restore {path}: peers kept writing into it")
 
 
 def steps_of(out: dict, action: str) -> list[dict]:
@@ -274,7 +302,7 @@ def test_dr_recover_rebuilds_a_wiped_one_way_standby_as_a_replica_of_its_stream(
     kill_agents(b)
     for node in b.agents.values():
         shutil.rmtree(node.data_dir)
-    b.admin.delete("/dlctl/b", recursive=True)
+    delete_tree(b.admin, "/dlctl/b")
     b.start_agents()
 
     inv = pair.write_inventory(tmp_path / "inv.toml")
@@ -332,8 +360,7 @@ def test_dr_recover_of_a_location_restored_from_an_old_backup_completes_its_meta
     for node in a.agents.values():
         shutil.rmtree(node.data_dir)
         shutil.copytree(backup / node.node_id, node.data_dir)
-    a.admin.delete("/dlctl/a", recursive=True)
-    restore_tree(a.admin, zk_backup)
+    replace_tree(a.admin, "/dlctl/a", zk_backup)
     assert a.meta().list_logs() == [ORDERS] and StreamStore(a.meta()).get_config("b-to-a").value.logs == (ORDERS,)
     inv = sites.write_inventory(tmp_path / "inv.toml")
     code, out = dlctl(inv, "replication", "pause", "b-to-a", "--sink", "a", "-o", "json")

@@ -195,6 +195,40 @@ def test_decoder_handles_byte_by_byte_and_coalesced_input() -> None:
     assert p.decode_frames(stream) == got
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.sampled_from([0, 10, 5000, p.FrameDecoder.LARGE_FRAME - 17, p.FrameDecoder.LARGE_FRAME, 200_000]), min_size=1, max_size=6),
+    data=st.data(),
+)
+def test_decoder_gives_the_same_frames_however_small_and_large_frames_are_cut_and_drained(sizes: list[int], data: st.DataObject) -> None:
+    frames = [p.encode_frame(p.Op.READ_ENTRY | p.RESPONSE, 0, i + 1, bytes([i]) * n) for i, n in enumerate(sizes)]
+    stream = b"".join(frames)
+    dec = p.FrameDecoder()
+    got: list[p.Frame] = []
+    pos = 0
+    always_drain = data.draw(st.booleans())
+    while pos < len(stream):
+        step = data.draw(st.integers(1, 70_000))
+        kind = data.draw(st.sampled_from([bytes, bytearray, memoryview]))
+        chunk = kind(stream[pos : pos + step])
+        dec.feed(chunk)
+        if kind is bytearray:
+            chunk[:] = b"\xff" * len(chunk)  # a caller reusing its buffer must not change what was fed
+        pos += step
+        if always_drain:
+            # The buffer never grows to a large frame's size: those are collected chunk by chunk.
+            assert len(dec._buf) < p.FrameDecoder.LARGE_FRAME + 70_000
+        if always_drain or data.draw(st.booleans()):  # a server under back-pressure stops draining for a while
+            while (f := dec.next_frame()) is not None:
+                got.append(f)
+        assert dec.buffered == min(pos, len(stream)) - sum(p.FRAME_HEADER_SIZE + len(f.body) for f in got)
+    while (f := dec.next_frame()) is not None:
+        got.append(f)
+    assert got == p.decode_frames(stream) and [f.body for f in got] == [bytes([i]) * n for i, n in enumerate(sizes)]
+    assert all(type(f.body) is bytes for f in got)
+    assert dec.buffered == 0
+
+
 def test_fatal_framing_errors() -> None:
     for bad in (
         struct.pack(">I", 3) + b"\x01" * 12,  # shorter than a header
@@ -424,3 +458,53 @@ def test_load_secret(tmp_path) -> None:  # type: ignore[no-untyped-def]
         auth.load_secret(link)
     with pytest.raises(ConfigError):
         auth.load_secret(tmp_path / "missing")
+
+
+# Frames sent as (head, body) -------------------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(rid=RID, recovery=st.booleans(), size=st.sampled_from([0, 1, p.SPLIT_BYTES - 100, p.SPLIT_BYTES, 3 * p.SPLIT_BYTES]))
+def test_split_frames_are_the_same_bytes_and_keep_a_large_body_uncopied(rid: int, recovery: bool, size: int) -> None:
+    entry = bytearray(entry_bytes(1, bytes(size)))
+    for parts, whole in ((p.add_entry_request_parts(rid, entry, recovery), p.add_entry_request(rid, entry, recovery)),
+                         (p.ok_response_parts(p.Op.READ_ENTRY, rid, entry), p.ok_response(p.Op.READ_ENTRY, rid, entry))):
+        assert p.outgoing_bytes(parts) == whole
+        if len(entry) >= p.SPLIT_BYTES:
+            assert isinstance(parts, tuple) and parts[1] is entry  # the very buffer: no copy
+        else:
+            assert isinstance(parts, bytes)
+
+
+class _Recorder:
+    """A transport that records how it was called (write_frames is pure dispatch)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", data))
+
+    def writelines(self, data: list) -> None:
+        self.calls.append(("writelines", list(data)))
+
+
+def test_out_queue_joins_small_frames_and_hands_large_bodies_over_as_they_are() -> None:
+    body = bytearray(p.SPLIT_BYTES)
+    cases = [
+        ([b"a"], [("write", b"a")]),
+        ([b"a", b"b"], [("write", b"ab")]),
+        ([b"h", (b"head", body), b"x"], [("writelines", [b"h", b"head", body, b"x"])]),
+        ([(b"head", body)], [("writelines", [b"head", body])]),
+    ]
+    for frames, expected in cases:
+        q = p.OutQueue()
+        assert [q.push(f) for f in frames] == [True] + [False] * (len(frames) - 1)  # the first schedules the write
+        t = _Recorder()
+        q.write(t)
+        assert t.calls == expected and not q
+        if expected[0][0] == "writelines":
+            assert any(part is body for part in t.calls[0][1])  # type: ignore[union-attr]
+        q.push(b"z")
+        q.write(None)  # a closing connection drops what is queued
+        assert not q
