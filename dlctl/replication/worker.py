@@ -15,6 +15,13 @@ The loop (DESIGN.md §7):
    checkpoint by compare-and-set (a lost CAS means another worker took over: stop); every
    ``pin_interval`` move the stream's retention pin on the source to the checkpoint.
 
+Lag in seconds (``Checkpoint.caught_up_at``, read by ``dlctl replication status``) is the age
+of the newest moment at which the worker had read everything the source held: a read that
+waited in vain (idle), or, while records keep flowing, passing the source's end as measured
+every ``contact_interval`` (at the time of that measurement). A worker that keeps up with a
+steady load therefore shows a lag of at most about ``contact_interval``, not the time since it
+last found the source idle.
+
 So a crash anywhere loses nothing and applies nothing twice: what was appended but not yet
 checkpointed is found again in step 2. An ambiguous append failure ends the run; the supervisor
 starts a new one, which goes through step 2 again.
@@ -180,6 +187,7 @@ class StreamWorker:
         self._caught_up_at = 0.0
         self._last_probe = 0.0
         self._last_pin = 0.0
+        self._last_end = 0.0
         self._pin_error = ""
         self._pin_task: asyncio.Task[str] | None = None
         self._end_task: asyncio.Task[None] | None = None
@@ -291,6 +299,7 @@ class StreamWorker:
                 last_future = None if last_future is future else last_future
                 next_checkpoint = time.monotonic() + self.options.checkpoint_interval
                 await self._maybe_pin()
+                self._maybe_measure_end()
         # Stopping: apply what was submitted, then a final checkpoint.
         if progress.last is not None:
             snapshot = self._snapshot(progress, clock, causal)
@@ -303,9 +312,13 @@ class StreamWorker:
     def _snapshot(self, progress: _Progress, clock: SourceClock, causal: CausalityFilter | None) -> Checkpoint:
         assert self._checkpoint is not None and progress.last is not None
         last = progress.last
+        next_ = DLSN(last.segment_seq, last.entry_id, last.slot + 1)
+        end = self._source_end.get("source_end")
+        if end is not None and next_ >= end:  # read everything the source held when it was measured
+            self._caught_up_at = max(self._caught_up_at, self._source_end["source_end_at"])
         return replace(
             self._checkpoint.value,
-            next=DLSN(last.segment_seq, last.entry_id, last.slot + 1),
+            next=next_,
             source_vv=dict(clock.vv),
             sink_vv=dict(causal.vv) if causal is not None else {},
             processed_records=progress.processed,
@@ -365,8 +378,7 @@ class StreamWorker:
         if cp is None or (not force and now - self._last_pin < self.options.pin_interval):
             return
         self._last_pin = now
-        if self._end_task is None or self._end_task.done():
-            self._end_task = asyncio.ensure_future(self._measure_source_end(cp.value))
+        self._maybe_measure_end(force=True)
         pin = PinRecord(
             holder=self.config.stream_id,
             log=self.log_name,
@@ -379,9 +391,22 @@ class StreamWorker:
             await asyncio.wait([self._pin_task])
             await self._collect_pin()
 
+    def _maybe_measure_end(self, force: bool = False) -> None:
+        """Measure the source's end in the background, one measure at a time, at most every
+        ``contact_interval`` unless ``force``."""
+        cp = self._checkpoint
+        if cp is None or (self._end_task is not None and not self._end_task.done()):
+            return
+        now = time.monotonic()
+        if not force and now - self._last_end < self.options.contact_interval:
+            return
+        self._last_end = now
+        self._end_task = asyncio.ensure_future(self._measure_source_end(cp.value))
+
     async def _measure_source_end(self, cp: Checkpoint) -> None:
         """Where the source ends and how many records lie after the checkpoint (what a failover
         would report at risk if the source vanished now). Best effort, off the hot path."""
+        started = time.time()  # the source held at least this much then: caught up to it means caught up to then
         try:
             end = await log_end(self.source_meta, self.source_pool, self.log_name, region=self.options.region)
             behind, _ = await records_from(self.source_meta, self.source_pool, self.log_name, cp.next, region=self.options.region)
@@ -392,7 +417,7 @@ class StreamWorker:
             "source_end": end.next if end.next is not None else cp.next,
             "source_end_records": behind,
             "source_end_processed": cp.processed_records,
-            "source_end_at": time.time(),
+            "source_end_at": started,
         }
 
     async def _collect_pin(self) -> None:

@@ -215,6 +215,23 @@ def test_partition_between_clusters_under_load_then_heal_lag_returns_under_thres
 
             await eventually(caught_up_now, timeout=60, message="lag back under the threshold")
             catch_up = time.monotonic() - started
+
+            # Keeping up with the load (never idle) must read as keeping up: over the next
+            # 3,000 records the lag in seconds stays under the threshold.
+            target = checkpoint(sites, "events").applied_records + 3000
+            seen: list[float] = []
+
+            def kept_up_for_a_while() -> bool:
+                row = ops.stream_status(sink, source, "a-to-b")["logs"][0]
+                seen.append(row["lag_seconds"])
+                assert row["lag_seconds"] is not None and row["lag_seconds"] <= LAG_THRESHOLD_SECONDS, f"lag grew while the worker kept up: {row}"
+                return row["applied_records"] >= target
+
+            async def kept_up_now() -> bool:
+                return await asyncio.get_running_loop().run_in_executor(None, kept_up_for_a_while)
+
+            await eventually(kept_up_now, timeout=30, message="3,000 more records applied")
+            assert len(seen) > 3
         finally:
             await asyncio.wait_for(load.stop(), 60)
         return load, catch_up
