@@ -62,7 +62,7 @@ class Registration:
         stat = self.client.exists(self.path, watch=lambda _event: changed.set())
         if stat is None:
             return False
-        if stat.ephemeralOwner == self.client.client_id[0]:
+        if self._ours(stat):
             return True
         log.warning("%s is held by session %#x; waiting for it to expire", self.path, stat.ephemeralOwner)
         if not changed.wait(max(0.0, deadline - time.monotonic())):
@@ -71,6 +71,14 @@ class Registration:
                 hint="another agent with the same node_id is running; stop it or fix node_id",
             )
         return False
+
+    def _ours(self, stat: Any) -> bool:
+        """Whether the record belongs to our current session. Between an expired session and
+        the next one kazoo has no session id: the caller waits for the connection and retries."""
+        session = self.client.client_id
+        if session is None:
+            raise ConnectionLoss("no ZooKeeper session (reconnecting)")
+        return stat.ephemeralOwner == session[0]
 
     def _track_connection(self, state: str) -> None:
         if state == KazooState.CONNECTED:
@@ -107,7 +115,7 @@ class Registration:
         self.client.remove_listener(self._track_connection)
         try:
             stat = self.client.exists(self.path)
-            if stat is not None and stat.ephemeralOwner == self.client.client_id[0]:
+            if stat is not None and self._ours(stat):
                 self.client.delete(self.path, version=stat.version)
-        except NoNodeError:
-            pass
+        except (NoNodeError, ConnectionLoss):
+            pass  # gone, or no session: the record is ephemeral and ends with it
