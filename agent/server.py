@@ -450,7 +450,7 @@ class _Conn(asyncio.Protocol):
                 self._reject_unauthenticated(op, rid, f"{op.name} before authentication")
             return
         if op is p.Op.ADD_ENTRY:
-            self._add_now(rid, args[0], flags & p.FLAG_RECOVERY)
+            self._add_now(rid, args[0], flags)
         elif op is p.Op.READ_ENTRY:
             if flags & p.FLAG_FENCE:
                 self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args)), 0)
@@ -537,27 +537,29 @@ class _Conn(asyncio.Protocol):
         if self.eof:
             self._finish_if_done()
 
-    def _add_now(self, rid: int, entry: bytes, recovery: int) -> None:
+    def _add_now(self, rid: int, entry: bytes, flags: int) -> None:
         """The hot path: no task per add. The store queues the entry at once and calls back when
         it is durable, and the response goes out with the others of that batch; only an add
         that must wait for its segment to be created takes the task path."""
         add_nowait = self._add_nowait
         if add_nowait is None:
-            self._spawn(self._add(rid, entry, recovery), len(entry))
+            self._spawn(self._add(rid, entry, flags), len(entry))
             return
         size = len(entry)
         self.in_flight += 1
         self.in_flight_bytes += size
         try:
             _check_entry(entry)
-            queued = add_nowait(entry, lambda exc: self._add_done(rid, size, exc), recovery=bool(recovery))
+            queued = add_nowait(
+                entry, lambda exc: self._add_done(rid, size, exc), recovery=bool(flags & p.FLAG_RECOVERY), uncached=bool(flags & p.FLAG_UNCACHED)
+            )
         except Exception as exc:  # noqa: BLE001 - every failure becomes a response
             self._add_done(rid, size, exc)
             return
         if not queued:
             self.in_flight -= 1
             self.in_flight_bytes -= size
-            self._spawn(self._add(rid, entry, recovery), size)
+            self._spawn(self._add(rid, entry, flags), size)
 
     def _add_done(self, rid: int, size: int, exc: BaseException | None) -> None:
         self.in_flight -= 1
@@ -577,10 +579,10 @@ class _Conn(asyncio.Protocol):
         if not self.closing:
             self._process()
 
-    async def _add(self, rid: int, entry: bytes, recovery: int) -> None:
+    async def _add(self, rid: int, entry: bytes, flags: int) -> None:
         try:
             _check_entry(entry)
-            await self.store.add(entry, recovery=bool(recovery))
+            await self.store.add(entry, recovery=bool(flags & p.FLAG_RECOVERY), uncached=bool(flags & p.FLAG_UNCACHED))
         except Exception as exc:  # noqa: BLE001
             self.send(self._error(p.Op.ADD_ENTRY, rid, exc))
         else:

@@ -499,20 +499,23 @@ class SegmentStore:
 
     # ------------------------------------------------------------------ adds
 
-    async def add(self, encoded: bytes, *, recovery: bool = False) -> None:
-        """Store one encoded entry durably. Pass ``bytes`` (others are copied once)."""
+    async def add(self, encoded: bytes, *, recovery: bool = False, uncached: bool = False) -> None:
+        """Store one encoded entry durably. Pass ``bytes`` (others are copied once). ``uncached``:
+        drop it from the page cache once durable (a bulk copy's write, see GroupCommitter)."""
         encoded, n, log_id, seq, entry_id, lac, length, crc = self._parse_entry(encoded)
         _check_crc(encoded, log_id, seq, entry_id, crc)
         key = (log_id, seq)
         seg = self._segments.get(key)
         if seg is None:
             seg = await self._segment_for_write(key, fenced=False)
-        end = self._accept(seg, encoded, n, entry_id, lac, length, crc, recovery, None)
+        end = self._accept(seg, encoded, n, entry_id, lac, length, crc, recovery, None, uncached)
         fut = self._committer.wait(seg, end)
         if fut is not None:
             await fut
 
-    def add_nowait(self, encoded: bytes, callback: Callable[[BaseException | None], None], *, recovery: bool = False) -> bool:
+    def add_nowait(
+        self, encoded: bytes, callback: Callable[[BaseException | None], None], *, recovery: bool = False, uncached: bool = False
+    ) -> bool:
         """``add`` without a coroutine, for the server's hot path: validates and queues the entry
         at once and calls ``callback(None)`` on the loop thread once it is durable, or
         ``callback(error)`` if it never will be (maybe before returning, for an entry stored
@@ -524,7 +527,7 @@ class SegmentStore:
         if seg is None:
             return False  # before the CRC check: add() does it
         _check_crc(encoded, log_id, seq, entry_id, crc)
-        self._accept(seg, encoded, n, entry_id, lac, length, crc, recovery, callback)
+        self._accept(seg, encoded, n, entry_id, lac, length, crc, recovery, callback, uncached)
         return True
 
     def _parse_entry(self, encoded: bytes) -> tuple:
@@ -548,7 +551,7 @@ class SegmentStore:
 
     def _accept(
         self, seg: Segment, encoded: bytes, n: int, entry_id: int, lac: int, length: int, crc: int,
-        recovery: bool, callback: Callable[[BaseException | None], None] | None,
+        recovery: bool, callback: Callable[[BaseException | None], None] | None, uncached: bool = False,
     ) -> int:
         """Queue a verified entry (or find it stored already); returns the offset in ``seg`` it is
         durable at. ``callback``, if given, is told when it is."""
@@ -573,7 +576,7 @@ class SegmentStore:
                 self._fds.get(seg)
             except OSError as exc:
                 raise AgentIOError(f"cannot open {seg.path}: {exc}") from exc
-        off = self._committer.append(seg, encoded, callback)
+        off = self._committer.append(seg, encoded, callback, uncached=uncached)
         seg.index.add(entry_id, off, length, crc)
         if lac > seg.lac:
             self._raise_lac(seg, lac)

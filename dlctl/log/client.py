@@ -364,9 +364,10 @@ class AgentClient:
             )
         return entry
 
-    async def add(self, encoded: bytes, recovery: bool = False) -> None:
-        """Store an encoded entry durably on the agent; ``recovery`` is accepted on a fenced replica."""
-        await self._call(p.Op.ADD_ENTRY, p.add_entry_request_parts, encoded, recovery)
+    async def add(self, encoded: bytes, recovery: bool = False, *, uncached: bool = False) -> None:
+        """Store an encoded entry durably on the agent; ``recovery`` is accepted on a fenced replica.
+        ``uncached``: a bulk copy's write, which the agent keeps out of its page cache once durable."""
+        await self._call(p.Op.ADD_ENTRY, p.add_entry_request_parts, encoded, recovery, uncached)
 
     def add_nowait(self, encoded: bytes, on_done: Callable[[BaseException | None], None], *, flush: bool = False) -> bool:
         """``add`` without a task, for the writer's hot path: ``on_done(None)`` once the entry is

@@ -34,7 +34,8 @@ Operations (request body -> result on success)::
 
     op  name            flags                      request body            result
     1   AUTH            -                          nonce 32, proof 32      server proof 32
-    2   ADD_ENTRY       RECOVERY (0x1)             encoded entry           -
+    2   ADD_ENTRY       RECOVERY (0x1),            encoded entry           -
+                        UNCACHED (0x2)
     3   READ_ENTRY      FENCE (0x1): fence first   log u64, seg u64,       encoded entry
                         (recovery read)            entry i64
     4   READ_LAC        -                          log u64, seg u64        LAC i64
@@ -113,6 +114,9 @@ MAX_FRAME = FRAME_HEADER_SIZE + ENTRY_HEADER_SIZE + MAX_PAYLOAD + 64 * 1024
 MAX_MESSAGE = 4096  # error messages are truncated to this many bytes on the wire
 
 FLAG_RECOVERY = 0x1  # ADD_ENTRY: recovery add from the fencing writer; accepted on a fenced replica
+# ADD_ENTRY: a bulk copy's write (bootstrap, re-replication) that nobody reads back soon: the agent
+# drops it from the page cache once durable instead of filling memory with it (see GroupCommitter).
+FLAG_UNCACHED = 0x2
 FLAG_FENCE = 0x1  # READ_ENTRY: fence the replica (durably) before reading
 FLAG_RESET_ORDER = 0x1  # APPEND: the client has seen its failures and resends from the oldest
 MAX_LOG_NAME = 255  # bytes of a log name on the wire (names are validated by dlctl.names)
@@ -140,7 +144,7 @@ class Op(IntEnum):
 
 
 _ALLOWED_FLAGS: dict[int, int] = {int(op): 0 for op in Op}
-_ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY
+_ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE
 _ALLOWED_FLAGS[Op.APPEND] = FLAG_RESET_ORDER
 
@@ -394,13 +398,17 @@ def auth_request(request_id: int, client_nonce: bytes, proof: bytes) -> bytes:
     return encode_frame(Op.AUTH, 0, request_id, client_nonce + proof)
 
 
-def add_entry_request(request_id: int, entry: Buffer, recovery: bool = False) -> bytes:
-    return encode_frame(Op.ADD_ENTRY, FLAG_RECOVERY if recovery else 0, request_id, entry)
+def _add_flags(recovery: bool, uncached: bool) -> int:
+    return (FLAG_RECOVERY if recovery else 0) | (FLAG_UNCACHED if uncached else 0)
 
 
-def add_entry_request_parts(request_id: int, entry: Buffer, recovery: bool = False) -> Outgoing:
+def add_entry_request(request_id: int, entry: Buffer, recovery: bool = False, uncached: bool = False) -> bytes:
+    return encode_frame(Op.ADD_ENTRY, _add_flags(recovery, uncached), request_id, entry)
+
+
+def add_entry_request_parts(request_id: int, entry: Buffer, recovery: bool = False, uncached: bool = False) -> Outgoing:
     """``add_entry_request`` as the connection sends it: a large entry is not copied into the frame."""
-    return _outgoing(_frame_head(Op.ADD_ENTRY, FLAG_RECOVERY if recovery else 0, request_id, len(entry)), entry)
+    return _outgoing(_frame_head(Op.ADD_ENTRY, _add_flags(recovery, uncached), request_id, len(entry)), entry)
 
 
 def read_entry_request(request_id: int, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> bytes:

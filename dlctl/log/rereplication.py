@@ -331,7 +331,8 @@ async def copy_replica(
     async def add(entry_id: int, encoded: bytes) -> None:
         for attempt in range(attempts):
             try:
-                await target_client.add(encoded, recovery=True)
+                # A new replica is read only once its copy is verified: keep it out of the target's page cache.
+                await target_client.add(encoded, recovery=True, uncached=True)
                 return
             except AgentUnavailableError as exc:
                 if attempt + 1 == attempts:

@@ -430,7 +430,8 @@ async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: S
     async def add(node: str, encoded: bytearray, entry_id: int) -> None:
         nonlocal outstanding
         try:
-            await clients[node].add(encoded)
+            # Nobody reads a sink segment before the commit: keep it out of the agents' page cache.
+            await clients[node].add(encoded, uncached=True)
         except AgentError as exc:
             failures.append(f"sink agent {node} did not store entry {entry_id}: {exc.message}")
         finally:

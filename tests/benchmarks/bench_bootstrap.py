@@ -18,7 +18,8 @@ stage, stop it: what any job pays before and after copying a byte; the first con
 process also launches the JVM, which the copies below reuse), and per run the rate of the job
 with that cost taken out. Where the CPU goes: ``profile_bootstrap.py``. With the default sink
 policy (W = 3) the bootstrap writes three replicas where the file copy writes one; ``--sink-w 1``
-measures a one-replica sink log too (apples to apples). Exit 0 unless --strict.
+measures a one-replica sink log too (apples to apples), and for W > 1 a second baseline, the same
+plain copy writing W copies of every file, is printed next to the first. Exit 0 unless --strict.
 """
 
 from __future__ import annotations
@@ -77,28 +78,34 @@ def source_files(config: Path, src: ClusterSession) -> list[Path]:
     return sorted((Path(node.data_dir) / "segments" / f"{log_id:016x}").glob("*.log"))
 
 
-def plain_copy_rate(files: list[Path], work: Path, rounds: int = 3) -> tuple[float, int]:
-    """Bytes per second of copying the files (read, write, fsync each) to a fresh directory on
-    the same disk; the median of ``rounds`` (the disk's write-back makes single runs noisy)."""
+def plain_copy_rate(files: list[Path], work: Path, replicas: int = 1, rounds: int = 3) -> tuple[float, int]:
+    """Source bytes per second of copying the files (read, write, fsync each) to ``replicas``
+    fresh directories on the same disk — one replica: the issue's baseline; W replicas: what a
+    file copy must do to leave as many copies as a sink log of write quorum W. The median of
+    ``rounds`` (the disk's write-back makes single runs noisy)."""
     total = sum(f.stat().st_size for f in files)
     rates = []
     for _ in range(rounds):
-        out = work / f"plain-copy-{time.monotonic_ns()}"
-        out.mkdir()
+        outs = [work / f"plain-copy-{time.monotonic_ns()}-{r}" for r in range(replicas)]
+        for out in outs:
+            out.mkdir()
         started = time.monotonic()
         for f in files:
-            target = out / f.name
-            shutil.copyfile(f, target)
-            fd = os.open(target, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        dfd = os.open(out, os.O_RDONLY)
-        os.fsync(dfd)
-        os.close(dfd)
+            for out in outs:
+                target = out / f.name
+                shutil.copyfile(f, target)
+                fd = os.open(target, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        for out in outs:
+            dfd = os.open(out, os.O_RDONLY)
+            os.fsync(dfd)
+            os.close(dfd)
         rates.append(total / (time.monotonic() - started))
-        shutil.rmtree(out)
+        for out in outs:
+            shutil.rmtree(out)
     return sorted(rates)[len(rates) // 2], total
 
 
@@ -175,6 +182,7 @@ def main() -> int:
             for w in args.sink_w:
                 for parallelism in args.parallelism:
                     base, copied = plain_copy_rate(files, work)
+                    base_w = plain_copy_rate(files, work, replicas=w)[0] if w != 1 else base
                     if w != 3:
                         dst.meta.create_log(LOG, LogConfig(ensemble_size=w, write_quorum=w, ack_quorum=w))
                     result = bootstrap_logs(src, dst, [LOG], holder="bootstrap-bench", parallelism=parallelism)
@@ -182,11 +190,13 @@ def main() -> int:
                     rate = nbytes / result.seconds
                     net = nbytes / max(0.001, result.seconds - fixed[parallelism])
                     row = {"sink_w": w, "parallelism": parallelism, "seconds": round(result.seconds, 2), "mib_per_s": round(rate / MIB, 1),
-                           "baseline_mib_per_s": round(base / MIB, 1), "ratio": round(rate / base, 3), "segments": res.segments, "records": res.records,
+                           "baseline_mib_per_s": round(base / MIB, 1), "ratio": round(rate / base, 3),
+                           "baseline_w_replicas_mib_per_s": round(base_w / MIB, 1), "ratio_w_replicas": round(rate / base_w, 3), "segments": res.segments, "records": res.records,
                            "spark_fixed_seconds": round(fixed[parallelism], 2), "mib_per_s_without_spark_fixed": round(net / MIB, 1)}
                     rows.append(row)
                     print(f"sink W={w} parallelism {parallelism}: {nbytes / MIB:.0f} MiB in {result.seconds:.1f}s = {rate / MIB:.1f} MiB/s; "
                           f"plain file copy of the same {copied / MIB:.0f} MiB: {base / MIB:.1f} MiB/s ({rate / base:.0%}); "
+                          + (f"to {w} copies: {base_w / MIB:.1f} MiB/s ({rate / base_w:.0%}); " if w != 1 else "") +
                           f"without Spark's fixed {fixed[parallelism]:.1f}s: {net / MIB:.1f} MiB/s ({net / base:.0%})", flush=True)
                     drop_sink_copy(dst)
     finally:

@@ -4,7 +4,9 @@
         [--sync-samples 1000] [--js-batch 2000] [--json] [--strict] [--keep]
 
 Prerequisites (checked first; the script says what to install):
-  * NATS server (Debian):  apt-get install -y nats-server
+  * NATS server (Debian):  bash tests/benchmarks/fetch_nats_server.sh   (trixie's 2.10, into
+                           .venv/bin, apt sources untouched), or apt-get install -y nats-server
+                           (bookworm's 2.9: no fsync-every-write column); $NATS_SERVER overrides
   * NATS Python client:     .venv/bin/pip install -e '.[bench]'   (nats-py >= 2.6)
   * what `dlctl sandbox up` needs: Java 17 and the pyspark jars (`make install`)
 
@@ -92,8 +94,8 @@ GOAL_RATIO_100B = 5.0
 
 def missing_prerequisites() -> list[str]:
     missing = []
-    if shutil.which("nats-server") is None and not Path("/usr/sbin/nats-server").exists():
-        missing.append("nats-server is not installed: apt-get install -y nats-server")
+    if nats_server_binary() is None:
+        missing.append("nats-server is not installed: bash tests/benchmarks/fetch_nats_server.sh (2.10, into .venv/bin), or apt-get install -y nats-server")
     try:
         import nats  # noqa: F401
     except ImportError:
@@ -101,8 +103,11 @@ def missing_prerequisites() -> list[str]:
     return missing
 
 
-def nats_server_binary() -> str:
-    return shutil.which("nats-server") or "/usr/sbin/nats-server"
+def nats_server_binary() -> str | None:
+    """``$NATS_SERVER``, else the one ``fetch_nats_server.sh`` put next to this Python, else the
+    system's (Debian bookworm's is 2.9, which cannot fsync every write)."""
+    candidates = [os.environ.get("NATS_SERVER"), str(Path(sys.executable).parent / "nats-server"), shutil.which("nats-server"), "/usr/sbin/nats-server"]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
 def nats_server_version() -> str:
@@ -563,6 +568,16 @@ def report(results: dict[str, Any], keys: list[str]) -> tuple[str, bool]:
         lines.append(
             f"goal: dlctl single-record p99 <= JetStream's: {d99:.3f} ms vs {j99:.3f} ms "
             f"(dlctl no worse in {rounds_ok} of {len(dl['rounds'])} rounds) -> {'MET' if goal2 else 'MISSED'}"
+        )
+    always = results.get("jetstream_sync_always")
+    if has_sync and always:
+        # The like-for-like durability column: this JetStream fsyncs before it acknowledges, as dlctl does.
+        a99 = always["100"]["sync_latency_ms"]["p99"]
+        rounds_ok = sum(d["100"]["sync_latency_ms"]["p99"] <= a["100"]["sync_latency_ms"]["p99"] for d, a in zip(dl["rounds"], always["rounds"]))
+        a_ratio = dl["100"]["records_per_second"] / always["100"]["records_per_second"]
+        lines.append(
+            f"same durability (JetStream with sync_interval: always): records/s at 100 B {a_ratio:.2f}x; "
+            f"single-record p99 {d99:.3f} ms vs {a99:.3f} ms (dlctl no worse in {rounds_ok} of {len(dl['rounds'])} rounds)"
         )
     floor = results.get("disk_floor")
     if floor:

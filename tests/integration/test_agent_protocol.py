@@ -266,6 +266,23 @@ def test_large_entries(client: SyncAgentClient, log_id: int) -> None:
     assert client.read(log_id, 1, 0) == big
 
 
+def test_uncached_adds_leave_the_agents_page_cache_and_ordinary_ones_stay(agent: Agent, client: SyncAgentClient) -> None:
+    """FLAG_UNCACHED over the wire: the agent drops a bulk copy's pages once they are durable."""
+    from harness.pagecache import pages, resident_pages  # here: the child process runs this file without tests/ on its path
+
+    sizes = {}
+    for uncached in (True, False):
+        log_id = next(_next_log)
+        data = [entry(log_id, 1, i, os.urandom(64 * 1024)) for i in range(16)]
+        for d in data:
+            client.add(d, uncached=uncached)
+        sizes[uncached] = (log_id, sum(map(len, data)))
+    resident = {u: resident_pages(agent.data_dir / "segments" / f"{log_id:016x}" / f"{1:016x}.log", n) for u, (log_id, n) in sizes.items()}
+    assert resident[True] <= 1 and resident[False] == pages(sizes[False][1]), resident
+    log_id = sizes[True][0]
+    assert client.read(log_id, 1, 15)[-10:] and client.digest(log_id, 1).entries == 16  # all there, read from disk
+
+
 def test_pipelined_adds_complete_out_of_order(agent: Agent, log_id: int) -> None:
     async def main() -> None:
         async with agent.aclient() as c:

@@ -42,11 +42,21 @@ def entry_bytes(entry_id: int = 0, payload: bytes = b"hello") -> bytes:
 # Requests --------------------------------------------------------------------------------------
 
 
-@given(rid=RID, recovery=st.booleans(), payload=st.binary(max_size=300))
-def test_add_entry_round_trip(rid: int, recovery: bool, payload: bytes) -> None:
+@given(rid=RID, recovery=st.booleans(), uncached=st.booleans(), payload=st.binary(max_size=300))
+def test_add_entry_round_trip(rid: int, recovery: bool, uncached: bool, payload: bytes) -> None:
     data = entry_bytes(5, payload)
-    req = p.decode_request(one(p.add_entry_request(rid, data, recovery)))
-    assert req == p.Request(p.Op.ADD_ENTRY, p.FLAG_RECOVERY if recovery else 0, rid, (data,))
+    req = p.decode_request(one(p.add_entry_request(rid, data, recovery, uncached)))
+    flags = (p.FLAG_RECOVERY if recovery else 0) | (p.FLAG_UNCACHED if uncached else 0)
+    assert req == p.Request(p.Op.ADD_ENTRY, flags, rid, (data,))
+    assert p.outgoing_bytes(p.add_entry_request_parts(rid, data, recovery, uncached)) == p.add_entry_request(rid, data, recovery, uncached)
+
+
+def test_an_add_with_a_flag_beyond_recovery_and_uncached_is_refused() -> None:
+    frame = bytearray(p.add_entry_request(7, entry_bytes(5, b"x"), True, True))
+    length, version, op, flags, rid = p.FRAME_HEADER.unpack_from(frame)
+    p.FRAME_HEADER.pack_into(frame, 0, length, version, op, flags | 0x4, rid)
+    with pytest.raises(p.ProtocolError, match="unknown flags 0x7 for ADD_ENTRY in request 7"):
+        p.decode_request(one(bytes(frame)))
 
 
 @given(rid=RID, log=U64, seg=U64, entry=I64, fence=st.booleans())
