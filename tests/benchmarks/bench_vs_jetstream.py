@@ -25,7 +25,9 @@ What runs:
   2. dlctl: ``dlctl sandbox up --regions 1 --nodes-per-region 3`` in a temp dir (3 agents),
      ``dlctl log create -e 3 -w 3 -a 2`` per record size, and the same workload through
      ``dlctl bench write`` (one pipelined ``LogWriter``: submit under wait_writable
-     backpressure; single-record ``await append``).
+     backpressure; single-record ``await append``). A second sandbox, the same but with its
+     agents restarted with ``[storage] sync = "never"`` (never dlctl's default), gives the
+     dlctl column of JetStream's default durability (``--no-sync-never`` skips it).
   Both clusters stay up for the whole run, idle when not measured, and the measurement
   **alternates** between them in ``--rounds`` rounds (the order flips every round): on a
   shared machine the background load drifts over minutes, and measuring one system after the
@@ -60,7 +62,9 @@ How the comparison is fair, and where it is not:
     as dlctl's per-record framing and per-entry CRC are part of dlctl's.
 
 Goals (issue 4): dlctl >= 5 x JetStream's acknowledged records/s at 100 B, and dlctl's
-single-record p99 no worse than JetStream's (default sync). Exit code 0 unless --strict and a
+single-record p99 no worse than JetStream's (default sync). Printed after them, each system next
+to the other's column of the same durability: dlctl sync = never vs JetStream default (both
+acknowledge from page caches), dlctl vs JetStream sync_interval: always (both fsync first). Exit code 0 unless --strict and a
 goal is missed; 2 when a prerequisite is missing; 130 when interrupted. Every process the
 script starts is stopped on the way out, also on failure, Ctrl-C or SIGTERM.
 """
@@ -354,26 +358,38 @@ class JetStreamSystem:
 
 class DlctlSystem:
     """A 3-agent dlctl sandbox with one E=W=3, A=2 log per record size, measured through
-    ``dlctl bench write``."""
+    ``dlctl bench write``. ``sync_never``: the agents run with ``[storage] sync = "never"``
+    (acknowledge from the page cache and rely on replication, as JetStream does by default) —
+    never dlctl's default; measured so that each JetStream column has a dlctl column of the
+    same durability next to it."""
 
-    label = "dlctl (fsync)"
-    key = "dlctl"
-
-    def __init__(self, base: Path, args: argparse.Namespace, state: dict[str, Any]) -> None:
-        self.base, self.args, self.state = base, args, state
+    def __init__(self, base: Path, args: argparse.Namespace, state: dict[str, Any], sync_never: bool = False) -> None:
+        self.base, self.args, self.state, self.sync_never = base, args, state, sync_never
+        self.label = "dlctl (sync never)" if sync_never else "dlctl (fsync)"
+        self.key = "dlctl_sync_never" if sync_never else "dlctl"
+        self.env: dict[str, str] = {}
 
     def start(self) -> None:
-        sandbox = self.base / "sandbox"
-        env = {"DLCTL_CONFIG": str(sandbox / "config.toml"), "DLCTL_SANDBOX_DIR": str(sandbox)}
-        self.state["sandbox_env"] = env  # from here on, cleanup runs `sandbox down --purge`
-        dlctl(env, "--yes", "sandbox", "up", "--regions", "1", "--nodes-per-region", "3", "--dir", str(sandbox))
+        sandbox = self.base / ("sandbox-sync-never" if self.sync_never else "sandbox")
+        self.env = {"DLCTL_CONFIG": str(sandbox / "config.toml"), "DLCTL_SANDBOX_DIR": str(sandbox)}
+        self.state.setdefault("sandbox_envs", []).append(self.env)  # from here on, cleanup runs `sandbox down --purge`
+        dlctl(self.env, "--yes", "sandbox", "up", "--regions", "1", "--nodes-per-region", "3", "--dir", str(sandbox))
+        if self.sync_never:
+            configs = sorted(sandbox.glob("*/*/agent.toml"))
+            for config in configs:
+                text = config.read_text()
+                if "[storage]" in text:
+                    raise RuntimeError(f"{config} has a [storage] table already; cannot set sync = \"never\" safely")
+                config.write_text(text + '\n[storage]\nsync = "never"\n')
+            dlctl(self.env, "--yes", "agent", "restart")
+            progress(f"  {len(configs)} agents restarted with [storage] sync = \"never\"")
         for size in RECORD_SIZES:
-            dlctl(env, "--yes", "log", "create", f"bench{size}", "-e", "3", "-w", "3", "-a", "2")
+            dlctl(self.env, "--yes", "log", "create", f"bench{size}", "-e", "3", "-w", "3", "-a", "2")
 
     def round(self, size: int, sync_samples: int) -> dict[str, Any]:
         result = json.loads(
             dlctl(
-                self.state["sandbox_env"], "-q", "-o", "json", "bench", "write", f"bench{size}", "--record-size", str(size),
+                self.env, "-q", "-o", "json", "bench", "write", f"bench{size}", "--record-size", str(size),
                 "--records", str(self.args.records), "--runs", "1", "--sync-latency-samples", str(sync_samples),
             )
         )
@@ -466,13 +482,12 @@ def dlctl(env: dict[str, str], *argv: str, timeout: float = 600) -> str:
 
 
 def stop_dlctl(state: dict[str, Any]) -> None:
-    env = state.pop("sandbox_env", None)
-    if env is None:
-        return
-    try:
-        dlctl(env, "--yes", "sandbox", "down", "--purge", "--dir", env["DLCTL_SANDBOX_DIR"], timeout=120)
-    except Exception as exc:  # noqa: BLE001 - report and go on cleaning up
-        progress(f"warning: sandbox down failed: {exc}")
+    envs = state.pop("sandbox_envs", [])
+    for env in envs:
+        try:
+            dlctl(env, "--yes", "sandbox", "down", "--purge", "--dir", env["DLCTL_SANDBOX_DIR"], timeout=120)
+        except Exception as exc:  # noqa: BLE001 - report and go on cleaning up
+            progress(f"warning: sandbox down failed: {exc}")
 
 
 # -- measuring and reporting --------------------------------------------------------------------
@@ -569,6 +584,16 @@ def report(results: dict[str, Any], keys: list[str]) -> tuple[str, bool]:
             f"goal: dlctl single-record p99 <= JetStream's: {d99:.3f} ms vs {j99:.3f} ms "
             f"(dlctl no worse in {rounds_ok} of {len(dl['rounds'])} rounds) -> {'MET' if goal2 else 'MISSED'}"
         )
+    never = results.get("dlctl_sync_never")
+    if has_sync and never:
+        # The like-for-like durability column for JetStream's default: acknowledged from page caches.
+        n99 = never["100"]["sync_latency_ms"]["p99"]
+        rounds_ok = sum(n["100"]["sync_latency_ms"]["p99"] <= j["100"]["sync_latency_ms"]["p99"] for n, j in zip(never["rounds"], js["rounds"]))
+        n_ratio = never["100"]["records_per_second"] / js["100"]["records_per_second"]
+        lines.append(
+            f"same durability, no fsync (dlctl sync = never vs JetStream default): records/s at 100 B {n_ratio:.2f}x; "
+            f"single-record p99 {n99:.3f} ms vs {j99:.3f} ms (dlctl no worse in {rounds_ok} of {len(never['rounds'])} rounds)"
+        )
     always = results.get("jetstream_sync_always")
     if has_sync and always:
         # The like-for-like durability column: this JetStream fsyncs before it acknowledges, as dlctl does.
@@ -576,7 +601,7 @@ def report(results: dict[str, Any], keys: list[str]) -> tuple[str, bool]:
         rounds_ok = sum(d["100"]["sync_latency_ms"]["p99"] <= a["100"]["sync_latency_ms"]["p99"] for d, a in zip(dl["rounds"], always["rounds"]))
         a_ratio = dl["100"]["records_per_second"] / always["100"]["records_per_second"]
         lines.append(
-            f"same durability (JetStream with sync_interval: always): records/s at 100 B {a_ratio:.2f}x; "
+            f"same durability, fsync before the ack (dlctl vs JetStream sync_interval: always): records/s at 100 B {a_ratio:.2f}x; "
             f"single-record p99 {d99:.3f} ms vs {a99:.3f} ms (dlctl no worse in {rounds_ok} of {len(dl['rounds'])} rounds)"
         )
     floor = results.get("disk_floor")
@@ -609,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print every figure as JSON on stdout after the table")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (server logs, stores)")
+    parser.add_argument("--no-sync-never", action="store_true", help="skip the dlctl column with agents in sync = never (JetStream's default durability)")
     args = parser.parse_args(argv)
 
     missing = missing_prerequisites()
@@ -637,6 +663,8 @@ def main(argv: list[str] | None = None) -> int:
         if always:
             systems.append(JetStreamSystem(base / "js-always", procs, args, sync_always=True))
         systems.append(DlctlSystem(base, args, state))
+        if not args.no_sync_never:
+            systems.append(DlctlSystem(base, args, state, sync_never=True))
         for system in systems:
             progress(f"starting {system.label} ...")
             system.start()
