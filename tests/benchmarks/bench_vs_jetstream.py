@@ -547,6 +547,15 @@ def measure(systems: list[Any], floor: DiskFloor | None, args: argparse.Namespac
     return out
 
 
+def _p99(system: dict[str, Any]) -> float:
+    return system["100"]["sync_latency_ms"]["p99"]
+
+
+def _rounds_no_worse(ours: dict[str, Any], theirs: dict[str, Any]) -> int:
+    """Rounds in which our single-record p99 was at most theirs (round by round, as interleaved)."""
+    return sum(o["100"]["sync_latency_ms"]["p99"] <= t["100"]["sync_latency_ms"]["p99"] for o, t in zip(ours["rounds"], theirs["rounds"]))
+
+
 def report(results: dict[str, Any], keys: list[str]) -> tuple[str, bool]:
     js, dl = results["jetstream_default"], results["dlctl"]
     cols = [results[k]["label"] for k in keys] + ["dlctl / JetStream default"]
@@ -576,34 +585,25 @@ def report(results: dict[str, Any], keys: list[str]) -> tuple[str, bool]:
               f"(per round: {', '.join(f'{p:.1f}x' for p in paired)}) -> {'MET' if goal1 else 'MISSED'}"]
     ok = goal1
     if has_sync:
-        d99, j99 = dl["100"]["sync_latency_ms"]["p99"], js["100"]["sync_latency_ms"]["p99"]
-        rounds_ok = sum(d["100"]["sync_latency_ms"]["p99"] <= j["100"]["sync_latency_ms"]["p99"] for d, j in zip(dl["rounds"], js["rounds"]))
+        d99, j99 = _p99(dl), _p99(js)
         goal2 = d99 <= j99
         ok = ok and goal2
         lines.append(
             f"goal: dlctl single-record p99 <= JetStream's: {d99:.3f} ms vs {j99:.3f} ms "
-            f"(dlctl no worse in {rounds_ok} of {len(dl['rounds'])} rounds) -> {'MET' if goal2 else 'MISSED'}"
+            f"(dlctl no worse in {_rounds_no_worse(dl, js)} of {len(dl['rounds'])} rounds) -> {'MET' if goal2 else 'MISSED'}"
         )
-    never = results.get("dlctl_sync_never")
-    if has_sync and never:
-        # The like-for-like durability column for JetStream's default: acknowledged from page caches.
-        n99 = never["100"]["sync_latency_ms"]["p99"]
-        rounds_ok = sum(n["100"]["sync_latency_ms"]["p99"] <= j["100"]["sync_latency_ms"]["p99"] for n, j in zip(never["rounds"], js["rounds"]))
-        n_ratio = never["100"]["records_per_second"] / js["100"]["records_per_second"]
-        lines.append(
-            f"same durability, no fsync (dlctl sync = never vs JetStream default): records/s at 100 B {n_ratio:.2f}x; "
-            f"single-record p99 {n99:.3f} ms vs {j99:.3f} ms (dlctl no worse in {rounds_ok} of {len(never['rounds'])} rounds)"
+        # Each JetStream column next to the dlctl column of the same durability.
+        pairs = (
+            ("no fsync (dlctl sync = never vs JetStream default)", results.get("dlctl_sync_never"), js),
+            ("fsync before the ack (dlctl vs JetStream sync_interval: always)", dl, results.get("jetstream_sync_always")),
         )
-    always = results.get("jetstream_sync_always")
-    if has_sync and always:
-        # The like-for-like durability column: this JetStream fsyncs before it acknowledges, as dlctl does.
-        a99 = always["100"]["sync_latency_ms"]["p99"]
-        rounds_ok = sum(d["100"]["sync_latency_ms"]["p99"] <= a["100"]["sync_latency_ms"]["p99"] for d, a in zip(dl["rounds"], always["rounds"]))
-        a_ratio = dl["100"]["records_per_second"] / always["100"]["records_per_second"]
-        lines.append(
-            f"same durability, fsync before the ack (dlctl vs JetStream sync_interval: always): records/s at 100 B {a_ratio:.2f}x; "
-            f"single-record p99 {d99:.3f} ms vs {a99:.3f} ms (dlctl no worse in {rounds_ok} of {len(dl['rounds'])} rounds)"
-        )
+        for what, ours, theirs in pairs:
+            if ours and theirs:
+                lines.append(
+                    f"same durability, {what}: records/s at 100 B "
+                    f"{ours['100']['records_per_second'] / theirs['100']['records_per_second']:.2f}x; single-record p99 "
+                    f"{_p99(ours):.3f} ms vs {_p99(theirs):.3f} ms (dlctl no worse in {_rounds_no_worse(ours, theirs)} of {len(ours['rounds'])} rounds)"
+                )
     floor = results.get("disk_floor")
     if floor:
         lines.append(
