@@ -46,8 +46,8 @@ cache once durable: after the fdatasync, the thread that wrote the batch drops t
 (``POSIX_FADV_DONTNEED``; they are clean by then, so nothing is lost and nothing is written
 twice). A copy of gigabytes then cycles through a few warm pages instead of pushing the
 agent's hot data out of memory and making the kernel find (and on a VM, the host fault in)
-fresh pages for every byte: measured on this sandbox, a sink agent's CPU per GiB copied fell
-from about 2.4 to 0.6 s. Only in "always" mode: unsynced dirty pages would not be dropped.
+fresh pages for every byte: measured on this sandbox, the sink agents' CPU per GiB copied fell
+from about 3.0 to 1.5 s (tests/benchmarks/profile_bootstrap.py). Only in "always" mode: unsynced dirty pages would not be dropped.
 
 Metadata jobs (new files, markers, deletes: ``run_blocking``) run on a thread of their own,
 so a stream of data batches never delays a fence behind it. Their order with the data is
