@@ -551,7 +551,7 @@ class SegmentStore:
 
     def _accept(
         self, seg: Segment, encoded: bytes, n: int, entry_id: int, lac: int, length: int, crc: int,
-        recovery: bool, callback: Callable[[BaseException | None], None] | None, uncached: bool = False,
+        recovery: bool, callback: Callable[[BaseException | None], None] | None, uncached: bool,
     ) -> int:
         """Queue a verified entry (or find it stored already); returns the offset in ``seg`` it is
         durable at. ``callback``, if given, is told when it is."""

@@ -47,7 +47,8 @@ cache once durable: after the fdatasync, the thread that wrote the batch drops t
 twice). A copy of gigabytes then cycles through a few warm pages instead of pushing the
 agent's hot data out of memory and making the kernel find (and on a VM, the host fault in)
 fresh pages for every byte: measured on this sandbox, the sink agents' CPU per GiB copied fell
-from about 3.0 to 1.5 s (tests/benchmarks/profile_bootstrap.py). Only in "always" mode: unsynced dirty pages would not be dropped.
+from about 3.0 to 1.5 s (tests/benchmarks/profile_bootstrap.py). Only in "always" mode: unsynced
+dirty pages would not be dropped.
 
 Metadata jobs (new files, markers, deletes: ``run_blocking``) run on a thread of their own,
 so a stream of data batches never delays a fence behind it. Their order with the data is
@@ -351,7 +352,6 @@ class GroupCommitter:
         if self._sync_data:
             for slot in batch.segs.values():
                 self._fdatasync(slot.fd)
-            for slot in batch.segs.values():
                 if slot.uncached:
                     _drop_cached(slot)
 
