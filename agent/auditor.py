@@ -1,4 +1,5 @@
-"""The re-replication auditor (DESIGN.md §6): re-replicate what lost agents held, unattended.
+"""The re-replication auditor (DESIGN.md §6): re-replicate what lost agents held, and refill
+what live agents lack, unattended.
 
 Every agent with ``[auditor] enabled = true`` stands in a ZooKeeper election at
 ``/dlctl/<cluster>/auditor-election``; the one elected is the auditor. ZooKeeper sessions are
@@ -20,6 +21,12 @@ Switches: ``[auditor] enabled = false`` in an agent's configuration keeps that a
 election; ``{"enabled": false}`` in the znode ``/dlctl/<cluster>/auditor`` turns auditing off
 for the whole cluster (``dlctl cluster auditor disable``; ``dlctl.meta.roles``). While it is off, observations are dropped, so
 after switching it back on the grace period starts again.
+
+Live replicas too: at every check the elected auditor surveys the replicas the available agents
+hold against the completed segments' records (``dlctl.log.repair``) and refills, in place, every
+replica that is missing, in limbo (corrupt, cut, or forgotten with a replaced disk) or short of
+the entries its record names. The election makes it the only one repairing; repairs are
+idempotent (recovery adds of identical bytes, digest-verified), so one cut short is redone.
 
 Safety: the auditor acts only while elected *and* connected. When its ZooKeeper connection is
 suspended or its session lost, the re-replication under way is cancelled at once (it is
@@ -146,6 +153,7 @@ class Auditor(ElectedRole):
         self._retry_at = 0.0
         self._said: set[str] = set()  # messages logged once, not at every check
         self._threads: list[threading.Thread] = []
+        self.last_survey: Any = None  # the last replica-health survey (dlctl.log.repair.Survey)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -268,13 +276,14 @@ class Auditor(ElectedRole):
         for node in sorted(before - after):
             log.info("auditor: agent %s is back; nothing to re-replicate for it", node)
         due = self.tracker.due(now)
-        if not leading or not due:
-            if not due:
-                self._settled = None
+        if not due:
+            self._settled = None
+        if not leading:
             return due
-        if frozenset(due) == self._settled or now < self._retry_at:
-            return due
-        self._act(due)
+        if due and frozenset(due) != self._settled and now >= self._retry_at:
+            self._act(due)
+        if self._may_act():
+            self._repair_live()
         return due
 
     def _children(self, path: str) -> list[str]:
@@ -332,7 +341,10 @@ class Auditor(ElectedRole):
             ", ".join(due), self.settings.grace_seconds, len(actionable),
             f" (continuing operation {built.op_id})" if built.op_id else "",
         )
-        report = self._execute(built)
+        from dlctl.ops import rereplicate as rr
+
+        self.operations += 1
+        report = self._run_cancellable(lambda pool: rr.execute(self.meta, pool, built, parallel=self.parallel))
         if report is None:
             return
         if report["stuck"]:
@@ -351,12 +363,35 @@ class Auditor(ElectedRole):
                 report["operation"], report["committed"], report["segments"], report["entries"], report["bytes"], report["seconds"],
             )
 
-    def _execute(self, built: Any) -> dict[str, Any] | None:
-        """``rereplicate.execute`` on a private event loop, cancellable from other threads."""
-        from dlctl.log.pool import AgentPool
-        from dlctl.ops import rereplicate as rr
+    def _repair_live(self) -> None:
+        """Refill, in place, the replicas that live agents are missing or hold damaged or short
+        (dlctl.log.repair): the causes a gone-agent check cannot see."""
+        from dlctl.log import repair
 
-        async def go() -> dict[str, Any] | None:
+        async def work(pool: Any) -> tuple[Any, Any]:
+            found = await repair.survey(self.meta, pool)
+            if not any(p.cause in repair.REPAIRABLE for p in found.problems):
+                return found, None
+            return found, await repair.repair(self.meta, pool, found, parallel=self.parallel)
+
+        out = self._run_cancellable(work)
+        if out is None:
+            return
+        found, report = out
+        self.last_survey = found
+        if report is None:
+            return
+        for done in report.repaired:
+            log.warning("auditor: refilled %s replica of segment %d of log %r on %s (%d entries)", done["cause"], done["segment"], done["log"], done["node"], done["entries"])
+        for stuck in report.stuck:
+            self._say(f"auditor: cannot repair {stuck['cause']} replica of segment {stuck['segment']} of log {stuck['log']!r} on {stuck['node']}: {stuck['error']}", logging.ERROR)
+
+    def _run_cancellable(self, work: Callable[[Any], Any]) -> Any:
+        """``await work(pool)`` on a private event loop, cancellable from other threads (a lost
+        role or connection cancels it; the work is resumable or idempotent)."""
+        from dlctl.log.pool import AgentPool
+
+        async def go() -> Any:
             task = asyncio.current_task()
             assert task is not None
             with self._guard:
@@ -367,8 +402,7 @@ class Auditor(ElectedRole):
                 self._running = (asyncio.get_running_loop(), task)
             pool = AgentPool(self.meta, self.secret)
             try:
-                self.operations += 1
-                return await rr.execute(self.meta, pool, built, parallel=self.parallel)
+                return await work(pool)
             finally:
                 with self._guard:
                     self._running = None
@@ -377,6 +411,6 @@ class Auditor(ElectedRole):
         try:
             return asyncio.run(go())
         except asyncio.CancelledError:
-            log.warning("auditor: re-replication interrupted; its operation record lets the next run continue it")
+            log.warning("auditor: interrupted; the next run continues where this one stopped")
             return None
 

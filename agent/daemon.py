@@ -25,7 +25,7 @@ from dlctl.secrets import read_secret_file
 from .auditor import Auditor
 from .config import AgentConfig
 from .housekeeping import Housekeeping
-from .identity import ensure_identity
+from .disk import prepare_data_dir
 from .proxy import ProxyOptions, WriteProxy
 from .registry import Registration
 from .server import AgentServer
@@ -70,7 +70,13 @@ def _start_replication(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: 
 async def serve(config: AgentConfig) -> int:
     secret = read_secret_file(config.secret_file)
     zk_auth = ZkAuth.from_file(config.zk_auth_file) if config.zk_auth_file else None
-    ensure_identity(config.data_dir, config.cluster, config.node_id)
+    loop = asyncio.get_running_loop()
+    zk = await loop.run_in_executor(None, lambda: connect(config.zookeeper, zk_auth, session_timeout=config.session_timeout))
+    # Before the store opens: a new or wiped data directory marks what the node held as limbo,
+    # so it never answers "no such entry" for what its previous disk acknowledged (agent/disk.py).
+    disk = await loop.run_in_executor(None, prepare_data_dir, zk, config.cluster, config.node_id, config.data_dir, zk_auth)
+    if disk.fresh:
+        log.info("fresh data directory %s (disk %s): %d replica(s) to be re-copied", config.data_dir, disk.identity.disk_id, len(disk.forgotten))
 
     store = SegmentStore(
         config.data_dir,
@@ -87,7 +93,6 @@ async def serve(config: AgentConfig) -> int:
     if config.storage.sync == "never":
         log.warning("sync = never: acknowledged entries may be lost if this node loses power; only replication protects them")
 
-    loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     storage_failed = asyncio.Event()
 
@@ -103,7 +108,6 @@ async def serve(config: AgentConfig) -> int:
     server = AgentServer(store, secret, config.host, config.port)
     await server.start()
 
-    zk = await loop.run_in_executor(None, lambda: connect(config.zookeeper, zk_auth, session_timeout=config.session_timeout))
     registration = Registration(
         zk,
         config.cluster,

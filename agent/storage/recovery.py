@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,6 +237,30 @@ def read_limbo_marker(path: Path) -> LimboRecord:
         )
     except (OSError, ValueError, TypeError, AttributeError):
         return LimboRecord(log_id, seq, log_path, -1, "limbo marker present but unreadable")
+
+
+def write_limbo_markers(data_dir: Path, records: list[LimboRecord], fsync=os.fsync) -> None:
+    """Durably mark replicas limbo in a data directory no store has open (the store writes its
+    own markers while running). Each marker is fsynced, then each directory that gained one."""
+    dirs: set[Path] = set()
+    for record in records:
+        path = layout.segment_path(data_dir, (record.log_id, record.segment_seq), layout.LIMBO_SUFFIX)
+        for parent in (path.parent.parent, path.parent):
+            if not parent.is_dir():
+                parent.mkdir()
+                dirs.add(parent.parent)
+        doc = record.to_dict() | {"detected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview((json.dumps(doc, sort_keys=True) + "\n").encode())
+            while view:
+                view = view[os.write(fd, view) :]
+            fsync(fd)
+        finally:
+            os.close(fd)
+        dirs.add(path.parent)
+    for directory in sorted(dirs, key=lambda d: len(d.parts), reverse=True):  # children before parents
+        layout.fsync_path(directory, fsync)
 
 
 @dataclass

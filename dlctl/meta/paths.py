@@ -31,6 +31,15 @@ def available_node(cluster: str, node_id: str) -> str:
     return f"{available(cluster)}/{validate_name('node', node_id)}"
 
 
+def disks(cluster: str) -> str:
+    return f"{cluster_root(cluster)}/disks"
+
+
+def disk(cluster: str, node_id: str) -> str:
+    """The id of the data directory ``node_id`` last served from (dlagent.disk)."""
+    return f"{disks(cluster)}/{validate_name('node', node_id)}"
+
+
 def counters(cluster: str) -> str:
     return f"{cluster_root(cluster)}/counters"
 
@@ -66,7 +75,7 @@ def log_truncation(cluster: str, name: str) -> str:
     return f"{log(cluster, name)}/truncation"
 
 
-CLUSTER_CHILDREN = ("nodes", "available", "logs", "counters", "streams", "pins", "ops")
+CLUSTER_CHILDREN = ("nodes", "available", "disks", "logs", "counters", "streams", "pins", "ops")
 
 
 # -- replication streams (sink side; DESIGN.md §3, §7) -----------------------------------------

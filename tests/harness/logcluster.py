@@ -9,6 +9,7 @@ agents over the segment metadata (not through the log reader, so writer tests ju
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -54,13 +55,16 @@ class AgentCluster:
             node.wait_ready(self.admin)
 
 
-def agent_cluster(zk_server: ZooKeeperServer, base: Path, label: str, nodes: tuple[str, ...] = NODES) -> Iterator[AgentCluster]:
-    """Body of a module-scoped fixture: ``yield from agent_cluster(...)``."""
+def agent_cluster(
+    zk_server: ZooKeeperServer, base: Path, label: str, nodes: tuple[str, ...] = NODES, extra_config: str = ""
+) -> Iterator[AgentCluster]:
+    """Body of a module-scoped fixture: ``yield from agent_cluster(...)``; ``extra_config`` is
+    TOML appended to every agent's configuration."""
     ns = ZkNamespace(zk_server, label=label)
     procs = ProcessRegistry(base / "procs")
     try:
         admin = ns.client()
-        agents = {n: AgentNode(procs, base, ns.connect_string, cluster=CLUSTER, node_id=n) for n in nodes}
+        agents = {n: AgentNode(procs, base, ns.connect_string, cluster=CLUSTER, node_id=n, extra_config=extra_config) for n in nodes}
         for node in agents.values():
             node.start(wait=False)
         for node in agents.values():
@@ -81,7 +85,8 @@ class LogEnv:
 
     @classmethod
     def for_test(cls, cluster: AgentCluster, test_name: str) -> LogEnv:
-        return cls(cluster, test_name.replace("_", "-")[:60].strip("-").lower())
+        # Parametrized ids ("name[11]") carry characters log names may not.
+        return cls(cluster, re.sub(r"[^a-z0-9-]+", "-", test_name.lower().replace("_", "-"))[:60].strip("-"))
 
     def meta(self, session_timeout: float = 10.0, connect: str | None = None) -> MetaStore:
         client = self.cluster.ns.client(timeout=session_timeout) if connect is None else make_client(connect, timeout=session_timeout)
@@ -105,6 +110,21 @@ class LogEnv:
                 c.close()
             except Exception:  # noqa: BLE001 - teardown goes on
                 pass
+
+
+E = TypeVar("E", bound=LogEnv)
+
+
+def healed_env(cluster: AgentCluster, test_name: str, cls: type[E] = LogEnv) -> Iterator[E]:  # type: ignore[assignment]
+    """Body of a per-test fixture: the cluster healed before and after, a fresh log name, and
+    the test's writers and sessions closed after it."""
+    cluster.heal()
+    env = cls.for_test(cluster, test_name)
+    try:
+        yield env
+    finally:
+        env.close()
+        cluster.heal()
 
 
 def run(coro: Awaitable[T], timeout: float = 60.0) -> T:

@@ -23,7 +23,7 @@ from dlctl.log.ownership import owner_info
 from dlctl.log.producer import LogProducer, ProducerOptions, ProxyRouter
 from dlctl.log.records import encode_record
 from harness.agents import DEFAULT_SECRET, AgentNode
-from harness.logcluster import CLUSTER, AgentCluster, LogEnv, eventually, read_back, run
+from harness.logcluster import CLUSTER, AgentCluster, LogEnv, eventually, healed_env, read_back, run
 from harness.procs import ProcessRegistry
 from harness.zk import ZkNamespace
 
@@ -60,11 +60,7 @@ def cluster(zk_server, tmp_path_factory):
 
 @pytest.fixture
 def env(cluster, request):
-    cluster.heal()
-    e = LogEnv.for_test(cluster, request.node.name)
-    yield e
-    e.close()
-    cluster.heal()
+    yield from healed_env(cluster, request.node.name)
 
 
 def owner_node(env: LogEnv) -> str | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import textwrap
 import time
 from typing import Any
 
@@ -26,8 +25,9 @@ from dlctl.log.recovery import RecoveryError, fence_log, recover_log, recover_se
 from dlctl.log.writer import LogWriter, WriterDeposedError
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 from dlctl.meta.store import MetaStore
+from harness import owner_child
 from harness.procs import wait_until
-from harness.logcluster import NODES, LogEnv, agent_cluster, eventually, run
+from harness.logcluster import NODES, LogEnv, agent_cluster, eventually, healed_env, run
 from harness.logcluster import read_back as read_back_all
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
@@ -50,11 +50,7 @@ class Env(LogEnv):
 
 @pytest.fixture
 def env(cluster, request):
-    cluster.heal()
-    e = Env.for_test(cluster, request.node.name)
-    yield e
-    e.close()
-    cluster.heal()
+    yield from healed_env(cluster, request.node.name, Env)
 
 
 async def read_back(meta: MetaStore, pool: AgentPool, name: str) -> list[tuple[DLSN, Record]]:
@@ -419,55 +415,17 @@ def test_fenced_replicas_refuse_the_old_writers_adds_but_accept_recovery_adds(en
 
 # -- an owner SIGKILLed mid-stream ---------------------------------------------------------------
 
-_CHILD = textwrap.dedent(
-    """
-    import asyncio, sys
-    from pathlib import Path
-    from dlctl.log.pool import AgentPool
-    from dlctl.log.writer import LogWriter
-    from dlctl.meta.store import MetaStore
-    from dlctl.meta.zk import connect
-    from dlctl.secrets import read_secret_file
-
-    async def main(zk, name, secret_file, acked_path):
-        meta = MetaStore(connect(zk, session_timeout=1.0), "c1")
-        writer = await LogWriter.open(meta, AgentPool(meta, read_secret_file(Path(secret_file))), name, owner_id="child")
-        out = open(acked_path, "w", buffering=1)  # line-buffered: a line is in the file once acknowledged
-
-        def acked(fut, i):
-            if fut.exception() is None:
-                out.write(f"{i} {fut.result()}\\n")
-
-        i = 0
-        while True:
-            for _ in range(40):
-                writer.submit(f"rec-{i}".encode()).add_done_callback(lambda f, i=i: acked(f, i))
-                i += 1
-            await writer.wait_writable()
-            await asyncio.sleep(0.002)
-
-    asyncio.run(main(*sys.argv[1:]))
-    """
-)
-
-
 def test_owner_sigkilled_mid_stream_next_owner_recovers_every_acknowledged_record_in_order_without_duplicates(env, tmp_path):
     env.create_log()
-    script = tmp_path / "owner.py"
-    script.write_text(_CHILD)
     acked_path = tmp_path / "acked.txt"
     node = env.cluster.agents["n1"]
     child = env.cluster.procs.start(
-        [sys.executable, script, env.cluster.ns.connect_string, env.name, node.secret_file, acked_path], name="owner-child"
+        [sys.executable, owner_child.SCRIPT, env.cluster.ns.connect_string, env.name, node.secret_file, acked_path], name="owner-child"
     )
 
-    def acked_lines() -> list[str]:
-        text = acked_path.read_text() if acked_path.exists() else ""
-        return [line for line in text.split("\n")[:-1]]  # the last piece may be a torn line
-
-    wait_until(lambda: len(acked_lines()) >= 3000, 30, message="3000 acknowledged records", watch=child)
+    wait_until(lambda: len(owner_child.acked_records(acked_path)) >= 3000, 30, message="3000 acknowledged records", watch=child)
     child.kill()
-    acked = [(int(i), DLSN.parse(d)) for i, d in (line.split() for line in acked_lines())]
+    acked = [(i, DLSN.parse(d)) for i, d in owner_child.acked_records(acked_path)]
 
     async def scenario():
         writer = await env.writer(ownership_wait=20)

@@ -22,7 +22,7 @@ from dlctl.log.writer import TxidOrderError, WriterClosedError, WriterDeposedErr
 from dlctl.meta.records import LogConfig, SegmentState
 from harness.agents import AgentNode
 from harness.procs import wait_until
-from harness.logcluster import CLUSTER, LogEnv, agent_cluster, eventually, read_back, read_entry, run
+from harness.logcluster import CLUSTER, agent_cluster, eventually, healed_env, read_back, read_entry, run
 from harness.zk import expire_session
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
@@ -37,11 +37,7 @@ def cluster(zk_server, tmp_path_factory):
 @pytest.fixture
 def env(cluster, request):
     """Per test: a fresh log name and a way to make writers (each with its own ZooKeeper session)."""
-    cluster.heal()
-    e = LogEnv.for_test(cluster, request.node.name)
-    yield e
-    e.close()
-    cluster.heal()
+    yield from healed_env(cluster, request.node.name)
 
 
 # -- appending -----------------------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""The pure rules of dlctl.log.repair: which members of a completed segment are under-replicated."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dlctl.log.protocol import SegmentInfo
+from dlctl.log.repair import Cause, expected_ids, replica_cause, segment_problems
+from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
+
+
+def completed(nodes=("a", "b", "c"), w=3, a=2, last=9, state=SegmentState.COMPLETED, min_active=0, changes=None) -> SegmentRecord:
+    ensembles = changes or (EnsembleChange(0, nodes),)
+    return SegmentRecord(7, state, ensembles, w, a, 0.0, last_entry_id=last, min_active_entry=min_active)
+
+
+def info(entries: int, last: int, limbo: bool = False) -> SegmentInfo:
+    return SegmentInfo(1, 7, entries, last, last, True, limbo, 100)
+
+
+def listing(**by_node: SegmentInfo | None) -> dict:
+    return {node: ({} if i is None else {(1, 7): i}) for node, i in by_node.items()}
+
+
+def test_every_member_holding_every_entry_is_healthy():
+    seg = completed()
+    assert segment_problems("l", 1, seg, listing(a=info(10, 9), b=info(10, 9), c=info(10, 9)), {}) == []
+
+
+def test_a_member_short_of_the_last_entry_is_under_replicated_with_the_counts():
+    (p,) = segment_problems("l", 1, completed(), listing(a=info(10, 9), b=info(4, 3), c=info(10, 9)), {})
+    assert (p.node, p.cause, p.expected_entries, p.held_entries) == ("b", Cause.SHORT, 10, 4)
+
+
+def test_a_member_with_a_gap_is_short_even_when_its_last_entry_is_there():
+    (p,) = segment_problems("l", 1, completed(), listing(a=info(10, 9), b=info(10, 9), c=info(9, 9)), {})
+    assert (p.node, p.cause) == ("c", Cause.SHORT)
+
+
+def test_missing_limbo_down_and_unreachable_members_are_told_apart():
+    problems = segment_problems("l", 1, completed(nodes=("a", "b", "c", "d"), w=4), listing(a=None, b=info(10, 9, limbo=True)), {"c": "timed out"})
+    assert {(p.node, p.cause) for p in problems} == {("a", Cause.MISSING), ("b", Cause.LIMBO), ("c", Cause.UNREACHABLE), ("d", Cause.AGENT_DOWN)}
+
+
+def test_in_progress_and_truncated_segments_are_not_audited():
+    short = listing(a=None, b=None, c=None)
+    for state in (SegmentState.INPROGRESS, SegmentState.TRUNCATED):
+        assert segment_problems("l", 1, completed(state=state), short, {}) == []
+
+
+def test_an_empty_completed_segment_needs_nothing_from_anyone():
+    assert segment_problems("l", 1, completed(last=-1), listing(a=None, b=None, c=None), {}) == []
+
+
+def test_truncated_entries_of_a_partially_truncated_segment_are_not_expected():
+    seg = completed(state=SegmentState.PARTIALLY_TRUNCATED, min_active=5)
+    assert expected_ids(seg, "a") == list(range(5, 10))
+    assert replica_cause(expected_ids(seg, "a"), info(5, 9)) == (None, 5)
+
+
+def test_striped_members_are_expected_to_hold_only_their_write_sets_entries():
+    seg = completed(nodes=("a", "b", "c"), w=2, last=5)  # entry e on members e%3 and (e+1)%3
+    assert expected_ids(seg, "a") == [0, 2, 3, 5]
+    assert segment_problems("l", 1, seg, listing(a=info(4, 5), b=info(4, 4), c=info(4, 5)), {}) == []
+
+
+def test_an_ensemble_change_moves_later_entries_to_the_new_member():
+    seg = completed(changes=(EnsembleChange(0, ("a", "b", "c")), EnsembleChange(5, ("a", "b", "d"))))
+    assert expected_ids(seg, "c") == list(range(5))
+    assert expected_ids(seg, "d") == list(range(5, 10))
+    (p,) = segment_problems("l", 1, seg, listing(a=info(10, 9), b=info(10, 9), c=info(5, 4), d=info(3, 7)), {})
+    assert (p.node, p.cause) == ("d", Cause.SHORT)
+
+
+@given(st.integers(-1, 40), st.integers(0, 40), st.integers(-1, 45))
+def test_a_replica_is_healthy_exactly_when_it_is_not_limbo_and_holds_at_least_every_expected_entry(last, held, held_last):
+    expected = list(range(last + 1))
+    cause, _ = replica_cause(expected, info(held, held_last))
+    healthy = not expected or (held_last >= last and held >= len(expected))
+    assert (cause is None) == healthy
+    assert replica_cause(expected, info(held, held_last, limbo=True))[0] is Cause.LIMBO
