@@ -51,11 +51,13 @@ def read_identity(data_dir: Path) -> Identity | None:
 
 
 def holds_unidentified_data(data_dir: Path) -> bool:
-    """Segments but no identity record: data whose owner nobody can vouch for."""
+    """Segment files but no identity record: data whose owner nobody can vouch for. Limbo
+    markers alone hold no data (a fresh directory's start cut short leaves them: dlagent.disk)."""
+    segments = data_dir / "segments"
     return (
         not (data_dir / IDENTITY_FILE).exists()
-        and (data_dir / "segments").exists()
-        and any(p.name != IDENTITY_FILE for p in data_dir.iterdir())
+        and segments.is_dir()
+        and any(p.suffix != ".limbo" for p in segments.rglob("*") if p.is_file())
     )
 
 
