@@ -1,10 +1,11 @@
-"""``dlctl cluster init|status|roles`` and ``dlctl cluster auditor enable|disable``."""
+"""``dlctl cluster init|status|check|roles`` and ``dlctl cluster auditor enable|disable``."""
 
 from __future__ import annotations
 
 import click
 
 from ..ops import cluster as cluster_ops
+from ..ops import health as health_ops
 from ..ops import roles as roles_ops
 from ..output import Table, human_bytes
 from ..plan import Plan
@@ -41,6 +42,28 @@ def cluster_status(app: AppContext, timeout: float) -> None:
             caption=f"reclaimed by garbage collection: {human_bytes(reclaimed)} on the agents that answered",
         )
     )
+
+
+@cluster_group.command("check")
+@click.option("--log", "logs", multiple=True, help="Check only this log (repeatable); default: every log.")
+@command_options
+@pass_app
+def cluster_check(app: AppContext, logs: tuple[str, ...]) -> None:
+    """Monitoring check of replica health: exit 0 healthy, 1 degraded (an under-replicated
+    completed segment, a limbo replica, an agent down), 2 critical (some entry has fewer healthy
+    copies than its ack quorum). Lists each under-replicated segment with its members' causes:
+    missing, limbo (corrupt, cut, or lost with a replaced disk), short, unreachable, agent down."""
+    result = health_ops.check(app.session(), logs or None)
+    if app.output == "table":
+        app.stdout.print(
+            f"{result['status']}: cluster {result['cluster']}: {result['segments_checked']} completed segment(s) checked, "
+            f"{result['under_replicated_segments']} under-replicated" + "".join(f"\n  {p}" for p in result["problems"]),
+            markup=False, highlight=False,
+        )
+    else:
+        app.render(result)
+    if result["code"]:
+        raise click.exceptions.Exit(result["code"])
 
 
 @cluster_group.command("roles")

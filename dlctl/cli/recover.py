@@ -1,4 +1,4 @@
-"""``dlctl fence LOG`` and ``dlctl recover log LOG``."""
+"""``dlctl fence LOG``, ``dlctl recover log LOG``, ``recover under-replicated`` and the re-replication of lost agents."""
 
 from __future__ import annotations
 
@@ -38,6 +38,20 @@ def recover_log_command(app: AppContext, log: str, force: bool, timeout: float) 
     """Fence and recover LOG's in-progress segment and close it; report what was recovered
     (LAC, entries found past it and re-replicated, the last entry, unreachable replicas)."""
     return recover_ops.recover_plan(app.session(), log, force=force, timeout=timeout)
+
+
+@recover_group.command("under-replicated")
+@click.option("--log", "logs", multiple=True, help="Repair only this log's segments (repeatable); default: every log.")
+@mutating(confirm=True)
+def recover_under_replicated_command(app: AppContext, logs: tuple[str, ...]) -> Plan:
+    """Refill now, in place, every replica of a completed segment that a live agent is missing
+    or holds in limbo or short (what `dlctl cluster check` lists): entries are copied from the
+    segment's healthy members and the copy is verified by digest. The elected auditor does the
+    same unattended at every check; replicas on agents that are down are left to `recover node`."""
+    from ..ops import health as health_ops
+
+    session = app.session()
+    return health_ops.repair_plan(session, health_ops.survey(session, logs or None))
 
 
 # -- re-replication: `recover node ID…` and `recover region NAME` ----------------------------------

@@ -39,7 +39,7 @@ from ..meta.records import SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
 from .errors import AgentError, NoSuchSegmentError
 from .protocol import SegmentInfo
-from .rereplication import CopyProgress, CopyResult, StuckError, copy_replica, entries_on, lost_ranges, members
+from .rereplication import CopyProgress, CopyResult, StuckError, copy_replica, entries_on, lost_ranges, members, spans
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,20 @@ def segment_problems(
     return out
 
 
+def fewest_copies(segment: SegmentRecord, unhealthy: Collection[str]) -> int:
+    """The fewest healthy replicas any active entry of ``segment`` has when the members in
+    ``unhealthy`` hold nothing usable (W when all are healthy; 0: some entry has none)."""
+    fewest = segment.write_quorum
+    for span in spans(segment):
+        if span.last < segment.min_active_entry:
+            continue
+        e = len(span.nodes)
+        for start in range(min(e, span.last - span.first + 1)):
+            write_set = [span.nodes[(span.first + start + i) % e] for i in range(segment.write_quorum)]
+            fewest = min(fewest, sum(n not in unhealthy for n in write_set))
+    return fewest
+
+
 # -- the survey ------------------------------------------------------------------------------------
 
 
@@ -136,6 +150,11 @@ class Survey:
     problems: list[ReplicaProblem] = field(default_factory=list)
     segments_checked: int = 0
     agents: dict[str, str] = field(default_factory=dict)  # node -> "up" or why not
+    segments: dict[tuple[str, int], SegmentRecord] = field(default_factory=dict)  # the under-replicated ones
+
+    def fewest_copies(self) -> dict[tuple[str, int], int]:
+        """Per under-replicated segment, the fewest healthy copies any of its entries has."""
+        return {key: fewest_copies(self.segments[key], {p.node for p in found}) for key, found in self.under_replicated().items()}
 
     def under_replicated(self) -> dict[tuple[str, int], list[ReplicaProblem]]:
         out: dict[tuple[str, int], list[ReplicaProblem]] = {}
@@ -144,10 +163,11 @@ class Survey:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        copies = self.fewest_copies()
         return {
             "segments_checked": self.segments_checked,
             "under_replicated_segments": len(self.under_replicated()),
-            "problems": [p.to_dict() for p in self.problems],
+            "problems": [p.to_dict() | {"healthy_copies": copies[(p.log, p.segment)]} for p in self.problems],
             "agents": dict(sorted(self.agents.items())),
         }
 
@@ -196,7 +216,10 @@ async def survey(meta: MetaStore, pool: Any, logs: Collection[str] | None = None
         for seg in segments:
             if seg.value.state in AUDITED_STATES:
                 result.segments_checked += 1
-                result.problems.extend(segment_problems(name, log_id, seg.value, listings, unreachable))
+                found = segment_problems(name, log_id, seg.value, listings, unreachable)
+                if found:
+                    result.problems.extend(found)
+                    result.segments[(name, seg.value.seq)] = seg.value
     for problem in result.problems:
         if problem.cause is Cause.AGENT_DOWN:
             result.agents.setdefault(problem.node, "down")

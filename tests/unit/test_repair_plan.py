@@ -80,3 +80,16 @@ def test_a_replica_is_healthy_exactly_when_it_is_not_limbo_and_holds_at_least_ev
     healthy = not expected or (held_last >= last and held >= len(expected))
     assert (cause is None) == healthy
     assert replica_cause(expected, info(held, held_last, limbo=True))[0] is Cause.LIMBO
+
+
+def test_fewest_copies_counts_the_worst_write_set():
+    from dlctl.log.repair import fewest_copies
+
+    assert fewest_copies(completed(), set()) == 3
+    assert fewest_copies(completed(), {"b"}) == 2
+    assert fewest_copies(completed(), {"a", "b", "c"}) == 0
+    striped = completed(nodes=("a", "b", "c", "d"), w=2, last=7)  # write sets ab, bc, cd, da
+    assert fewest_copies(striped, {"a"}) == 1
+    assert fewest_copies(striped, {"a", "c"}) == 1
+    assert fewest_copies(striped, {"a", "b"}) == 0
+    assert fewest_copies(completed(nodes=("a", "b", "c", "d"), w=2, last=0), {"c", "d"}) == 2  # one entry: set ab only

@@ -1,0 +1,113 @@
+"""Redundancy that erodes is seen and repaired (issue 18 items 1, 2 and 5), on a real sandbox.
+
+A member of E = W = 3, A = 2 is SIGSTOPped mid-stream until the writer drops it and rolls to a
+fresh ensemble; resumed, its replica of the closed segment is short. ``dlctl cluster check``
+reports exactly that member and cause, ``recover under-replicated`` refills it in place, and
+afterwards every member's digest of the segment agrees and the check exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlctl import inventory
+from dlctl.config import ConfigLocation
+from dlctl.log.pool import AgentPool
+from dlctl.log.writer import LogWriter
+from dlctl.meta.records import SegmentState
+from dlctl.ops.session import ClusterSession
+from harness.logcluster import eventually
+
+pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
+
+
+def dlctl(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dlctl.cli", *argv], capture_output=True, text=True, timeout=180, env={**os.environ, **env})
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sbx-health")
+    env = {"DLCTL_SANDBOX_DIR": str(base), "DLCTL_CONFIG": str(base / "config.toml")}
+    up = dlctl(env, "--yes", "sandbox", "up", "--regions", "1", "--nodes-per-region", "4")
+    assert up.returncode == 0, up.stderr
+    yield env
+    dlctl(env, "--yes", "sandbox", "down", "--purge")
+
+
+def _pids(env: dict[str, str]) -> dict[str, int]:
+    status = json.loads(dlctl(env, "-o", "json", "sandbox", "status").stdout)
+    return {n["node"]: n["pid"] for n in status["nodes"]}
+
+
+async def _digests(session: ClusterSession, log_id: int, seg) -> set[tuple[int, str]]:
+    pool = AgentPool(session.meta, session.secret)
+    try:
+        return {
+            (d.entries, d.digest)
+            for d in [await (await pool.client(n)).digest(log_id, seg.seq, 0, seg.last_entry_id) for n in seg.ensembles[0].nodes]
+        }
+    finally:
+        await pool.close()
+
+
+def test_a_member_dropped_mid_segment_is_reported_short_then_refilled_and_the_check_turns_ok(sandbox):
+    assert dlctl(sandbox, "--yes", "cluster", "auditor", "disable").returncode == 0  # the CLI repairs, not the auditor
+    assert dlctl(sandbox, "log", "create", "sagging").returncode == 0
+    session = ClusterSession(inventory.load(ConfigLocation(Path(sandbox["DLCTL_CONFIG"]), "test")).cluster(None))
+    pids = _pids(sandbox)
+
+    async def write_past_a_stopped_member() -> str:
+        pool = AgentPool(session.meta, session.secret, request_timeout=1.0)
+        writer = await LogWriter.open(session.meta, pool, "sagging", ensemble_retry=0.2)
+        for i in range(300):
+            writer.submit(f"r{i}".encode())
+        await writer.flush()
+        first = session.meta.segments("sagging")[0].value
+        stopped = first.ensembles[0].nodes[1]
+        os.kill(pids[stopped], signal.SIGSTOP)
+        try:
+            i = 300
+            while len(session.meta.segments("sagging")) < 2:  # until the writer rolled away from it
+                for _ in range(20):
+                    writer.submit(f"r{i}".encode())
+                    i += 1
+                await writer.flush()
+            await writer.close()
+        finally:
+            os.kill(pids[stopped], signal.SIGCONT)
+        await pool.close()
+        return stopped
+
+    stopped = asyncio.run(asyncio.wait_for(write_past_a_stopped_member(), 120))
+    log_id = session.meta.get_log("sagging").value.log_id
+    first = session.meta.segments("sagging")[0].value
+    assert first.state is SegmentState.COMPLETED and stopped in first.ensembles[0].nodes
+
+    checked = dlctl(sandbox, "-o", "json", "cluster", "check")
+    report = json.loads(checked.stdout)
+    assert checked.returncode == 1 and report["status"] == "DEGRADED", checked.stdout + checked.stderr
+    (problem,) = [p for p in report["problems"] if p["log"] == "sagging"]
+    assert (problem["segment"], problem["node"], problem["cause"]) == (first.seq, stopped, "short")
+    assert problem["held_entries"] < problem["expected_entries"] == first.last_entry_id + 1
+    assert len(asyncio.run(_digests(session, log_id, first))) == 2  # the short member disagrees
+
+    dry = json.loads(dlctl(sandbox, "-o", "json", "recover", "under-replicated", "--log", "sagging", "--dry-run").stdout)
+    assert [s["action"] for s in dry["steps"]] == ["refill"] and stopped in dry["steps"][0]["target"]
+    applied = dlctl(sandbox, "-o", "json", "--yes", "recover", "under-replicated", "--log", "sagging")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+
+    ((entries, _digest),) = asyncio.run(_digests(session, log_id, first))  # one answer: every member agrees
+    assert entries == first.last_entry_id + 1
+    again = dlctl(sandbox, "-o", "json", "cluster", "check", "--log", "sagging")
+    assert again.returncode == 0 and json.loads(again.stdout)["status"] == "OK", again.stdout
+    session.close()
+    assert dlctl(sandbox, "--yes", "cluster", "auditor", "enable").returncode == 0
