@@ -4,6 +4,7 @@
     <data_dir>/segments/<log_id:016x>/<seq:016x>.log     the entries, append-only
     <data_dir>/segments/<log_id:016x>/<seq:016x>.fenced  exists => fenced (durable marker)
     <data_dir>/segments/<log_id:016x>/<seq:016x>.limbo   exists => limbo (JSON: where, why)
+    <data_dir>/segments/<log_id:016x>/<seq:016x>.acked   bytes of the .log known durable (u64 + CRC-32C)
 
 Paths are built with fixed-width hex of integers checked to be in range, so nothing that
 comes from the network can name a file outside ``segments/``; directory listings are parsed
@@ -26,11 +27,12 @@ LOCK_FILE = "LOCK"
 LOG_SUFFIX = ".log"
 FENCED_SUFFIX = ".fenced"
 LIMBO_SUFFIX = ".limbo"
-SUFFIXES = (LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX)
+ACKED_SUFFIX = ".acked"
+SUFFIXES = (LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX, ACKED_SUFFIX)
 
 ENTRY_ID_MAX = 2**63 - 1
 _HEX16 = re.compile(r"[0-9a-f]{16}")
-_FILE = re.compile(r"([0-9a-f]{16})(\.log|\.fenced|\.limbo)")
+_FILE = re.compile(r"([0-9a-f]{16})(\.log|\.fenced|\.limbo|\.acked)")
 
 Key = tuple[int, int]  # (log id, segment seq)
 

@@ -239,6 +239,32 @@ def read_limbo_marker(path: Path) -> LimboRecord:
         return LimboRecord(log_id, seq, log_path, -1, "limbo marker present but unreadable")
 
 
+# The acknowledged length of a replica file, kept beside it (``<seq>.acked``): how many bytes of
+# the .log were durable when it was last recorded (the store records it about once a second
+# while a segment takes data, and when the store closes). A file found shorter at start-up was
+# cut while nobody watched: it is put in limbo, never trusted to say what it lacks.
+ACKED = struct.Struct(">QI")  # durable length, CRC-32C of its 8 bytes
+_LENGTH = struct.Struct(">Q")
+
+
+def encode_acked(length: int) -> bytes:
+    head = _LENGTH.pack(length)
+    return ACKED.pack(length, crc32c(head))
+
+
+def read_acked(path: Path) -> int | None:
+    """The length recorded in an .acked file; None when it is missing, torn or unreadable (then
+    nothing is claimed: the check is an extra safeguard, not a source of truth)."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if len(raw) != ACKED.size:
+        return None
+    length, crc = ACKED.unpack(raw)
+    return length if crc32c(raw[:8]) == crc else None
+
+
 def write_limbo_markers(data_dir: Path, records: list[LimboRecord], fsync=os.fsync) -> None:
     """Durably mark replicas limbo in a data directory no store has open (the store writes its
     own markers while running). Each marker is fsynced, then each directory that gained one."""
@@ -274,15 +300,25 @@ class SegmentCheck:
     marker: LimboRecord | None  # a .limbo marker from an earlier run
     scan: ScanResult | None = None
     read_error: str | None = None
+    acked: int | None = None  # the length its .acked file records as durable, if any
 
     @property
     def corruption(self) -> LimboRecord | None:
-        """Newly found corruption before valid data (needs limbo), if any."""
+        """Newly found corruption before valid data, or data missing that was acknowledged
+        (needs limbo), if any."""
         if self.read_error is not None:
             return LimboRecord(*self.key, str(self.path), -1, f"unreadable: {self.read_error}")
         scan = self.scan
         if scan is not None and scan.corrupt_reason is not None:
             return LimboRecord(*self.key, str(self.path), scan.valid_end, scan.corrupt_reason, scan.next_valid_offset)
+        if self.acked:
+            if not self.has_log:
+                return LimboRecord(*self.key, str(self.path), 0, f"replica file missing; {self.acked} bytes of it were acknowledged")
+            if scan is not None and scan.valid_end < self.acked:
+                return LimboRecord(
+                    *self.key, str(self.path), scan.valid_end,
+                    f"file holds {scan.valid_end} valid bytes but {self.acked} were acknowledged (cut while the agent was down?)",
+                )
         return None
 
     @property
@@ -304,6 +340,8 @@ def inspect_segment(data_dir: Path, key: tuple[int, int], files: set[str]) -> Se
     if layout.LIMBO_SUFFIX in files:
         marker = read_limbo_marker(layout.segment_path(data_dir, key, layout.LIMBO_SUFFIX))
     check = SegmentCheck(key, path, LOG_SUFFIX in files, layout.FENCED_SUFFIX in files, marker)
+    if layout.ACKED_SUFFIX in files:
+        check.acked = read_acked(layout.segment_path(data_dir, key, layout.ACKED_SUFFIX))
     if check.has_log:
         try:
             check.scan = scan_file(path, *key)

@@ -21,7 +21,7 @@ log = logging.getLogger("dlagent.storage")
 class Segment:
     __slots__ = (
         "key", "log_id", "seq", "path", "index", "lac", "size", "durable", "mem",
-        "fenced", "fence_durable", "fencing", "limbo", "fd", "alloc_end",
+        "fenced", "fence_durable", "fencing", "limbo", "fd", "alloc_end", "acked",
     )
 
     def __init__(self, key: Key, path: Path, index: EntryIndex | None = None, size: int = 0, lac: int = -1) -> None:
@@ -44,6 +44,8 @@ class Segment:
         self.fd: int | None = None
         # The file's length: ``size`` plus space preallocated ahead of the data (zeros).
         self.alloc_end = size
+        # The durable length last recorded in the replica's .acked file (0: none yet).
+        self.acked = 0
 
     @property
     def pinned(self) -> bool:

@@ -12,6 +12,8 @@ What is made durable when:
 - a fence: every entry accepted before it (their batch), then the .fenced marker file and
   its directory, before fence() returns;
 - limbo: the .limbo marker file and its directory, when the corruption is found;
+- the acknowledged length: each growing replica's .acked file, about every ACKED_SECONDS and at
+  a clean close (a file found shorter at start-up goes to limbo: it was cut, see recovery.py);
 - a cut tail: ftruncate + fsync of the file during open(), before anything is served;
 - a delete: unlink of the files, then an fsync of the directory, shared by the deletes that
   arrive within SETTLE_DELAY (a collection deletes many replicas of one log in a row).
@@ -44,9 +46,9 @@ from dlctl.log.errors import (
 from dlctl.log.format import FORMAT_VERSION, HEADER_SIZE, KNOWN_FLAGS, MAGIC, MAX_PAYLOAD, CorruptEntry, crc32c, decode_header
 
 from . import layout
-from .layout import FENCED_SUFFIX, LIMBO_SUFFIX, LOG_SUFFIX, DirLock, Key, check_entry_id, check_segment_ids
+from .layout import ACKED_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX, LOG_SUFFIX, DirLock, Key, check_entry_id, check_segment_ids
 from .recovery import HEADER_STRUCT as _HDR
-from .recovery import inspect_segment
+from .recovery import encode_acked, inspect_segment
 from .segment import FdCache, Segment
 from .sync import GroupCommitter
 from .types import Digest, FenceResult, LimboRecord, RecoveryReport, SegmentInfo, SyncPolicy, TailCut
@@ -60,6 +62,10 @@ SETTLE_DELAY = 0.02  # seconds deletes wait to share one directory fsync
 # How often segments left idle give back their preallocated space: one that took no data over
 # a whole period is trimmed (so within two periods of its last add).
 TRIM_IDLE_SECONDS = 2.0
+# How often the durable length of replicas that grew is recorded in their .acked files: a file
+# cut while the agent is down is caught unless the cut reaches into the last second of data
+# made durable before a crash (a clean stop records everything).
+ACKED_SECONDS = 1.0
 
 
 def digest_of(pairs: Iterable[tuple[int, int]]) -> str:
@@ -118,6 +124,7 @@ class SegmentStore:
         self._reclaimed_replicas = 0
         self._settling: asyncio.Task | None = None  # the next settle, which deletes join
         self._trim_timer: asyncio.TimerHandle | None = None
+        self._acked_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -152,6 +159,7 @@ class SegmentStore:
         self._state = "open"
         self._serving = True
         self._trim_timer = self._loop.call_later(TRIM_IDLE_SECONDS, self._trim_idle)
+        self._acked_timer = self._loop.call_later(ACKED_SECONDS, self._record_acked_soon)
         log.info(
             "opened %s: %d segments, %d entries, %d tails cut, %d in limbo",
             self.data_dir, report.segments, report.entries, len(report.tails_cut), len(report.limbo),
@@ -165,6 +173,57 @@ class SegmentStore:
             return
         self._fds.trim_idle()
         self._trim_timer = self._loop.call_later(TRIM_IDLE_SECONDS, self._trim_idle)  # type: ignore[union-attr]
+
+    # -- acknowledged lengths (.acked files; see recovery.py) ------------------------------------
+
+    def _acked_due(self) -> list[tuple[Key, int]]:
+        return [(k, s.durable) for k, s in self._segments.items() if s.limbo is None and s.durable > s.acked and k not in self._deleting]
+
+    def _record_acked_soon(self) -> None:
+        """Every ACKED_SECONDS: record the durable length of each replica that grew since."""
+        self._acked_timer = None
+        if not self._serving:
+            return
+        due = self._acked_due()
+        if not due:
+            self._acked_timer = self._loop.call_later(ACKED_SECONDS, self._record_acked_soon)  # type: ignore[union-attr]
+            return
+        task = self._loop.create_task(self._record_acked(due))  # type: ignore[union-attr]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _record_acked(self, due: list[tuple[Key, int]], reschedule: bool = True) -> None:
+        try:
+            await self._blocking("cannot record acknowledged lengths", self._write_acked, due)
+            for key, length in due:
+                seg = self._segments.get(key)
+                if seg is not None and length > seg.acked:
+                    seg.acked = length
+        except AgentIOError as exc:
+            log.error("%s", exc)  # a failed fsync is fatal (see _blocking); anything else: next time
+        finally:
+            if reschedule and self._serving:
+                self._acked_timer = self._loop.call_later(ACKED_SECONDS, self._record_acked_soon)  # type: ignore[union-attr]
+
+    def _write_acked(self, due: list[tuple[Key, int]]) -> None:
+        """Metadata thread: write and fsync each replica's .acked file (its directory too when
+        the file is new). A replica whose .log is gone was deleted after the snapshot (deletes
+        run on this thread too, in order): its length is not recorded."""
+        new_dirs: set[Path] = set()
+        for key, length in due:
+            if not layout.segment_path(self.data_dir, key, LOG_SUFFIX).exists():
+                continue
+            path = layout.segment_path(self.data_dir, key, ACKED_SUFFIX)
+            if not path.exists():
+                new_dirs.add(path.parent)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.pwrite(fd, encode_acked(length), 0)
+                self._sync_fd(fd, path)
+            finally:
+                os.close(fd)
+        for directory in sorted(new_dirs):
+            self._sync_dir(directory)
 
     def _make_data_dir(self) -> None:
         root = layout.segments_root(self.data_dir)
@@ -190,10 +249,16 @@ class SegmentStore:
         if self._trim_timer is not None:
             self._trim_timer.cancel()
             self._trim_timer = None
+        if self._acked_timer is not None:
+            self._acked_timer.cancel()
+            self._acked_timer = None
         try:
             if self._failure is None:
                 try:
                     await self._committer.flush()
+                    # A clean stop records every replica's final length: a cut made while the
+                    # agent is down is then always seen.
+                    await self._record_acked(self._acked_due(), reschedule=False)
                 except AgentIOError:
                     pass  # already fatal; the waiters got the error
             for task in list(self._creating.values()) + list(self._deleting.values()) + list(self._background):
@@ -248,13 +313,14 @@ class SegmentStore:
         self, key: Key, files: set[str], tails: list[TailCut], limbo: list[LimboRecord]
     ) -> Segment:
         check = inspect_segment(self.data_dir, key, files)
-        if not check.has_log and check.marker is None:
+        if not check.has_log and check.marker is None and check.corruption is None:
             # A fenced marker alone: fenced before any entry arrived (or a delete cut short
             # after the log went). Either way an empty, fenced replica; give it its file.
             self._create_files(key, fenced=False, exist_ok=True)
         scan = check.scan
         seg = Segment(key, check.path, scan.index if scan else None, size=scan.file_size if scan else 0, lac=scan.lac if scan else -1)
         seg.fenced = seg.fence_durable = check.fenced
+        seg.acked = check.acked or 0
         record = check.marker
         if record is None and check.corruption is not None:
             record = check.corruption
@@ -361,7 +427,9 @@ class SegmentStore:
         freed = 0
         # The log first: a delete cut short leaves markers alone, which read back as an
         # empty fenced replica or a limbo one — both refuse writes, neither serves stale data.
-        for suffix in (LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX):
+        # The acknowledged length before the log: left alone, it would read back as a replica
+        # file gone missing.
+        for suffix in (ACKED_SUFFIX, LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX):
             path = layout.segment_path(self.data_dir, key, suffix)
             try:
                 size = os.stat(path).st_size

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import shutil
 import sys
 
 import pytest
 
-from dlctl.log.errors import AgentError
+from dlctl.log.errors import AgentError, LimboError
+from dlctl.meta import roles
 from dlctl.meta.records import SegmentState
 from harness import owner_child
 from harness.logcluster import agent_cluster, eventually, healed_env, read_back, run
@@ -148,3 +150,48 @@ def test_negative_check_a_wipe_the_agent_cannot_see_loses_acked_records(env, tmp
     lost = _lost(acked, back)
     print(f"disguised wiped member: {len(lost)} of {len(acked)} acknowledged records lost")
     assert lost, f"expected the undetectable wipe to lose acknowledged records; none of {len(acked)} lost: {facts}"
+
+
+def test_a_file_cut_while_its_agent_was_down_answers_limbo_and_is_refilled(env):
+    """A completed segment's replica cut to its first entry while the agent is stopped: back
+    up, the agent knows it acknowledged more (its .acked record), answers limbo instead of "no
+    such entry", and the auditor refills it."""
+    from dlagent.storage import scan_file
+
+    env.create_log()
+
+    async def write() -> None:
+        writer = await env.writer()
+        for batch in range(9):  # nine entries at least: each flush cuts one
+            for i in range(100):
+                writer.submit(f"rec-{batch * 100 + i}".encode())
+            await writer.flush()
+        await writer.close()
+
+    run(write())
+    meta = env.meta()
+    log_id = meta.get_log(env.name).value.log_id
+    segment = meta.segments(env.name)[0].value
+    assert segment.state is SegmentState.COMPLETED and segment.last_entry_id >= 2
+    node = env.cluster.agents[segment.ensembles[0].nodes[0]]
+    assert node.proc.terminate(10) == 0  # a clean stop: the agent records its final lengths
+    path = node.data_dir / "segments" / f"{log_id:016x}" / f"{segment.seq:016x}.log"
+    os.truncate(path, scan_file(path, log_id, segment.seq).index.get(1)[0])  # only entry 0 left
+    roles.write_auditor_switch(env.cluster.admin, "c1", False)  # so the probe below sees the replica as it came back
+    node.start(wait=False)
+    node.wait_ready(env.cluster.admin)
+
+    async def answers_limbo_then_refilled() -> None:
+        pool = env.pool(meta)
+        try:
+            with pytest.raises(LimboError):  # never "no such entry" for what it acknowledged
+                await (await pool.client(node.node_id)).read(log_id, segment.seq, segment.last_entry_id)
+        finally:
+            await pool.close()
+        roles.write_auditor_switch(env.cluster.admin, "c1", True)
+        await eventually(lambda: _same_replicas(env, meta, log_id, segment), 60, f"{node.node_id}'s cut replica refilled")
+
+    try:
+        run(answers_limbo_then_refilled(), timeout=90)
+    finally:
+        roles.write_auditor_switch(env.cluster.admin, "c1", True)
