@@ -33,11 +33,16 @@ def recover_group() -> None:
 @click.argument("log")
 @force_option
 @timeout_option
+@click.option("--accept-data-loss", is_flag=True, help="Unclean recovery: take replicas that cannot answer as lost for good, close at the last entry still readable, report the entries at risk. Needs --confirm LOG.")
+@click.option("--confirm", "confirm", metavar="LOG", default=None, help="With --accept-data-loss: the log's name, typed to confirm.")
 @mutating(confirm=True)
-def recover_log_command(app: AppContext, log: str, force: bool, timeout: float) -> Plan:
+def recover_log_command(app: AppContext, log: str, force: bool, timeout: float, accept_data_loss: bool, confirm: str | None) -> Plan:
     """Fence and recover LOG's in-progress segment and close it; report what was recovered
-    (LAC, entries found past it and re-replicated, the last entry, unreachable replicas)."""
-    return recover_ops.recover_plan(app.session(), log, force=force, timeout=timeout)
+    (LAC, entries found past it and re-replicated, the last entry, unreachable replicas).
+    When too many replicas are gone for good to decide the end, recovery refuses; with
+    --accept-data-loss --confirm LOG it closes the segment at the last entry that can still be
+    read and reports in `at_risk` exactly which entries may have been acknowledged and lost."""
+    return recover_ops.recover_plan(app.session(), log, force=force, timeout=timeout, accept_data_loss=accept_data_loss, confirm=confirm)
 
 
 @recover_group.command("under-replicated")

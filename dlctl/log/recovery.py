@@ -176,6 +176,7 @@ class RecoveryResult:
     closed_by_us: bool  # False: another recovery (or the writer) closed it first; we adopted its end
     seconds: float
     segment: Versioned[SegmentRecord]
+    at_risk: AtRisk | None = None  # unclean recovery only: what may have been acknowledged and is gone
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -191,6 +192,30 @@ class RecoveryResult:
             "unreachable": list(self.unreachable),
             "closed_by_us": self.closed_by_us,
             "seconds": round(self.seconds, 3),
+        } | ({"at_risk": self.at_risk.to_dict()} if self.at_risk is not None else {})
+
+
+@dataclass(frozen=True)
+class AtRisk:
+    """What an unclean recovery (``accept_data_loss``) could not rule out: entries from
+    ``first_entry`` on may have been acknowledged by the replicas that could not answer, and are
+    not in the closed segment. Everything up to ``lac`` was acknowledged and is kept."""
+
+    first_entry: int
+    lac: int
+    highest_entry_seen: int  # the highest entry id any answering replica reported holding
+    unknown: dict[str, str]  # replica -> why it could not answer
+    shortfalls: dict[int, int]  # recovered entry -> replicas it could be re-written to, when fewer than A
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first_entry": self.first_entry,
+            "lac": self.lac,
+            "highest_entry_seen": self.highest_entry_seen,
+            "unknown_replicas": dict(sorted(self.unknown.items())),
+            "under_ack_quorum": {str(k): v for k, v in sorted(self.shortfalls.items())},
+            "meaning": f"entries {self.first_entry} and later may have been acknowledged by "
+            f"{', '.join(sorted(self.unknown)) or 'the missing replicas'} and are lost; entries up to {self.first_entry - 1} are kept",
         }
 
 
@@ -199,6 +224,7 @@ class FenceOutcome:
     lac: int
     fenced: tuple[str, ...]
     unreachable: dict[str, str]  # node -> why (so far)
+    highest_entry_seen: int = NO_ENTRY  # the highest last entry the fenced replicas reported
 
     def to_dict(self) -> dict[str, Any]:
         return {"lac": self.lac, "fenced": list(self.fenced), "unreachable": dict(self.unreachable)}
@@ -238,13 +264,20 @@ class SegmentRecovery:
         *,
         timeout: float = 30.0,
         read_ahead: int = 16,
+        accept_data_loss: bool = False,
     ) -> None:
         self.meta, self.pool, self.name, self.log_id = meta, pool, name, log_id
         self.segment = segment
         self.timeout = timeout
         self.read_ahead = max(1, read_ahead)
+        # Unclean recovery (BookKeeper's recover -sku, Kafka's unclean election), only when the
+        # operator asks: replicas that cannot answer are taken as gone for good, the segment is
+        # closed at the last entry that can still be read, and what may be lost is reported.
+        self.accept_data_loss = accept_data_loss
         self._deadline = 0.0
         self._last_encoded: tuple[int, bytes] | None = None  # the last entry recovery read, if any
+        self._undecided: dict[int, dict[str, str]] = {}  # unclean: entries no quorum could judge -> unknown replicas
+        self._shortfalls: dict[int, int] = {}  # unclean: entries re-written to fewer than A replicas
 
     @property
     def _seg(self) -> SegmentRecord:
@@ -260,6 +293,7 @@ class SegmentRecovery:
                 return self._adopted(self.segment, NO_ENTRY, (), {}, started)
             self._deadline = time.monotonic() + self.timeout
             self._last_encoded = None
+            self._undecided, self._shortfalls = {}, {}
             fence = await self.fence()
             last, recovered = await self._read_forward(fence.lac)
             closed = await self._close(last, fence)
@@ -267,7 +301,7 @@ class SegmentRecovery:
                 return RecoveryResult(
                     self._seg.seq, fence.lac, last, recovered, closed.value.records, closed.value.bytes,
                     closed.value.first_txid, closed.value.last_txid, fence.fenced, tuple(sorted(fence.unreachable)),
-                    True, time.monotonic() - started, closed,
+                    True, time.monotonic() - started, closed, self._at_risk(fence, last),
                 )
             # Lost the CAS: whoever won decided; an in-progress segment whose metadata changed
             # (an ensemble change) is recovered again from its new version.
@@ -275,6 +309,18 @@ class SegmentRecovery:
             if self._seg.state is not SegmentState.INPROGRESS:
                 return self._adopted(self.segment, fence.lac, fence.fenced, fence.unreachable, started)
         raise RecoveryError(f"{self._where()} kept changing while it was being recovered", hint="retry")
+
+    def _at_risk(self, fence: FenceOutcome, last: int) -> AtRisk | None:
+        """Unclean recovery only: what it could not rule out, when it had to stop undecided (or
+        could not fence every write set, or re-wrote entries to fewer than A replicas)."""
+        if not self.accept_data_loss:
+            return None
+        covered = fence_covered(self._seg.ensembles[-1].nodes, self._seg.write_quorum, self._seg.ack_quorum, fence.fenced)
+        stopped_undecided = self._undecided.get(last + 1)  # reading ended at an entry no quorum could judge
+        if stopped_undecided is None and covered and not self._shortfalls:
+            return None
+        unknown = dict(fence.unreachable) | (stopped_undecided or {})
+        return AtRisk(last + 1, fence.lac, max(fence.highest_entry_seen, last), unknown, dict(self._shortfalls))
 
     def _adopted(self, seg: Versioned[SegmentRecord], lac: int, fenced: tuple[str, ...], unreachable: dict, started: float) -> RecoveryResult:
         v = seg.value
@@ -294,6 +340,7 @@ class SegmentRecovery:
         w, a = seg.write_quorum, seg.ack_quorum
         tasks = {asyncio.ensure_future(self._with_retries(node, self._fence_one, node)): node for node in ensemble}
         fenced: dict[str, int] = {}
+        highest = NO_ENTRY
         failed: dict[str, str] = {}
         pending = set(tasks)
         try:
@@ -302,11 +349,21 @@ class SegmentRecovery:
                 for task in done:
                     node = tasks[task]
                     try:
-                        fenced[node] = task.result().lac
+                        answer = task.result()
+                        fenced[node] = answer.lac
+                        highest = max(highest, answer.last_entry_id)
                     except (_Final, AgentError) as exc:
                         failed[node] = str(exc)
                 if fence_covered(ensemble, w, a, fenced):
                     break
+                if self.accept_data_loss:
+                    if not pending and not fenced:
+                        raise RecoveryError(
+                            f"cannot recover {self._where()} even accepting data loss: no replica answered: "
+                            + "; ".join(f"{n}: {why}" for n, why in sorted(failed.items())),
+                            hint="bring at least one of its agents back",
+                        )
+                    continue  # wait for every replica to answer or fail, then go on with what answered
                 if not fence_possible(ensemble, w, a, failed):
                     raise RecoveryError(
                         f"cannot fence {self._where()}: every write set needs {fence_quorum(w, a)} fenced replicas "
@@ -322,7 +379,7 @@ class SegmentRecovery:
         lac = max([NO_ENTRY, *fenced.values()])
         # Entries before the last ensemble change were all acknowledged when it was made.
         lac = max(lac, seg.ensembles[-1].first_entry_id - 1)
-        return FenceOutcome(lac, tuple(sorted(fenced)), unreachable)
+        return FenceOutcome(lac, tuple(sorted(fenced)), unreachable, highest)
 
     async def _fence_one(self, node: str):
         client = await self.pool.client(node)
@@ -396,6 +453,11 @@ class SegmentRecovery:
                 if verdict is Verdict.ABSENT:
                     return None
                 if verdict is Verdict.UNKNOWN:
+                    if self.accept_data_loss:
+                        # Every replica that can answer lacks it, but too few can answer to prove it
+                        # was never acknowledged: the operator accepted that it may be lost.
+                        self._undecided[entry_id] = unknown
+                        return None
                     raise RecoveryError(
                         f"cannot recover {self._where()}: entry {entry_id} is missing on {absent} replicas but "
                         f"{fence_quorum(w, a)} must say so to end the segment there, and the others are unknown: "
@@ -429,7 +491,10 @@ class SegmentRecovery:
                         errors[tasks[task]] = str(exc)
                 if acks >= seg.ack_quorum:
                     return
-                if not can_still_ack(acks, len(pending), seg.ack_quorum):
+                if self.accept_data_loss and not pending and acks:
+                    self._shortfalls[entry_id] = acks  # as many copies as can be made now
+                    return
+                if not pending or not can_still_ack(acks, len(pending), seg.ack_quorum) and not self.accept_data_loss:
                     raise RecoveryError(
                         f"cannot recover {self._where()}: entry {entry_id} was re-written to {acks} replicas, "
                         f"{seg.ack_quorum} needed: " + "; ".join(f"{n}: {why}" for n, why in sorted(errors.items())),
@@ -520,13 +585,15 @@ async def recover_segment(
     *,
     timeout: float = 30.0,
     read_ahead: int = 16,
+    accept_data_loss: bool = False,
 ) -> RecoveryResult:
     """Fence, recover and close ``segment`` (see the module docstring). Safe to run concurrently
-    with a live writer (which gets fenced) and with other recoveries (which agree)."""
-    return await SegmentRecovery(meta, pool, name, log_id, segment, timeout=timeout, read_ahead=read_ahead).run()
+    with a live writer (which gets fenced) and with other recoveries (which agree).
+    ``accept_data_loss``: unclean recovery (see ``SegmentRecovery``), only on an operator's word."""
+    return await SegmentRecovery(meta, pool, name, log_id, segment, timeout=timeout, read_ahead=read_ahead, accept_data_loss=accept_data_loss).run()
 
 
-async def recover_log(meta: MetaStore, pool: Any, name: str, *, timeout: float = 30.0) -> list[RecoveryResult]:
+async def recover_log(meta: MetaStore, pool: Any, name: str, *, timeout: float = 30.0, accept_data_loss: bool = False) -> list[RecoveryResult]:
     """Recover every in-progress segment of log ``name`` (normally at most the last one), oldest first."""
     loop = asyncio.get_running_loop()
     log_record = await loop.run_in_executor(None, meta.get_log, name)
@@ -534,7 +601,7 @@ async def recover_log(meta: MetaStore, pool: Any, name: str, *, timeout: float =
     results = []
     for seg in segments:
         if seg.value.state is SegmentState.INPROGRESS:
-            results.append(await recover_segment(meta, pool, name, log_record.value.log_id, seg, timeout=timeout))
+            results.append(await recover_segment(meta, pool, name, log_record.value.log_id, seg, timeout=timeout, accept_data_loss=accept_data_loss))
     return results
 
 

@@ -28,10 +28,10 @@ def _guard_owner(session: ClusterSession, name: str, force: bool, verb: str) -> 
     return [f"the live writer {owner} is deposed: its next append fails with a fencing error"] if owner else []
 
 
-async def _with_pool(session: ClusterSession, func, name: str, timeout: float) -> Any:
+async def _with_pool(session: ClusterSession, func, name: str, timeout: float, **options: Any) -> Any:
     pool = AgentPool(session.meta, session.secret)
     try:
-        return await func(session.meta, pool, name, timeout=timeout)
+        return await func(session.meta, pool, name, timeout=timeout, **options)
     finally:
         await pool.close()
 
@@ -56,7 +56,18 @@ def fence_plan(session: ClusterSession, name: str, *, force: bool, timeout: floa
     )
 
 
-def recover_plan(session: ClusterSession, name: str, *, force: bool, timeout: float) -> Plan:
+def recover_plan(
+    session: ClusterSession, name: str, *, force: bool, timeout: float, accept_data_loss: bool = False, confirm: str | None = None
+) -> Plan:
+    """``accept_data_loss``: unclean recovery (replicas that cannot answer are taken as gone for
+    good; the segment closes at the last entry still readable and the report names what may be
+    lost), only with ``confirm`` naming the log."""
+    if accept_data_loss and confirm != name:
+        raise RefusedError(
+            f"recover log {name!r} --accept-data-loss closes the segment without the replicas that cannot answer, "
+            "and acknowledged records they hold are lost: " + ("not confirmed" if confirm is None else f"--confirm {confirm!r} does not name the log"),
+            hint=f"bring the agents back if they can come back; otherwise pass --confirm {name}",
+        )
     session.meta.get_log(name)
     notes = _guard_owner(session, name, force, "recovery")
     segments = _in_progress(session, name)
@@ -65,15 +76,19 @@ def recover_plan(session: ClusterSession, name: str, *, force: bool, timeout: fl
     seqs = ", ".join(str(s.seq) for s in segments)
 
     def run() -> list[dict[str, Any]]:
-        return [r.to_dict() for r in asyncio.run(_with_pool(session, recover_log, name, timeout))]
+        return [r.to_dict() for r in asyncio.run(_with_pool(session, recover_log, name, timeout, accept_data_loss=accept_data_loss))]
 
+    how = "close with a versioned update"
+    if accept_data_loss:
+        how = "UNCLEAN: take replicas that cannot answer as lost, close at the last entry still readable, report the entries at risk"
+        notes = [*notes, "--accept-data-loss: acknowledged records on replicas that cannot answer may be lost; the result names the range"]
     return Plan.of(
         "recover log",
         [
             Step(
                 "recover",
                 f"{session.cluster.name}/{name}",
-                f"fence segment(s) {seqs}, read forward from LAC with fencing reads, re-replicate what is found, close with a versioned update",
+                f"fence segment(s) {seqs}, read forward from LAC with fencing reads, re-replicate what is found, {how}",
                 run=run,
             )
         ],

@@ -213,6 +213,49 @@ def test_recovery_refuses_to_guess_when_too_many_replicas_are_unreachable(env):
     run(scenario())
 
 
+def test_unclean_recovery_only_on_request_closes_at_the_last_readable_entry_and_names_the_range_at_risk(env):
+    """Entries 0..9 on every replica, 10..14 acknowledged by n2 and n3 only; n2 and n3 are gone
+    for good. Plain recovery refuses; with accept_data_loss the segment closes at 9 and the
+    report says exactly what the scenario lost: entries from 10 on, held by n2 and n3."""
+    log_id = env.create_log()
+    env.in_progress_segment()
+
+    async def scenario():
+        meta = env.meta()
+        pool = env.pool(meta, request_timeout=1.0)
+        acknowledged = {i: (NODES, i - 1) for i in range(10)} | {i: (("n2", "n3"), i - 1) for i in range(10, 15)}
+        await place(pool, log_id, acknowledged)
+        for node in ("n2", "n3"):
+            env.cluster.agents[node].proc.kill()
+        with pytest.raises(RecoveryError):
+            await recover_log(meta, pool, env.name, timeout=1.5)
+        assert meta.segments(env.name)[0].value.state is SegmentState.INPROGRESS  # refused: nothing decided
+
+        (result,) = await recover_log(meta, pool, env.name, timeout=1.5, accept_data_loss=True)
+        lost = sorted(i for i, (nodes, _lac) in acknowledged.items() if "n1" not in nodes)  # the oracle: what n1 never had
+        assert result.last_entry_id == lost[0] - 1 == 9
+        risk = result.at_risk.to_dict()
+        assert risk["first_entry"] == lost[0] and set(risk["unknown_replicas"]) == {"n2", "n3"}
+        assert risk["under_ack_quorum"] == {"9": 1}  # the recovered entry 9 could only be re-written to n1
+        assert [r.txid for _, r in await read_back(meta, pool, env.name)] == list(range(10))
+
+    run(scenario())
+
+
+def test_unclean_recovery_of_a_healthy_segment_reports_nothing_at_risk(env):
+    log_id = env.create_log()
+    env.in_progress_segment()
+
+    async def scenario():
+        meta = env.meta()
+        pool = env.pool(meta)
+        await place(pool, log_id, {i: (NODES, i - 1) for i in range(5)})
+        (result,) = await recover_log(meta, pool, env.name, accept_data_loss=True)
+        assert result.last_entry_id == 4 and result.at_risk is None and "at_risk" not in result.to_dict()
+
+    run(scenario())
+
+
 def test_recovery_with_one_agent_of_the_ensemble_down_recovers_every_acknowledged_record(env):
     env.create_log()
 

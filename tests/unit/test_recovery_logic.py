@@ -223,3 +223,13 @@ def test_entry_summary_reads_the_totals_record_and_ignores_entries_without_one()
     assert entry_summary(entry_with(data)) is None
     assert entry_summary(entry_with([Record(txid=9, payload=b"", control=True)])) is None  # a control record, but not totals
     assert TOTALS_RECORD_SIZE == len(encode_records([totals_record(2**62, 2**40, 2**50)]))
+
+
+def test_unclean_recovery_is_refused_unless_the_log_is_named_to_confirm_it():
+    from dlctl.errors import ExitCode, RefusedError
+    from dlctl.ops.recover import recover_plan
+
+    for confirm in (None, "other-log"):
+        with pytest.raises(RefusedError) as refused:
+            recover_plan(None, "orders", force=False, timeout=1.0, accept_data_loss=True, confirm=confirm)  # type: ignore[arg-type]
+        assert refused.value.exit_code is ExitCode.REFUSED and "--confirm orders" in refused.value.hint
