@@ -52,6 +52,7 @@ from kazoo.exceptions import NoNodeError
 from dlctl.meta import paths, roles
 from dlctl.meta.store import MetaStore
 from dlctl.meta.zk import ZkAuth
+from dlctl.ratelimit import TokenBucket
 
 from .config import AuditorSettings
 from .election import ElectedRole
@@ -344,7 +345,9 @@ class Auditor(ElectedRole):
         from dlctl.ops import rereplicate as rr
 
         self.operations += 1
-        report = self._run_cancellable(lambda pool: rr.execute(self.meta, pool, built, parallel=self.parallel))
+        rate = self.settings.max_bytes_per_second
+        throttle = TokenBucket(rate) if rate > 0 else None
+        report = self._run_cancellable(lambda pool: rr.execute(self.meta, pool, built, parallel=self.parallel, throttle=throttle))
         if report is None:
             return
         if report["stuck"]:
@@ -372,7 +375,9 @@ class Auditor(ElectedRole):
             found = await repair.survey(self.meta, pool)
             if not any(p.cause in repair.REPAIRABLE for p in found.problems):
                 return found, None
-            return found, await repair.repair(self.meta, pool, found, parallel=self.parallel)
+            return found, await repair.repair(
+                self.meta, pool, found, parallel=self.parallel, max_bytes_per_second=self.settings.max_bytes_per_second, holder=f"auditor {self.node_id}"
+            )
 
         out = self._run_cancellable(work)
         if out is None:

@@ -22,7 +22,8 @@
     [auditor]                  # re-replication auditor (see dlagent.auditor)
     enabled = true             # false: this agent never stands for election
     grace_seconds = 300        # how long an agent must stay gone before its data is copied
-    check_seconds = 10         # how often the elected auditor looks
+    check_seconds = 10         # how often the elected auditor looks (and surveys live replicas)
+    max_bytes_per_second = 67108864  # copy rate of its repairs and re-replications (0: no limit)
 
     [proxy]                    # write proxy: clients append to logs this agent owns (dlagent.proxy)
     enabled = true             # false: APPEND/RELEASE are refused; the agent only stores segments
@@ -67,6 +68,7 @@ class AuditorSettings:
     enabled: bool = True
     grace_seconds: float = 300.0
     check_seconds: float = 10.0
+    max_bytes_per_second: float = 64 * 1024 * 1024  # repairs' and re-replications' copy rate (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -200,9 +202,9 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
 def _auditor_settings(raw: Any, path: Path) -> AuditorSettings:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: key 'auditor' must be a table ([auditor])")
-    extra = sorted(set(raw) - {"enabled", "grace_seconds", "check_seconds"})
+    extra = sorted(set(raw) - {"enabled", "grace_seconds", "check_seconds", "max_bytes_per_second"})
     if extra:
-        raise ConfigError(f"{path}: unknown key(s) in [auditor]: {', '.join(extra)}", hint="known keys: enabled, grace_seconds, check_seconds")
+        raise ConfigError(f"{path}: unknown key(s) in [auditor]: {', '.join(extra)}", hint="known keys: enabled, grace_seconds, check_seconds, max_bytes_per_second")
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{path}: [auditor] key 'enabled' must be true or false, got {enabled!r}")
@@ -217,7 +219,10 @@ def _auditor_settings(raw: Any, path: Path) -> AuditorSettings:
     # A grace of 0 would re-replicate on every blip of a ZooKeeper session: refuse it.
     grace = seconds("grace_seconds", 300.0, 0.1, 7 * 24 * 3600)
     check = seconds("check_seconds", 10.0, 0.05, 3600)
-    return AuditorSettings(enabled=enabled, grace_seconds=grace, check_seconds=check)
+    rate = raw.get("max_bytes_per_second", AuditorSettings.max_bytes_per_second)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0:
+        raise ConfigError(f"{path}: [auditor] key 'max_bytes_per_second' must be a number of bytes per second >= 0 (0: no limit), got {rate!r}")
+    return AuditorSettings(enabled=enabled, grace_seconds=grace, check_seconds=check, max_bytes_per_second=float(rate))
 
 
 def _housekeeping_settings(raw: Any, path: Path) -> HousekeepingSettings:

@@ -81,7 +81,8 @@ def log_list(app: AppContext) -> None:
 @command_options
 @pass_app
 def log_show(app: AppContext, name: str) -> None:
-    """Show a log's configuration, owner and segments."""
+    """Show a log's configuration, owner and segments, with each completed segment's replica
+    health ("ok", or the members short of what its record names and why)."""
     app.render(logs.show_log(app.session(), name))
 
 

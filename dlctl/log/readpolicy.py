@@ -22,16 +22,20 @@ def order_replicas(
     region: str | None = None,
     rack: str | None = None,
     suspects: Collection[str] = (),
+    lacking: Collection[str] = (),
 ) -> tuple[str, ...]:
     """The write set in the order to try it: same rack, same region, other regions; then, in
     the same order, replicas that recently failed or were slow and agents that are not
-    registered as available (probably down).
+    registered as available (probably down); last, members the segment's record says lack the
+    entry (``SegmentRecord.lacking``: tried only when nothing else answers).
 
     Within a tier the write-set order is kept: write sets rotate with the entry id (round-robin
     striping), so equally close replicas share the first-choice load without randomness.
     """
 
     def tier(node: str) -> int:
+        if node in lacking:
+            return 6
         info = nodes.get(node)
         if info is None:
             return 5

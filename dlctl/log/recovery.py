@@ -557,7 +557,10 @@ class SegmentRecovery:
 
     async def _close(self, last: int, fence: FenceOutcome) -> Versioned[SegmentRecord] | None:
         records, nbytes, first_txid, last_txid = await self._summarize(last)
-        closed = replace(self._seg.completed_with(last, last_txid, records, nbytes, time.time()), first_txid=first_txid)
+        # Members that did not answer the fence (down, slow, limbo) may lack entries: the record
+        # says so, and the auditor checks and refills them (dlctl.log.repair).
+        short = {n: NO_ENTRY for n in fence.unreachable}
+        closed = replace(self._seg.completed_with(last, last_txid, records, nbytes, time.time(), short=short), first_txid=first_txid)
         try:
             result = await self._zk(self.meta.update_segment, self.name, self.segment, closed)
         except ConflictError:

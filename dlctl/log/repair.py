@@ -30,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from ..errors import NotFoundError
+from ..errors import ConflictError, NotFoundError
 from ..meta.records import SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
+from ..ratelimit import TokenBucket
 from .errors import AgentError, NoSuchSegmentError
 from .protocol import SegmentInfo
 from .rereplication import CopyProgress, CopyResult, StuckError, copy_replica, entries_on, lost_ranges, members, spans
@@ -52,9 +53,10 @@ class Cause(str, Enum):
     MISSING = "missing"  # the agent has no replica of the segment
     LIMBO = "limbo"  # the replica is in limbo (corrupt, cut, or forgotten with a replaced disk)
     SHORT = "short"  # the replica lacks entries the record says it holds
+    RECORDED = "recorded-short"  # the record says it lacks entries (a writer dropped it, a recovery could not ask it)
 
 
-REPAIRABLE = frozenset({Cause.MISSING, Cause.LIMBO, Cause.SHORT})
+REPAIRABLE = frozenset({Cause.MISSING, Cause.LIMBO, Cause.SHORT, Cause.RECORDED})
 AUDITED_STATES = frozenset({SegmentState.COMPLETED, SegmentState.PARTIALLY_TRUNCATED})
 
 
@@ -83,18 +85,22 @@ def expected_ids(segment: SegmentRecord, node: str) -> list[int]:
     return [i for i in entries_on(segment, node) if i >= segment.min_active_entry]
 
 
-def replica_cause(expected: list[int], info: SegmentInfo | None) -> tuple[Cause | None, int]:
-    """(what is wrong with a live member's replica, entries it holds) from its listing.
+def replica_cause(expected: list[int], info: SegmentInfo | None, recorded: int | None = None) -> tuple[Cause | None, int]:
+    """(what is wrong with a live member's replica, entries it holds) from its listing and
+    what the segment's record says it holds (``recorded``: its ``short`` entry, if any).
 
     ``info.entries`` counts every entry in the file, including truncated ones below the
     expected range; a replica is short when its last entry is below the last one it should
-    hold, or when it holds fewer entries than it should at all."""
+    hold, or when it holds fewer entries than it should at all. One that looks whole while its
+    record says otherwise is checked by a refill (idempotent) that then clears the record."""
     if info is None:
         return (Cause.MISSING if expected else None), 0
     if info.limbo:
         return Cause.LIMBO, info.entries
     if expected and (info.last_entry_id < expected[-1] or info.entries < len(expected)):
         return Cause.SHORT, info.entries
+    if expected and recorded is not None and recorded < expected[-1]:
+        return Cause.RECORDED, info.entries
     return None, info.entries
 
 
@@ -115,14 +121,16 @@ def segment_problems(
         expected = expected_ids(segment, node)
         if not expected:
             continue
+        recorded = segment.short.get(node)
+        note = f"its record: holds entries up to {recorded}" if recorded is not None else ""
         if node in listings:
-            cause, held = replica_cause(expected, listings[node].get((log_id, segment.seq)))
+            cause, held = replica_cause(expected, listings[node].get((log_id, segment.seq)), recorded)
             if cause is not None:
-                out.append(ReplicaProblem(name, log_id, segment.seq, node, cause, len(expected), held))
+                out.append(ReplicaProblem(name, log_id, segment.seq, node, cause, len(expected), held, note))
         elif node in unreachable:
-            out.append(ReplicaProblem(name, log_id, segment.seq, node, Cause.UNREACHABLE, len(expected), -1, unreachable[node]))
+            out.append(ReplicaProblem(name, log_id, segment.seq, node, Cause.UNREACHABLE, len(expected), -1, "; ".join(filter(None, (unreachable[node], note)))))
         else:
-            out.append(ReplicaProblem(name, log_id, segment.seq, node, Cause.AGENT_DOWN, len(expected), -1))
+            out.append(ReplicaProblem(name, log_id, segment.seq, node, Cause.AGENT_DOWN, len(expected), -1, note))
     return out
 
 
@@ -230,11 +238,31 @@ async def survey(meta: MetaStore, pool: Any, logs: Collection[str] | None = None
 
 
 async def repair_replica(
-    meta: MetaStore, pool: Any, problem: ReplicaProblem, *, dead: Collection[str] = (), progress: CopyProgress | None = None
+    meta: MetaStore,
+    pool: Any,
+    problem: ReplicaProblem,
+    *,
+    dead: Collection[str] = (),
+    progress: CopyProgress | None = None,
+    throttle: TokenBucket | None = None,
+    holder: str = "dlctl",
 ) -> CopyResult:
-    """Refill ``problem.node``'s replica in place from the segment's other members (module doc).
-    ``dead``: agents not to read from (down or unreachable). Raises StuckError naming why not."""
+    """Refill ``problem.node``'s replica in place from the segment's other members (module doc),
+    under a claim (``MetaStore.claim_repair``) so that no two sessions refill the same replica.
+    ``dead``: agents not to read from (down or unreachable); ``throttle`` paces the copy.
+    Raises StuckError naming why not."""
     where = f"segment {problem.segment} of log {problem.log!r} on {problem.node}"
+    if not await _zk(meta.claim_repair, problem.log, problem.segment, problem.node, holder):
+        raise StuckError(f"{where}: another auditor or operator is refilling it now", hint="wait for it; the next survey shows the outcome")
+    try:
+        return await _refill(meta, pool, problem, where, dead, progress, throttle)
+    finally:
+        await _zk(meta.release_repair, problem.log, problem.segment, problem.node)
+
+
+async def _refill(
+    meta: MetaStore, pool: Any, problem: ReplicaProblem, where: str, dead: Collection[str], progress: CopyProgress | None, throttle: TokenBucket | None
+) -> CopyResult:
     current: Versioned[SegmentRecord] = await _zk(meta.get_segment, problem.log, problem.segment)
     seg = current.value
     if seg.state not in AUDITED_STATES:
@@ -256,9 +284,25 @@ async def repair_replica(
         except NoSuchSegmentError:
             pass
         log.warning("%s: deleted the limbo replica to refill it from its peers", where)
-    result = await copy_replica(pool, problem.log_id, seg, problem.node, problem.node, sources_dead, progress=progress)
+    result = await copy_replica(pool, problem.log_id, seg, problem.node, problem.node, sources_dead, progress=progress, throttle=throttle)
+    await _clear_recorded_shortfall(meta, problem, current)
     log.warning("%s: refilled %d entries (%d bytes) from its peers (%s)", where, result.entries, result.bytes, problem.cause.value)
     return result
+
+
+async def _clear_recorded_shortfall(meta: MetaStore, problem: ReplicaProblem, current: Versioned[SegmentRecord], attempts: int = 10) -> None:
+    """The member now holds its entries (verified): drop it from the record's ``short`` (CAS;
+    a lost race re-reads)."""
+    for _ in range(attempts):
+        if problem.node not in current.value.short:
+            return
+        short = {n: last for n, last in current.value.short.items() if n != problem.node}
+        try:
+            await _zk(meta.update_segment, problem.log, current, replace(current.value, short=short))
+            return
+        except ConflictError:
+            current = await _zk(meta.get_segment, problem.log, problem.segment)
+    raise StuckError(f"segment {problem.segment} of log {problem.log!r}: its record kept changing while {problem.node}'s refill was recorded", hint="re-run")
 
 
 @dataclass
@@ -272,9 +316,18 @@ class RepairReport:
 
 
 async def repair(
-    meta: MetaStore, pool: Any, found: Survey, *, parallel: int = 4, progress: CopyProgress | None = None
+    meta: MetaStore,
+    pool: Any,
+    found: Survey,
+    *,
+    parallel: int = 4,
+    progress: CopyProgress | None = None,
+    max_bytes_per_second: float = 0,
+    holder: str = "dlctl",
 ) -> RepairReport:
-    """Repair every repairable problem of ``found``, ``parallel`` replicas at a time."""
+    """Repair every repairable problem of ``found``, ``parallel`` replicas at a time, copying at
+    most ``max_bytes_per_second`` in all (0: no limit)."""
+    throttle = TokenBucket(max_bytes_per_second) if max_bytes_per_second > 0 else None
     report = RepairReport()
     dead = {n for n, state in found.agents.items() if state != "up"}
     sem = asyncio.Semaphore(max(1, parallel))
@@ -282,7 +335,7 @@ async def repair(
     async def one(problem: ReplicaProblem) -> None:
         async with sem:
             try:
-                result = await repair_replica(meta, pool, problem, dead=dead, progress=progress)
+                result = await repair_replica(meta, pool, problem, dead=dead, progress=progress, throttle=throttle, holder=holder)
                 report.repaired.append(problem.to_dict() | {"entries": result.entries, "bytes": result.bytes})
             except (StuckError, AgentError, NotFoundError) as exc:
                 report.stuck.append(problem.to_dict() | {"error": str(exc)})

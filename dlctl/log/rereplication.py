@@ -39,6 +39,7 @@ from ..errors import ConflictError, DlctlError, NotFoundError, RefusedError
 from ..meta.records import EnsembleChange, SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
 from ..placement import PlacementPolicy, replace_member
+from ..ratelimit import TokenBucket
 from .errors import AgentError, AgentUnavailableError, NoSuchEntryError, NoSuchSegmentError
 from .format import decode_header
 from .readpolicy import order_replicas
@@ -156,7 +157,8 @@ def with_replacements(segment: SegmentRecord, mapping: Mapping[str, str]) -> Seg
     """The segment with each lost member swapped for its target in every ensemble, in place
     (same position), so every entry's write set maps to the same positions as before."""
     changes = tuple(EnsembleChange(c.first_entry_id, tuple(mapping.get(n, n) for n in c.nodes)) for c in segment.ensembles)
-    return replace(segment, ensembles=changes)
+    # A replaced member's shortfall goes with it: its replacement holds every entry (verified).
+    return replace(segment, ensembles=changes, short={n: last for n, last in segment.short.items() if n not in mapping})
 
 
 def choose_target(
@@ -290,13 +292,15 @@ async def copy_replica(
     window: int = 128,
     progress: CopyProgress | None = None,
     attempts: int = 3,
+    throttle: TokenBucket | None = None,
 ) -> CopyResult:
     """Copy every entry ``lost`` held in ``segment`` to ``target`` and verify it (see module doc).
 
     Entries are pipelined: up to ``window`` read→add chains are in flight, each read from the
     nearest surviving member of the entry's write set and falling over to the next one. Adds
     are *recovery* adds, which the agent accepts on a fenced replica and which are idempotent
-    for identical bytes — an interrupted copy is simply redone. Raises ``StuckError`` naming
+    for identical bytes — an interrupted copy is simply redone. ``throttle`` paces the bytes
+    copied (shared by concurrent copies, it bounds their sum). Raises ``StuckError`` naming
     the entry and every replica's answer when an entry cannot be read or stored.
     """
     where = f"segment {segment.seq} of log id {log_id}"
@@ -313,7 +317,9 @@ async def copy_replica(
     failure: list[BaseException] = []
 
     async def read_any(entry_id: int) -> bytes:
-        order = order_replicas(sources(segment, entry_id, dead), pool.nodes, target_info.get("region"), target_info.get("rack"))
+        order = order_replicas(
+            sources(segment, entry_id, dead), pool.nodes, target_info.get("region"), target_info.get("rack"), lacking=segment.lacking(entry_id)
+        )
         answers: dict[str, str] = {}
         for node in order:
             try:
@@ -346,6 +352,8 @@ async def copy_replica(
             if failure:
                 return
             encoded = await read_any(entry_id)
+            if throttle is not None:
+                await throttle.take(len(encoded))
             await add(entry_id, encoded)
             crcs[entry_id] = decode_header(encoded).crc
             result.entries += 1

@@ -64,8 +64,8 @@ class ReplicaReader:
         self.stats = SpeculationStats()
         self._clock = clock
 
-    def order(self, nodes: tuple[str, ...]) -> tuple[str, ...]:
-        return order_replicas(nodes, self.pool.nodes, self.region, self.rack, self.suspects.active(self._clock()))
+    def order(self, nodes: tuple[str, ...], lacking: frozenset[str] = frozenset()) -> tuple[str, ...]:
+        return order_replicas(nodes, self.pool.nodes, self.region, self.rack, self.suspects.active(self._clock()), lacking)
 
     async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int) -> Entry:
         client = await self.pool.client(node)
@@ -75,7 +75,7 @@ class ReplicaReader:
         """Entry ``entry_id`` of ``segment``, CRC-verified (by the client) and from its write set."""
         self.stats.reads += 1
         write_set = segment.write_set(entry_id)
-        order = iter(self.order(write_set))
+        order = iter(self.order(write_set, segment.lacking(entry_id) if segment.short else frozenset()))
         remaining = len(write_set)
         loop = asyncio.get_running_loop()
         running: dict[asyncio.Task[Entry], tuple[str, float]] = {}

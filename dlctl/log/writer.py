@@ -146,6 +146,9 @@ class _Segment:
         self.w, self.a = rec.write_quorum, rec.ack_quorum
         self.clients = clients
         self.failed = failed  # node -> why; dropped from this segment's write sets
+        # Dropped members: node -> the entry before the first one it failed (what it holds at
+        # most, contiguously); the closed record names them (SegmentRecord.short).
+        self.short: dict[str, int] = {}
         self.next_entry_id = 0
         self.inflight: deque[_Entry] = deque()  # dispatched, not yet acknowledged, in entry order
         self.lac = NO_ENTRY
@@ -640,6 +643,7 @@ class LogWriter:
         if seg.sealed or self._error is not None:
             return
         entry.outstanding -= 1
+        seg.short[node] = min(seg.short.get(node, entry.entry_id - 1), entry.entry_id - 1)
         new = node not in seg.failed
         if new:
             seg.failed[node] = str(exc)
@@ -880,7 +884,9 @@ class LogWriter:
             batch = entry.batch
             batch.parts = [entry.encoded[fmt.HEADER_SIZE : fmt.HEADER_SIZE + entry.body_len]]
         self._queue.extendleft(reversed([e.batch for e in leftovers if e.batch.futures]))
-        completed = seg.versioned.value.completed_with(seg.lac, seg.last_txid, seg.records, seg.bytes, time.time())
+        # Agents that failed before the segment was opened were never sent anything.
+        short = {n: NO_ENTRY for n in seg.failed} | seg.short
+        completed = seg.versioned.value.completed_with(seg.lac, seg.last_txid, seg.records, seg.bytes, time.time(), short=short)
         try:
             await self._update_segment(seg.versioned, completed)
         except (ConflictError, NotFoundError) as exc:

@@ -40,6 +40,13 @@ def disk(cluster: str, node_id: str) -> str:
     return f"{disks(cluster)}/{validate_name('node', node_id)}"
 
 
+def repair_claim(cluster: str, log_name: str, seq: int, node_id: str) -> str:
+    """The ephemeral claim on refilling one replica (dlctl.log.repair); ':' is in no name."""
+    if not isinstance(seq, int) or not 0 < seq < 2**63:
+        raise ValueError(f"invalid segment sequence number {seq!r}")
+    return f"{cluster_root(cluster)}/repairs/{validate_name('log', log_name)}:{seq}:{validate_name('node', node_id)}"
+
+
 def counters(cluster: str) -> str:
     return f"{cluster_root(cluster)}/counters"
 

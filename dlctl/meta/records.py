@@ -7,7 +7,7 @@ Pure data: no ZooKeeper here. Every record round-trips through ``to_json``/``fro
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
@@ -97,6 +97,18 @@ class SegmentRecord:
     bytes: int = 0
     completed: float | None = None
     min_active_entry: int = 0  # partially truncated: entries before it are gone
+    # Members known to lack entries of their write sets (written when the segment is closed by
+    # a writer that dropped them, or by a recovery they could not answer): node -> the last
+    # entry it is known to hold (-1: none known). Empty: every member holds its entries. Such a
+    # segment is under-replicated until the auditor refills the member and clears it here.
+    short: dict[str, int] = field(default_factory=dict)
+
+    def __hash__(self) -> int:  # frozen, but ``short`` is a dict: hash what identifies it
+        return hash((self.seq, self.state, self.ensembles, self.last_entry_id))
+
+    def lacking(self, entry_id: int) -> frozenset[str]:
+        """Members the record says do not hold ``entry_id`` (readers try them last)."""
+        return frozenset(n for n, last in self.short.items() if last < entry_id)
 
     @property
     def ensemble_size(self) -> int:
@@ -115,7 +127,11 @@ class SegmentRecord:
         e = len(nodes)
         return tuple(nodes[(entry_id + i) % e] for i in range(self.write_quorum))
 
-    def completed_with(self, last_entry_id: int, last_txid: int, records: int, size: int, when: float) -> SegmentRecord:
+    def completed_with(
+        self, last_entry_id: int, last_txid: int, records: int, size: int, when: float, short: dict[str, int] | None = None
+    ) -> SegmentRecord:
+        """Closed at ``last_entry_id``; ``short``: members known to hold less (only those short
+        of the end are kept)."""
         return replace(
             self,
             state=SegmentState.COMPLETED,
@@ -124,6 +140,7 @@ class SegmentRecord:
             records=records,
             bytes=size,
             completed=when,
+            short={n: min(last, last_entry_id) for n, last in (short or {}).items() if last < last_entry_id},
         )
 
 
@@ -138,7 +155,10 @@ def _encode(value: Any) -> Any:
 
 
 def to_json(record: Any) -> bytes:
-    return json.dumps(_encode(asdict(record)), sort_keys=True, separators=(",", ":")).encode()
+    raw = _encode(asdict(record))
+    if isinstance(record, SegmentRecord) and not record.short:
+        del raw["short"]  # the common case reads back unchanged by agents that predate the field
+    return json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
 
 
 def log_from_json(data: bytes, where: str) -> LogRecord:
@@ -155,7 +175,10 @@ def segment_from_json(data: bytes, where: str) -> SegmentRecord:
         ensembles = tuple(EnsembleChange(int(c["first_entry_id"]), tuple(c["nodes"])) for c in raw.pop("ensembles"))
         if not ensembles or any(not c.nodes for c in ensembles):
             raise ValueError("empty ensemble")
-        return SegmentRecord(**{**raw, "state": SegmentState(raw["state"]), "ensembles": ensembles})
+        short = raw.pop("short", {})
+        if not isinstance(short, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in short.items()):
+            raise ValueError(f"'short' must map node ids to entry ids, got {short!r}")
+        return SegmentRecord(**{**raw, "state": SegmentState(raw["state"]), "ensembles": ensembles, "short": short})
     except (TypeError, KeyError, ValueError) as exc:
         raise ValueError(f"{where}: malformed segment record: {exc}") from None
 

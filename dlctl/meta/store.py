@@ -238,6 +238,22 @@ class MetaStore:
 
     # -- operations (resumable admin work, e.g. re-replication) -----------------------------
 
+    def claim_repair(self, name: str, seq: int, node: str, holder: str) -> bool:
+        """Claim refilling ``node``'s replica of segment ``seq`` of log ``name`` for this session
+        (an ephemeral znode: a dead claimant's claim goes with its session). False when another
+        session holds the claim."""
+        try:
+            self.client.create(paths.repair_claim(self.cluster, name, seq, node), holder.encode(), acl=self.acl, ephemeral=True, makepath=True)
+            return True
+        except NodeExistsError:
+            return False
+
+    def release_repair(self, name: str, seq: int, node: str) -> None:
+        try:
+            self.client.delete(paths.repair_claim(self.cluster, name, seq, node))
+        except NoNodeError:
+            pass
+
     def _ops_parent(self) -> str:
         return f"{paths.cluster_root(self.cluster)}/ops"
 

@@ -10,6 +10,7 @@ from ..log.ownership import owner_info
 from ..meta.records import LogConfig
 from ..names import validate_name
 from ..plan import Plan, Step
+from ..log.repair import AUDITED_STATES, Cause
 from .session import ClusterSession
 
 
@@ -123,6 +124,7 @@ def list_logs(session: ClusterSession) -> list[dict[str, Any]]:
 def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
     log = session.meta.get_log(name)
     segments = session.meta.segments(name)
+    health = _replica_health(session, name)
     return {
         "name": name,
         "log_id": log.value.log_id,
@@ -143,10 +145,25 @@ def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
                 "records": s.value.records,
                 "bytes": s.value.bytes,
                 "completed": _iso(s.value.completed),
+                "replicas": health.get(s.value.seq, "ok" if s.value.state in AUDITED_STATES else "-"),
             }
             for s in segments
         ],
     }
+
+
+def _replica_health(session: ClusterSession, name: str) -> dict[int, str]:
+    """Per completed segment with a member short of what its record names: who and why
+    (dlctl.log.repair; `dlctl cluster check` lists the same for every log)."""
+    from .health import survey
+
+    found = survey(session, [name])
+    out: dict[int, str] = {}
+    for (_log, seq), problems in sorted(found.under_replicated().items()):
+        out[seq] = "; ".join(
+            f"{p.node}: {p.cause.value}" + (f" {p.held_entries}/{p.expected_entries}" if p.cause is Cause.SHORT else "") for p in problems
+        )
+    return out
 
 
 def delete_log_plan(session: ClusterSession, name: str) -> Plan:

@@ -41,6 +41,7 @@ from ..meta.records import SegmentRecord, SegmentState
 from ..meta import policy as placement_store
 from ..meta.store import MetaStore
 from ..placement import PlacementPolicy
+from ..ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -332,11 +333,13 @@ async def execute(
     window: int = 128,
     only: Collection[str] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    throttle: TokenBucket | None = None,
 ) -> dict[str, Any]:
     """Apply the plan: recover, copy, verify, commit each segment; record progress in the op.
 
     Never raises for a single segment: each one ends committed, stuck (with why) or data-lost,
-    and the report lists them all. ``only``: keys ("log/seq") to restrict to.
+    and the report lists them all. ``only``: keys ("log/seq") to restrict to; ``throttle``: the
+    bytes copied, all segments together.
     """
     await pool.refresh()
     work = [w for w in plan_.work if only is None or w.key in only]
@@ -360,7 +363,7 @@ async def execute(
             progress.current.add(w.key)
             progress.changed()
             try:
-                outcomes[w.key] = await _repair(meta, pool, op, w, lost, window, progress, recover_once)
+                outcomes[w.key] = await _repair(meta, pool, op, w, lost, window, progress, recover_once, throttle)
             except (StuckError, AgentError) as exc:
                 outcomes[w.key] = {"log": w.log, "segment": w.seq, "state": STUCK, "error": exc.message}
                 for node in w.targets:
@@ -409,6 +412,7 @@ async def _repair(
     window: int,
     progress: Progress,
     recover_once: Callable[[str], Any],
+    throttle: TokenBucket | None = None,
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     base = {"log": w.log, "segment": w.seq}
@@ -449,7 +453,7 @@ async def _repair(
     for node, target in targets.items():
         await op.update(w.log, w.seq, node, target=target, state=PENDING)
         try:
-            result = await copy_replica(pool, w.log_id, seg, node, target, lost, window=window, progress=progress.copied)
+            result = await copy_replica(pool, w.log_id, seg, node, target, lost, window=window, progress=progress.copied, throttle=throttle)
         except StuckError as exc:
             raise StuckError(f"segment {w.seq} of log {w.log}, replica of {node} -> {target}: {exc.message}", hint=exc.hint, details=exc.details) from None
         await op.update(w.log, w.seq, node, state=COPIED, entries=result.entries, bytes=result.bytes)

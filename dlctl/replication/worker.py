@@ -48,6 +48,7 @@ from ..meta.pins import PinRecord, PinStore
 from ..meta.records import Versioned
 from ..meta.store import MetaStore
 from ..meta.access import replication_role
+from ..ratelimit import TokenBucket
 from .causal import CausalityFilter, SourceClock
 from .clock import ClockStore
 from .decision import first_retained
@@ -136,22 +137,6 @@ class _Progress:
     last_applied_at: float
 
 
-class _Throttle:
-    def __init__(self, rate: int) -> None:
-        self.rate = rate
-        self.tokens = float(rate)
-        self.at = time.monotonic()
-
-    async def take(self, size: int) -> None:
-        if self.rate <= 0:
-            return
-        now = time.monotonic()
-        self.tokens = min(float(self.rate), self.tokens + (now - self.at) * self.rate) - size
-        self.at = now
-        if self.tokens < 0:
-            await asyncio.sleep(-self.tokens / self.rate)
-
-
 class StreamWorker:
     """Runs one (stream, log); ``run`` returns when ``stop`` is set, raises on failure."""
 
@@ -230,7 +215,7 @@ class StreamWorker:
         causal = CausalityFilter(self.here, cp.sink_vv, unfiltered=self.config.unfiltered) if self.config.bidirectional or self.config.unfiltered else None
         progress = _Progress(None, cp.processed_records, cp.applied_records, cp.applied_bytes, cp.last_applied_at)
         sink_dlsn = applied.sink if applied is not None else cp.sink_dlsn
-        throttle = _Throttle(self.config.throttle_bytes_per_second)
+        throttle = TokenBucket(self.config.throttle_bytes_per_second)
         source_prefix = f"{self.source}@"
         source_name = self.source.encode()
         self._reader = reader = LogReader(

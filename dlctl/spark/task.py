@@ -54,6 +54,7 @@ from ..log.rereplication import digest_of
 from ..log.speculative import EntryReadError, ReplicaReader
 from ..meta.records import SegmentRecord
 from ..placement import choose_ensemble
+from ..ratelimit import TokenBucket
 from .credentials import SecretRef
 from .plan import SegmentTask
 from .transform import Clock, ClockScanner, ContentDigest, EntryCopier
@@ -117,25 +118,6 @@ class CopyFailed(DlctlError):
     """A segment could not be copied; the message names it and why."""
 
 
-class _Bucket:
-    """A token bucket of ``rate`` bytes/s with one second of burst."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.tokens = rate
-        self.stamp = time.monotonic()
-
-    async def take(self, n: int) -> None:
-        while True:
-            now = time.monotonic()
-            self.tokens = min(self.rate, self.tokens + (now - self.stamp) * self.rate)
-            self.stamp = now
-            if self.tokens >= n or self.tokens >= self.rate:
-                self.tokens -= n
-                return
-            await asyncio.sleep((n - self.tokens) / self.rate)
-
-
 # -- the entry points Spark calls ------------------------------------------------------------------
 
 
@@ -188,7 +170,7 @@ def copy_segments(tasks: list[SegmentTask], endpoints: Endpoints) -> list[dict[s
 async def _copy_segments(tasks: list[SegmentTask], endpoints: Endpoints, attempt: int = 0, overlap: int = 2) -> list[dict[str, Any]]:
     source = StaticPool(endpoints.source_nodes, endpoints.source_secret.get(), endpoints.request_timeout)
     sink = StaticPool(endpoints.sink_nodes, endpoints.sink_secret.get(), endpoints.request_timeout)
-    bucket = _Bucket(endpoints.throttle) if endpoints.throttle else None  # the task's rate, whatever overlaps
+    bucket = TokenBucket(endpoints.throttle) if endpoints.throttle else None  # the task's rate, whatever overlaps
     gate = asyncio.Semaphore(overlap)  # FIFO: segments start in order
 
     async def one(task: SegmentTask) -> dict[str, Any]:
@@ -202,7 +184,7 @@ async def _copy_segments(tasks: list[SegmentTask], endpoints: Endpoints, attempt
         await sink.close()
 
 
-async def _copy_result(task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: _Bucket | None) -> dict[str, Any]:
+async def _copy_result(task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: TokenBucket | None) -> dict[str, Any]:
     started = time.monotonic()
     base = {"log": task.log, "source_seq": task.source.seq, "sink_seq": task.sink_seq, "first_entry": task.source.min_active_entry, "last_entry": task.source.last_entry_id, "start_vv": dict(task.start_vv)}
     try:
@@ -414,7 +396,7 @@ async def _ensemble(task: SegmentTask, pool: StaticPool) -> tuple[str, ...]:
         exclude |= dead
 
 
-async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: _Bucket | None) -> dict[str, Any]:
+async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: TokenBucket | None) -> dict[str, Any]:
     where = f"segment {task.source.seq} of log {task.log!r}"
     task = replace(task, seed=task.seed + attempt)
     ensemble = await _ensemble(task, sink)

@@ -9,6 +9,11 @@ digest verification — the exact code ``dlctl recover node`` runs). The baselin
 sequential write + fdatasync loop (fdatasync every 512 KiB, the agent's group-commit size) of
 the same volume on the same directory, re-measured right before each copy. Median of
 ``--rounds``. Target (issue 6): copy rate >= 50 % of the baseline. Exit 0 unless --strict.
+
+``--in-place`` measures the repair of a live member instead (issue 18: ``dlctl recover
+under-replicated`` and the auditor, ``dlctl.log.repair``): the target is itself a member of the
+segment whose replica was lost (limbo, cut, replaced disk), refilled from its peer — the very
+``copy_replica`` call ``repair_replica`` makes. Same baseline, same target (>= 50 %).
 """
 
 from __future__ import annotations
@@ -82,10 +87,12 @@ async def measure(src_port: int, dst_port: int, args: argparse.Namespace, direct
         for r in range(args.rounds):
             seq = r + 1
             await fill(src, 1, seq, count, payload)
-            # "lost" is the replica being rebuilt; "src" serves every entry (E = W = 2).
-            segment = SegmentRecord(seq, SegmentState.COMPLETED, (EnsembleChange(0, ("src", "lost")),), 2, 2, time.time(), last_entry_id=count - 1)
+            # "lost" is the replica being rebuilt; "src" serves every entry (E = W = 2). In place,
+            # the member being refilled is the target itself.
+            member = "dst" if args.in_place else "lost"
+            segment = SegmentRecord(seq, SegmentState.COMPLETED, (EnsembleChange(0, ("src", member)),), 2, 2, time.time(), last_entry_id=count - 1)
             base = baseline_sequential_bandwidth(directory, count * len(payload))
-            result = await copy_replica(Pool({"src": src, "dst": dst}), 1, segment, "lost", "dst", {"lost"}, window=args.window)
+            result = await copy_replica(Pool({"src": src, "dst": dst}), 1, segment, member, "dst", {member}, window=args.window)
             rate = result.bytes / result.seconds
             rounds.append((rate, base))
             print(f"round {r + 1}: copied {result.bytes / MIB:.0f} MiB in {result.seconds:.2f}s = {rate / MIB:.1f} MiB/s; baseline {base / MIB:.1f} MiB/s ({rate / base:.0%})", flush=True)
@@ -106,6 +113,7 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--strict", action="store_true")
+    parser.add_argument("--in-place", action="store_true", help="refill a member in place (repair) instead of copying to a replacement")
     args = parser.parse_args()
     if args.serve:
         serve(Path(args.serve[0]), Path(args.serve[1]))
@@ -125,7 +133,8 @@ def main() -> int:
     ratio = statistics.median(rate / base for rate, base in rounds)
     rate = statistics.median(rate for rate, _ in rounds)
     verdict = "PASS" if ratio >= 0.5 else "MISS"
-    print(f"re-replication copy rate: {rate / MIB:.1f} MiB/s = {ratio:.0%} of sequential write+fdatasync bandwidth (target >= 50 %): {verdict}")
+    what = "repair (in place)" if args.in_place else "re-replication"
+    print(f"{what} copy rate: {rate / MIB:.1f} MiB/s = {ratio:.0%} of sequential write+fdatasync bandwidth (target >= 50 %): {verdict}")
     return 1 if args.strict and ratio < 0.5 else 0
 
 

@@ -107,7 +107,9 @@ def _double_fault(env, tmp_path, seed: int, *, disguise: bool) -> tuple[list[tup
             # Afterwards the auditor refills the wiped member in place: its replica of the
             # recovered segment leaves limbo and matches its peers' digest.
             first = meta.segments(env.name)[0].value
+            assert result.segment.value.short == {x.node_id: -1}, result.segment  # recovery recorded that X could not answer
             await eventually(lambda: _same_replicas(env, meta, log_id, first), 60, f"{x.node_id}'s replica refilled")
+            await eventually(lambda: meta.segments(env.name)[0].value.short == {}, 30, "the record cleared once X is refilled")
         segments = [(s.value.seq, s.value.last_entry_id, [c.nodes for c in s.value.ensembles]) for s in meta.segments(env.name)]
         facts = {"x": x.node_id, "y": y.node_id, "z": z.node_id, "recovered": result.to_dict(), "segments": segments}
         return {(str(d), r.payload.decode()) for d, r in back}, facts

@@ -113,3 +113,15 @@ def test_a_directory_from_before_disk_ids_gets_one_and_is_recorded(meta, tmp_pat
     check = prepare_data_dir(meta.client, CLUSTER, "n1", data)
     assert not check.fresh and check.previous_disk is None and check.identity.disk_id
     assert json.loads(meta.client.get(paths.disk(CLUSTER, "n1"))[0])["disk_id"] == check.identity.disk_id
+
+
+def test_a_repair_claim_is_held_by_one_session_at_a_time_and_goes_with_it(zk):
+    first, second = MetaStore(zk.client(), CLUSTER), MetaStore(zk.client(), CLUSTER)
+    assert first.claim_repair("orders", 3, "n2", "auditor n1")
+    assert not second.claim_repair("orders", 3, "n2", "operator")
+    assert second.claim_repair("orders", 3, "n3", "operator")  # another replica: another claim
+    first.client.stop()
+    first.client.close()  # the claimant's session ends: so does its claim
+    assert second.claim_repair("orders", 3, "n2", "operator")
+    second.release_repair("orders", 3, "n2")
+    assert MetaStore(zk.client(), CLUSTER).claim_repair("orders", 3, "n2", "third")

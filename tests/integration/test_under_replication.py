@@ -91,6 +91,8 @@ def test_a_member_dropped_mid_segment_is_reported_short_then_refilled_and_the_ch
     log_id = session.meta.get_log("sagging").value.log_id
     first = session.meta.segments("sagging")[0].value
     assert first.state is SegmentState.COMPLETED and stopped in first.ensembles[0].nodes
+    # The writer that dropped it wrote down that it is short (item 1: the record is the truth).
+    assert set(first.short) == {stopped} and first.short[stopped] < first.last_entry_id
 
     checked = dlctl(sandbox, "-o", "json", "cluster", "check")
     report = json.loads(checked.stdout)
@@ -99,6 +101,8 @@ def test_a_member_dropped_mid_segment_is_reported_short_then_refilled_and_the_ch
     assert (problem["segment"], problem["node"], problem["cause"]) == (first.seq, stopped, "short")
     assert problem["held_entries"] < problem["expected_entries"] == first.last_entry_id + 1
     assert len(asyncio.run(_digests(session, log_id, first))) == 2  # the short member disagrees
+    shown = json.loads(dlctl(sandbox, "-o", "json", "log", "show", "sagging").stdout)["segments"]
+    assert shown[0]["replicas"].startswith(f"{stopped}: short ") and shown[1]["replicas"] in ("ok", "-")
 
     dry = json.loads(dlctl(sandbox, "-o", "json", "recover", "under-replicated", "--log", "sagging", "--dry-run").stdout)
     assert [s["action"] for s in dry["steps"]] == ["refill"] and stopped in dry["steps"][0]["target"]
@@ -107,7 +111,9 @@ def test_a_member_dropped_mid_segment_is_reported_short_then_refilled_and_the_ch
 
     ((entries, _digest),) = asyncio.run(_digests(session, log_id, first))  # one answer: every member agrees
     assert entries == first.last_entry_id + 1
+    assert session.meta.segments("sagging")[0].value.short == {}  # and the record says so again
     again = dlctl(sandbox, "-o", "json", "cluster", "check", "--log", "sagging")
     assert again.returncode == 0 and json.loads(again.stdout)["status"] == "OK", again.stdout
+    assert json.loads(dlctl(sandbox, "-o", "json", "log", "show", "sagging").stdout)["segments"][0]["replicas"] == "ok"
     session.close()
     assert dlctl(sandbox, "--yes", "cluster", "auditor", "enable").returncode == 0

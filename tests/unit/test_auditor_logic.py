@@ -101,9 +101,9 @@ def load(tmp_path: Path, extra: str) -> agent_config.AgentConfig:
 
 def test_auditor_defaults_are_on_with_five_minutes_grace(tmp_path):
     a = load(tmp_path, "").auditor
-    assert (a.enabled, a.grace_seconds, a.check_seconds) == (True, 300.0, 10.0)
-    a = load(tmp_path, "[auditor]\nenabled = false\ngrace_seconds = 2\ncheck_seconds = 0.5\n").auditor
-    assert (a.enabled, a.grace_seconds, a.check_seconds) == (False, 2.0, 0.5)
+    assert (a.enabled, a.grace_seconds, a.check_seconds, a.max_bytes_per_second) == (True, 300.0, 10.0, 64 * 1024 * 1024)
+    a = load(tmp_path, "[auditor]\nenabled = false\ngrace_seconds = 2\ncheck_seconds = 0.5\nmax_bytes_per_second = 0\n").auditor
+    assert (a.enabled, a.grace_seconds, a.check_seconds, a.max_bytes_per_second) == (False, 2.0, 0.5, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -115,6 +115,8 @@ def test_auditor_defaults_are_on_with_five_minutes_grace(tmp_path):
         ('[auditor]\ncheck_seconds = "10"\n', "[auditor] key 'check_seconds' must be seconds"),
         ("[auditor]\ncheck_seconds = -1\n", "[auditor] key 'check_seconds' must be seconds"),
         ("[auditor]\ngrace = 3\n", "unknown key(s) in [auditor]: grace"),
+        ("[auditor]\nmax_bytes_per_second = -1\n", "[auditor] key 'max_bytes_per_second' must be a number of bytes per second >= 0"),
+        ('[auditor]\nmax_bytes_per_second = "fast"\n', "[auditor] key 'max_bytes_per_second' must be a number"),
         ('auditor = "off"\n', "key 'auditor' must be a table"),
     ],
 )

@@ -93,3 +93,48 @@ def test_fewest_copies_counts_the_worst_write_set():
     assert fewest_copies(striped, {"a", "c"}) == 1
     assert fewest_copies(striped, {"a", "b"}) == 0
     assert fewest_copies(completed(nodes=("a", "b", "c", "d"), w=2, last=0), {"c", "d"}) == 2  # one entry: set ab only
+
+
+def test_a_member_the_record_calls_short_is_a_problem_even_when_its_listing_looks_whole():
+    from dataclasses import replace
+
+    seg = replace(completed(), short={"b": 3})
+    (p,) = segment_problems("l", 1, seg, listing(a=info(10, 9), b=info(10, 9), c=info(10, 9)), {})
+    assert (p.node, p.cause) == ("b", Cause.RECORDED) and "up to 3" in p.detail
+    (down,) = segment_problems("l", 1, seg, listing(a=info(10, 9), c=info(10, 9)), {})
+    assert (down.node, down.cause) == ("b", Cause.AGENT_DOWN) and "up to 3" in down.detail
+    # A short listing wins over the record: the refill is needed either way, the listing is news.
+    (short,) = segment_problems("l", 1, seg, listing(a=info(10, 9), b=info(4, 3), c=info(10, 9)), {})
+    assert short.cause is Cause.SHORT
+
+
+def test_closing_keeps_only_members_short_of_the_end_and_caps_them_at_it():
+    seg = completed(state=SegmentState.INPROGRESS, last=-1)
+    closed = seg.completed_with(9, 9, 10, 100, 0.0, short={"a": 4, "b": 9, "c": 12})
+    assert closed.short == {"a": 4}
+    assert closed.lacking(4) == frozenset() and closed.lacking(5) == {"a"}
+
+
+def test_the_record_of_short_members_round_trips_and_is_left_out_when_empty():
+    import json
+
+    import pytest as _pytest
+
+    from dlctl.meta.records import segment_from_json, to_json
+
+    plain = completed()
+    assert "short" not in json.loads(to_json(plain))
+    marked = plain.completed_with(9, 9, 10, 100, 0.0, short={"b": -1})
+    assert segment_from_json(to_json(marked), "x").short == {"b": -1}
+    raw = json.loads(to_json(marked))
+    raw["short"] = {"b": "three"}
+    with _pytest.raises(ValueError, match="'short' must map node ids to entry ids"):
+        segment_from_json(json.dumps(raw).encode(), "x")
+
+
+def test_readers_try_members_the_record_calls_short_last():
+    from dlctl.log.readpolicy import order_replicas
+
+    nodes = {n: {"region": "r1", "rack": "k1"} for n in "abc"}
+    assert order_replicas(("a", "b", "c"), nodes, "r1", "k1", lacking={"a"}) == ("b", "c", "a")
+    assert order_replicas(("a", "b", "c"), nodes, "r1", "k1", suspects={"b"}, lacking={"a"}) == ("c", "b", "a")
