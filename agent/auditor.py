@@ -25,7 +25,8 @@ after switching it back on the grace period starts again.
 Live replicas too: at every check the elected auditor surveys the replicas the available agents
 hold against the completed segments' records (``dlctl.log.repair``) and refills, in place, every
 replica that is missing, in limbo (corrupt, cut, or forgotten with a replaced disk) or short of
-the entries its record names. The election makes it the only one repairing; repairs are
+the entries its record names; every DEEP_EVERY-th survey also compares the members' digests and
+replaces a replica that disagrees with a strict majority of its peers. The election makes it the only one repairing; repairs are
 idempotent (recovery adds of identical bytes, digest-verified), so one cut short is redone.
 
 Safety: the auditor acts only while elected *and* connected. When its ZooKeeper connection is
@@ -58,6 +59,11 @@ from .config import AuditorSettings
 from .election import ElectedRole
 
 log = logging.getLogger("dlagent.auditor")
+
+
+# Every DEEP_EVERY-th survey also compares the members' digests (a request per replica, so not at
+# every check): divergent replicas are found within DEEP_EVERY x check_seconds.
+DEEP_EVERY = 30
 
 
 def switch_path(cluster: str) -> str:
@@ -155,6 +161,7 @@ class Auditor(ElectedRole):
         self._said: set[str] = set()  # messages logged once, not at every check
         self._threads: list[threading.Thread] = []
         self.last_survey: Any = None  # the last replica-health survey (dlctl.log.repair.Survey)
+        self._surveys = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -371,8 +378,11 @@ class Auditor(ElectedRole):
         (dlctl.log.repair): the causes a gone-agent check cannot see."""
         from dlctl.log import repair
 
+        self._surveys += 1
+        deep = self._surveys % DEEP_EVERY == 1  # the first survey, then every DEEP_EVERY-th
+
         async def work(pool: Any) -> tuple[Any, Any]:
-            found = await repair.survey(self.meta, pool)
+            found = await repair.survey(self.meta, pool, deep=deep)
             if not any(p.cause in repair.REPAIRABLE for p in found.problems):
                 return found, None
             return found, await repair.repair(

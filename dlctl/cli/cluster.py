@@ -46,14 +46,16 @@ def cluster_status(app: AppContext, timeout: float) -> None:
 
 @cluster_group.command("check")
 @click.option("--log", "logs", multiple=True, help="Check only this log (repeatable); default: every log.")
+@click.option("--deep", is_flag=True, help="Also compare the members' digests of every completed segment (one request per replica).")
 @command_options
 @pass_app
-def cluster_check(app: AppContext, logs: tuple[str, ...]) -> None:
+def cluster_check(app: AppContext, logs: tuple[str, ...], deep: bool) -> None:
     """Monitoring check of replica health: exit 0 healthy, 1 degraded (an under-replicated
     completed segment, a limbo replica, an agent down), 2 critical (some entry has fewer healthy
     copies than its ack quorum). Lists each under-replicated segment with its members' causes:
-    missing, limbo (corrupt, cut, or lost with a replaced disk), short, unreachable, agent down."""
-    result = health_ops.check(app.session(), logs or None)
+    missing, limbo (corrupt, cut, or lost with a replaced disk), short, recorded short, unreachable,
+    agent down; with --deep also divergent (its digest differs from the majority's) or conflict."""
+    result = health_ops.check(app.session(), logs or None, deep=deep)
     if app.output == "table":
         app.stdout.print(
             f"{result['status']}: cluster {result['cluster']}: {result['segments_checked']} completed segment(s) checked, "

@@ -47,8 +47,9 @@ def recover_log_command(app: AppContext, log: str, force: bool, timeout: float, 
 
 @recover_group.command("under-replicated")
 @click.option("--log", "logs", multiple=True, help="Repair only this log's segments (repeatable); default: every log.")
+@click.option("--deep", is_flag=True, help="Also compare members' digests and refill the ones that disagree with the majority.")
 @mutating(confirm=True)
-def recover_under_replicated_command(app: AppContext, logs: tuple[str, ...]) -> Plan:
+def recover_under_replicated_command(app: AppContext, logs: tuple[str, ...], deep: bool) -> Plan:
     """Refill now, in place, every replica of a completed segment that a live agent is missing
     or holds in limbo or short (what `dlctl cluster check` lists): entries are copied from the
     segment's healthy members and the copy is verified by digest. The elected auditor does the
@@ -56,7 +57,7 @@ def recover_under_replicated_command(app: AppContext, logs: tuple[str, ...]) -> 
     from ..ops import health as health_ops
 
     session = app.session()
-    return health_ops.repair_plan(session, health_ops.survey(session, logs or None))
+    return health_ops.repair_plan(session, health_ops.survey(session, logs or None, deep=deep))
 
 
 # -- re-replication: `recover node ID…` and `recover region NAME` ----------------------------------

@@ -16,7 +16,9 @@ recovery) to settle, and is left alone.
 
 Repair, per replica: (1) every entry it should hold must be readable from another member, else
 nothing is touched (a limbo copy may be the last one somebody needs to look at); (2) a limbo
-replica is deleted (limbo refuses adds); (3) the entries are copied from healthy members with
+replica is deleted (limbo refuses adds), and so is a *divergent* one — whole, but its digest
+differs from what a strict majority of its peers hold (a deep survey compares them; without a
+majority the conflict is reported, never settled by a guess); (3) the entries are copied from healthy members with
 recovery adds — idempotent for identical bytes, so a short replica keeps what it has and an
 interrupted repair is simply redone — and (4) the target's digest of the range must equal the
 digest of what was read (``rereplication.copy_replica``).
@@ -54,9 +56,14 @@ class Cause(str, Enum):
     LIMBO = "limbo"  # the replica is in limbo (corrupt, cut, or forgotten with a replaced disk)
     SHORT = "short"  # the replica lacks entries the record says it holds
     RECORDED = "recorded-short"  # the record says it lacks entries (a writer dropped it, a recovery could not ask it)
+    DIVERGENT = "divergent"  # holds every entry, but its digest disagrees with the majority of its peers'
+    CONFLICT = "conflict"  # members' digests disagree and no majority says which is right: for an operator
 
 
-REPAIRABLE = frozenset({Cause.MISSING, Cause.LIMBO, Cause.SHORT, Cause.RECORDED})
+REPAIRABLE = frozenset({Cause.MISSING, Cause.LIMBO, Cause.SHORT, Cause.RECORDED, Cause.DIVERGENT})
+# Replaced before refilling: limbo refuses adds, and a divergent replica would refuse the right
+# bytes for an entry id it holds with other ones.
+REPLACED = frozenset({Cause.LIMBO, Cause.DIVERGENT})
 AUDITED_STATES = frozenset({SegmentState.COMPLETED, SegmentState.PARTIALLY_TRUNCATED})
 
 
@@ -72,6 +79,7 @@ class ReplicaProblem:
     expected_entries: int  # entries the member should hold
     held_entries: int  # entries its replica holds (-1: unknown)
     detail: str = ""
+    avoid: tuple[str, ...] = ()  # members not to copy from (their copies disagree with the majority)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +140,21 @@ def segment_problems(
         else:
             out.append(ReplicaProblem(name, log_id, segment.seq, node, Cause.AGENT_DOWN, len(expected), -1, note))
     return out
+
+
+def digest_verdicts(answers: Mapping[str, tuple[int, str]]) -> tuple[dict[str, str], bool]:
+    """Members whose (entries, digest) of the same range differs from the others': (node ->
+    why, whether a strict majority agrees). Only for members that hold the same entry ids
+    (E = W). Without a majority nobody can tell the right copy; every member is named."""
+    groups: dict[tuple[int, str], list[str]] = {}
+    for node, answer in answers.items():
+        groups.setdefault(answer, []).append(node)
+    if len(groups) <= 1:
+        return {}, True
+    best, members_ = max(groups.items(), key=lambda kv: len(kv[1]))
+    if len(members_) * 2 <= len(answers):
+        return {n: f"{a[0]} entries, digest {a[1][:12]}…; no majority among {len(answers)} members" for n, a in answers.items()}, False
+    return {n: f"digest {a[1][:12]}… over {a[0]} entries; {len(members_)} of {len(answers)} members agree on {best[1][:12]}…" for n, a in answers.items() if a != best}, True
 
 
 def fewest_copies(segment: SegmentRecord, unhealthy: Collection[str]) -> int:
@@ -205,10 +228,36 @@ async def list_replicas(pool: Any, nodes: Iterable[str]) -> tuple[dict[str, dict
     return listings, unreachable
 
 
-async def survey(meta: MetaStore, pool: Any, logs: Collection[str] | None = None) -> Survey:
+async def compare_digests(pool: Any, name: str, log_id: int, segment: SegmentRecord, healthy: Collection[str]) -> list[ReplicaProblem]:
+    """Deep check of one completed E = W segment: every healthy member's digest of the active
+    entries, compared (``digest_verdicts``). Members that do not answer are left to the next
+    survey."""
+    first, last = segment.min_active_entry, segment.last_entry_id
+    if last < first or segment.write_quorum != segment.ensemble_size or len(segment.ensembles) != 1:
+        return []
+
+    async def one(node: str) -> tuple[str, tuple[int, str] | None]:
+        try:
+            d = await (await pool.client(node)).digest(log_id, segment.seq, first, last)
+            return node, (d.entries, d.digest)
+        except AgentError:
+            return node, None
+
+    answers = {n: a for n, a in await asyncio.gather(*(one(n) for n in sorted(healthy))) if a is not None}
+    odd, majority = digest_verdicts(answers)
+    expected = last - first + 1
+    cause = Cause.DIVERGENT if majority else Cause.CONFLICT
+    return [
+        ReplicaProblem(name, log_id, segment.seq, node, cause, expected, answers[node][0], why, tuple(sorted(odd)))
+        for node, why in sorted(odd.items())
+    ]
+
+
+async def survey(meta: MetaStore, pool: Any, logs: Collection[str] | None = None, *, deep: bool = False) -> Survey:
     """Check every completed segment of ``logs`` (all logs by default) against the replicas the
     available agents hold. The agents are listed before the metadata is read, so a segment
-    created meanwhile is not reported against a listing that predates it."""
+    created meanwhile is not reported against a listing that predates it. ``deep``: also
+    compare the members' digests (one DIGEST request per member and segment)."""
     available = await _zk(meta.available_nodes)
     listings, unreachable = await list_replicas(pool, available)
     result = Survey(agents={n: "up" for n in listings} | unreachable)
@@ -225,6 +274,9 @@ async def survey(meta: MetaStore, pool: Any, logs: Collection[str] | None = None
             if seg.value.state in AUDITED_STATES:
                 result.segments_checked += 1
                 found = segment_problems(name, log_id, seg.value, listings, unreachable)
+                if deep:
+                    healthy = members(seg.value) - {p.node for p in found} - set(unreachable)
+                    found += await compare_digests(pool, name, log_id, seg.value, [n for n in healthy if n in listings])
                 if found:
                     result.problems.extend(found)
                     result.segments[(name, seg.value.seq)] = seg.value
@@ -269,7 +321,7 @@ async def _refill(
         raise StuckError(f"{where}: the segment is {seg.state.value}, not completed", hint="an in-progress segment is left to its writer")
     if problem.node not in members(seg):
         raise StuckError(f"{where}: {problem.node} is no longer a member (re-replicated meanwhile)")
-    sources_dead = set(dead) | {problem.node}
+    sources_dead = set(dead) | {problem.node} | set(problem.avoid)
     uncovered = [r for r in lost_ranges(seg, sources_dead) if r.last >= seg.min_active_entry]
     if uncovered:
         raise StuckError(
@@ -278,12 +330,12 @@ async def _refill(
             details={"uncovered": [r.to_dict() for r in uncovered]},
         )
     client = await pool.client(problem.node)
-    if problem.cause is Cause.LIMBO:
+    if problem.cause in REPLACED:
         try:
             await client.delete_segment(problem.log_id, problem.segment)
         except NoSuchSegmentError:
             pass
-        log.warning("%s: deleted the limbo replica to refill it from its peers", where)
+        log.warning("%s: deleted the %s replica to refill it from its peers", where, problem.cause.value)
     result = await copy_replica(pool, problem.log_id, seg, problem.node, problem.node, sources_dead, progress=progress, throttle=throttle)
     await _clear_recorded_shortfall(meta, problem, current)
     log.warning("%s: refilled %d entries (%d bytes) from its peers (%s)", where, result.entries, result.bytes, problem.cause.value)

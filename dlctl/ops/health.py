@@ -35,12 +35,12 @@ def verdict(found: repair.Survey) -> tuple[int, list[str]]:
     return code, problems
 
 
-def survey(session: Any, logs: Collection[str] | None = None) -> repair.Survey:
-    return session.with_pool(lambda pool: repair.survey(session.meta, pool, logs))
+def survey(session: Any, logs: Collection[str] | None = None, *, deep: bool = False) -> repair.Survey:
+    return session.with_pool(lambda pool: repair.survey(session.meta, pool, logs, deep=deep))
 
 
-def check(session: Any, logs: Collection[str] | None = None) -> dict[str, Any]:
-    found = survey(session, logs)
+def check(session: Any, logs: Collection[str] | None = None, *, deep: bool = False) -> dict[str, Any]:
+    found = survey(session, logs, deep=deep)
     code, problems = verdict(found)
     return {"cluster": session.cluster.name, "status": VERDICTS[code], "code": code, "problems": problems} | found.to_dict()
 

@@ -197,3 +197,64 @@ def test_a_file_cut_while_its_agent_was_down_answers_limbo_and_is_refilled(env):
         run(answers_limbo_then_refilled(), timeout=90)
     finally:
         roles.write_auditor_switch(env.cluster.admin, "c1", True)
+
+
+def test_a_replica_whose_digest_disagrees_with_the_majority_is_found_by_a_deep_survey_and_replaced(env):
+    """One member holds a different, internally valid entry (right length, right CRC): a plain
+    survey sees nothing wrong, a deep one names that member divergent, and its repair replaces
+    the replica with the majority's entries."""
+    from dataclasses import replace as dc_replace
+
+    from dlagent.storage import scan_file
+    from dlctl.log import format as fmt
+    from dlctl.log import repair
+
+    env.create_log()
+
+    async def write() -> None:
+        writer = await env.writer()
+        for batch in range(5):
+            for i in range(50):
+                writer.submit(f"rec-{batch * 50 + i}".encode())
+            await writer.flush()
+        await writer.close()
+
+    run(write())
+    meta = env.meta()
+    log_id = meta.get_log(env.name).value.log_id
+    segment = meta.segments(env.name)[0].value
+    node = env.cluster.agents[segment.ensembles[0].nodes[2]]
+    roles.write_auditor_switch(env.cluster.admin, "c1", False)  # the test repairs, not the auditor
+    try:
+        assert node.proc.terminate(10) == 0
+        path = node.data_dir / "segments" / f"{log_id:016x}" / f"{segment.seq:016x}.log"
+        off, length, _crc = scan_file(path, log_id, segment.seq).index.get(1)
+        with open(path, "r+b") as f:
+            f.seek(off)
+            original = fmt.decode(f.read(fmt.HEADER_SIZE + length))
+            forged = fmt.encode(dc_replace(original, payload=original.payload.replace(b"rec-", b"REC-")))
+            assert len(forged) == fmt.HEADER_SIZE + length and forged != fmt.encode(original)
+            f.seek(off)
+            f.write(forged)
+        node.start(wait=False)
+        node.wait_ready(env.cluster.admin)
+
+        async def survey_and_repair() -> None:
+            pool = env.pool(meta)
+            try:
+                plain = await repair.survey(meta, pool, [env.name])
+                assert plain.problems == []  # whole, valid, as long as its peers: invisible without digests
+                deep = await repair.survey(meta, pool, [env.name], deep=True)
+                (problem,) = deep.problems
+                assert (problem.node, problem.cause) == (node.node_id, repair.Cause.DIVERGENT), deep.to_dict()
+                report = await repair.repair(meta, pool, deep)
+                assert [r["node"] for r in report.repaired] == [node.node_id] and not report.stuck
+                assert (await repair.survey(meta, pool, [env.name], deep=True)).problems == []
+                entry = await (await pool.client(node.node_id)).read(log_id, segment.seq, 1)
+                assert entry == fmt.encode(original)
+            finally:
+                await pool.close()
+
+        run(survey_and_repair(), timeout=60)
+    finally:
+        roles.write_auditor_switch(env.cluster.admin, "c1", True)

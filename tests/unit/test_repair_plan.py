@@ -138,3 +138,15 @@ def test_readers_try_members_the_record_calls_short_last():
     nodes = {n: {"region": "r1", "rack": "k1"} for n in "abc"}
     assert order_replicas(("a", "b", "c"), nodes, "r1", "k1", lacking={"a"}) == ("b", "c", "a")
     assert order_replicas(("a", "b", "c"), nodes, "r1", "k1", suspects={"b"}, lacking={"a"}) == ("c", "b", "a")
+
+
+def test_digest_verdicts_name_the_minority_and_refuse_to_pick_without_a_majority():
+    from dlctl.log.repair import digest_verdicts
+
+    assert digest_verdicts({"a": (10, "x"), "b": (10, "x"), "c": (10, "x")}) == ({}, True)
+    odd, majority = digest_verdicts({"a": (10, "x"), "b": (10, "y"), "c": (10, "x")})
+    assert set(odd) == {"b"} and majority
+    odd, majority = digest_verdicts({"a": (10, "x"), "b": (10, "y")})
+    assert set(odd) == {"a", "b"} and not majority
+    odd, majority = digest_verdicts({"a": (10, "x"), "b": (10, "y"), "c": (10, "z"), "d": (10, "x")})
+    assert set(odd) == {"a", "b", "c", "d"} and not majority  # 2 of 4 is no strict majority
