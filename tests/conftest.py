@@ -24,6 +24,7 @@ if _TESTS_DIR not in sys.path:
 from harness import sshd as _sshd  # noqa: E402
 from harness import zk as _zk  # noqa: E402
 from harness.faultproxy import FaultNetwork  # noqa: E402
+from harness.powerfs import detach_dead_mounts  # noqa: E402
 from harness.procs import ProcessRegistry, kill_orphans  # noqa: E402
 from harness.sshd import ClientIdentity, SshNodeFactory  # noqa: E402
 from harness.zk import ZkNamespace, ZooKeeperEnsemble, ZooKeeperServer  # noqa: E402
@@ -35,12 +36,13 @@ _SSH_FIXTURES = {"ssh_nodes", "ssh_identity"}
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Kill what a previous run that was killed hard (no teardown) left behind."""
     killed = kill_orphans()
-    if killed:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(
-                f"harness: killed {len(killed)} processes left by a dead test run: {killed}"
-            )
+    # Their power-loss filesystems' mounts stay behind, dead (ENOTCONN): detach those.
+    detached = detach_dead_mounts()
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and killed:
+        reporter.write_line(f"harness: killed {len(killed)} processes left by a dead test run: {killed}")
+    if reporter is not None and detached:
+        reporter.write_line(f"harness: detached {len(detached)} dead power-loss mounts: {detached}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
