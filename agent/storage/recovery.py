@@ -18,6 +18,11 @@ The verdict after the first invalid record at offset ``o``:
   damaged acknowledged data. Cutting would throw away acknowledged entries and silently
   "repair" a replica that can no longer vouch for what it stores, so it is left untouched.
 
+- **unsynced gap**: like mid-file corruption, but the invalid record is zeros where an entry
+  header should be, past the length the replica recorded as durable (``.acked``). A power loss
+  can keep later pages of a file and lose earlier ones; since an acknowledgement follows an
+  fdatasync of everything before it, nothing from the gap on was acknowledged here: cut.
+
 When in doubt the verdict is limbo, the safe side: a limbo replica is re-replicated from its
 peers, a wrong cut loses acknowledged entries.
 
@@ -83,6 +88,8 @@ class ScanResult:
     torn_reason: str | None = None  # invalid tail from valid_end to file_size: cut it
     corrupt_reason: str | None = None  # invalid record at valid_end, valid data later: limbo
     next_valid_offset: int = -1
+    # With corrupt_reason: the header at valid_end is all zeros — see SegmentCheck.unsynced_gap.
+    zero_header: bool = False
 
     @property
     def clean(self) -> bool:
@@ -223,6 +230,7 @@ def _scan(fd: int, r: ScanResult) -> None:
     else:
         r.corrupt_reason = reason
         r.next_valid_offset = nxt
+        r.zero_header = _all_zeros(fd, pos, min(pos + HEADER_SIZE, nxt))
 
 
 def read_limbo_marker(path: Path) -> LimboRecord:
@@ -303,13 +311,27 @@ class SegmentCheck:
     acked: int | None = None  # the length its .acked file records as durable, if any
 
     @property
+    def unsynced_gap(self) -> bool:
+        """Zeros where an entry should start, valid entries later, and all of it past the length
+        this replica is known to have made durable: a power loss that kept some later pages and
+        not the earlier ones (devices persist unsynced pages in any order). Not damage: an entry
+        is acknowledged only after an fdatasync that also made every earlier byte durable, so
+        nothing from the gap on was acknowledged by this replica; the gap is cut as a torn tail.
+        Zeros below the known durable length are damage (limbo)."""
+        scan = self.scan
+        return (
+            scan is not None and scan.corrupt_reason is not None and scan.zero_header
+            and (self.acked is None or scan.valid_end >= self.acked)
+        )
+
+    @property
     def corruption(self) -> LimboRecord | None:
         """Newly found corruption before valid data, or data missing that was acknowledged
         (needs limbo), if any."""
         if self.read_error is not None:
             return LimboRecord(*self.key, str(self.path), -1, f"unreadable: {self.read_error}")
         scan = self.scan
-        if scan is not None and scan.corrupt_reason is not None:
+        if scan is not None and scan.corrupt_reason is not None and not self.unsynced_gap:
             return LimboRecord(*self.key, str(self.path), scan.valid_end, scan.corrupt_reason, scan.next_valid_offset)
         if self.acked:
             if not self.has_log:
@@ -329,7 +351,14 @@ class SegmentCheck:
     def torn_tail(self) -> tuple[int, int, str] | None:
         """(offset, bytes, reason) of a tail to cut; never for a replica in limbo."""
         scan = self.scan
-        if self.limbo is not None or scan is None or scan.torn_reason is None:
+        if self.limbo is not None or scan is None:
+            return None
+        if self.unsynced_gap:
+            return scan.valid_end, scan.file_size - scan.valid_end, (
+                f"{scan.corrupt_reason}: zeros where an entry should start (never synced); later entries "
+                f"from offset {scan.next_valid_offset} were not acknowledged by this replica"
+            )
+        if scan.torn_reason is None:
             return None
         return scan.valid_end, scan.file_size - scan.valid_end, scan.torn_reason
 

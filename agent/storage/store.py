@@ -125,6 +125,7 @@ class SegmentStore:
         self._settling: asyncio.Task | None = None  # the next settle, which deletes join
         self._trim_timer: asyncio.TimerHandle | None = None
         self._acked_timer: asyncio.TimerHandle | None = None
+        self._synced_log_dirs: set[Path] = set()  # log dirs whose entry in segments/ this process fsynced
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -227,11 +228,11 @@ class SegmentStore:
 
     def _make_data_dir(self) -> None:
         root = layout.segments_root(self.data_dir)
-        if root.is_dir():
-            return
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             root.mkdir(exist_ok=True)
+            # At every start, not only when just created: a run that crashed between a mkdir
+            # and its parent's fsync left an entry a later power loss could still drop.
             layout.fsync_path(self.data_dir, self._fsync)
             layout.fsync_path(self.data_dir.parent, self._fsync)
         except OSError as exc:
@@ -371,13 +372,15 @@ class SegmentStore:
 
     def _create_files(self, key: Key, fenced: bool, exist_ok: bool = False) -> Path:
         ldir = layout.log_dir(self.data_dir, key[0])
-        new_dir = False
         if not ldir.is_dir():
             try:
                 ldir.mkdir()
-                new_dir = True
             except FileExistsError:
                 pass
+        # A log directory's entry in segments/ is synced the first time this process creates
+        # a file in it, new or not: an earlier run may have crashed between its mkdir and that
+        # fsync (one fsync per log directory and process).
+        new_dir = ldir not in self._synced_log_dirs
         path = layout.segment_path(self.data_dir, key, LOG_SUFFIX)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -397,6 +400,7 @@ class SegmentStore:
         self._sync_dir(ldir)
         if new_dir:
             self._sync_dir(ldir.parent)
+            self._synced_log_dirs.add(ldir)
         return path
 
     def _write_marker(self, path: Path, content: bytes, sync_dir: bool = True) -> None:
@@ -466,6 +470,7 @@ class SegmentStore:
             except OSError:
                 pass  # not empty (other segments of the log) or already gone
             else:
+                self._synced_log_dirs.discard(ldir)  # made again, it needs its own parent fsync
                 self._sync_dir(ldir.parent)
         self._save_reclaimed(*counters)
 

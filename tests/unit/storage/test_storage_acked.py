@@ -125,3 +125,65 @@ def test_a_running_store_records_the_durable_length_of_a_growing_replica(tmp_pat
             await store.close()
 
     asyncio.run(body())
+
+
+def _append_raw(path: Path, *chunks: bytes) -> None:
+    with open(path, "ab") as f:
+        for chunk in chunks:
+            f.write(chunk)
+
+
+def test_zeros_then_a_later_entry_past_the_durable_length_are_a_torn_tail_not_limbo(tmp_path, entry):
+    """A power loss that kept a later page and lost an earlier one: entry 10's bytes are zeros,
+    entry 11 is whole. Past the recorded durable length nothing was acknowledged here: cut."""
+    encoded = ten(entry)
+    write_entries(tmp_path, encoded)
+    later = [entry(1, 1, 10, payload=b"x" * 150), entry(1, 1, 11, payload=b"y" * 150)]
+    _append_raw(log_path(tmp_path, 1, 1), b"\0" * len(later[0]), later[1])
+    report, outcome = reopen(tmp_path)
+    assert report.limbo == [] and [t.offset for t in report.tails_cut] == [sum(map(len, encoded))]
+    assert "never synced" in report.tails_cut[0].reason
+    assert outcome == {0: encoded[0], 9: encoded[9]}
+    assert log_path(tmp_path, 1, 1).stat().st_size == sum(map(len, encoded))
+
+
+def test_zeros_inside_the_durable_length_are_damage_even_with_valid_entries_after(tmp_path, entry):
+    encoded = ten(entry)
+    write_entries(tmp_path, encoded)
+    with open(log_path(tmp_path, 1, 1), "r+b") as f:
+        f.seek(offsets(encoded)[5])
+        f.write(b"\0" * len(encoded[5]))
+    report, outcome = reopen(tmp_path)
+    (limbo,) = report.limbo
+    assert limbo.offset == offsets(encoded)[5] and outcome[0] == "LimboError"
+
+
+def test_garbage_that_is_not_zeros_before_a_valid_entry_stays_limbo_past_the_durable_length(tmp_path, entry):
+    encoded = ten(entry)
+    write_entries(tmp_path, encoded)
+    _append_raw(log_path(tmp_path, 1, 1), b"\x5a" * 200, entry(1, 1, 11, payload=b"y" * 150))
+    report, _ = reopen(tmp_path)
+    assert [r.segment_seq for r in report.limbo] == [1] and report.tails_cut == []
+
+
+def test_a_log_directory_left_by_a_crashed_run_gets_its_parent_synced_on_first_use(tmp_path, entry):
+    """An earlier run made segments/<log>/ and crashed before fsyncing segments/: the first file
+    this run creates there syncs segments/ too (a power loss could otherwise drop the dir)."""
+    (tmp_path / "segments" / f"{1:016x}").mkdir(parents=True)
+    synced: list[str] = []
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        os.fsync(fd)
+
+    async def body():
+        store = SegmentStore(tmp_path, fsync=fsync)
+        await store.open()
+        synced.clear()
+        await store.add(entry(1, 1, 0, payload=b"a"))
+        await store.add(entry(1, 2, 0, payload=b"b"))  # same log directory, second file
+        await store.close()
+
+    asyncio.run(body())
+    segments = str(tmp_path / "segments")
+    assert synced.count(segments) == 1
