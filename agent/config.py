@@ -36,6 +36,15 @@
     disk_override_free_bytes = 0   # > 0: once an agent has less free disk, retention passes pins
     delete_concurrency = 4     # replica deletions in flight at once (gentle on the disk)
     delete_rate = 50           # replica deletions per second at most (0: no limit)
+
+    [scrub]                    # background re-reading of every replica (dlagent.storage.scrub)
+    enabled = true             # false: damage is found only when read, or at the next start
+    bytes_per_second = 4194304 # read rate cap, or e.g. "4MiB" (tests/benchmarks/bench_scrub.py:
+                               # appends lose ~1-2 %, within noise); on spinning disks, where
+                               # every 1 MiB chunk costs two seeks, 1-2 MiB/s
+    interval = 604800          # seconds, or e.g. "7d", between the starts of two full passes; a
+                               # longer pass is followed at once. The first starts one interval
+                               # after the agent does (startup recovery reads every file in full)
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from dlctl.names import validate_name
 from .replication_config import ReplicationSettings, parse_replication
 
 _REQUIRED = ("node_id", "cluster", "region", "rack", "data_dir", "listen", "zookeeper", "secret_file")
-_OPTIONAL = ("advertise", "zk_auth_file", "event_loop", "storage", "tls", "session_timeout", "auditor", "proxy", "replication", "housekeeping")
+_OPTIONAL = ("advertise", "zk_auth_file", "event_loop", "storage", "tls", "session_timeout", "auditor", "proxy", "replication", "housekeeping", "scrub")
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,13 @@ class HousekeepingSettings:
 
 
 @dataclass(frozen=True)
+class ScrubSettings:
+    enabled: bool = True
+    bytes_per_second: int = 4 << 20
+    interval: float = 7 * 86400.0
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     path: Path
     node_id: str
@@ -109,6 +125,7 @@ class AgentConfig:
     replication: ReplicationSettings = ReplicationSettings()  # [replication]: see dlagent.replication_config
     housekeeping: HousekeepingSettings = HousekeepingSettings()
     event_loop: str = "auto"
+    scrub: ScrubSettings = ScrubSettings()
 
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -178,6 +195,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
     proxy = _proxy_settings(raw.get("proxy", {}), path)
     replication = parse_replication(raw.get("replication", {}), path)
     housekeeping = _housekeeping_settings(raw.get("housekeeping", {}), path)
+    scrub = _scrub_settings(raw.get("scrub", {}), path)
     base = path.parent
     return AgentConfig(
         path=path,
@@ -195,6 +213,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         replication=replication,
         housekeeping=housekeeping,
         event_loop=event_loop,
+        scrub=scrub,
         **names,
     )
 
@@ -252,6 +271,54 @@ def _housekeeping_settings(raw: Any, path: Path) -> HousekeepingSettings:
         delete_concurrency=count("delete_concurrency", 4, 1),
         delete_rate=_rate(raw.get("delete_rate", 50.0), path),
     )
+
+
+SCRUB_RATE_RANGE = (64 * 1024, 1 << 34)  # 64 KiB/s .. 16 GiB/s
+SCRUB_INTERVAL_RANGE = (0.05, 366 * 86400.0)
+
+
+def _scrub_settings(raw: Any, path: Path) -> ScrubSettings:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: key 'scrub' must be a table ([scrub])")
+    known = ("enabled", "bytes_per_second", "interval")
+    extra = sorted(set(raw) - set(known))
+    if extra:
+        raise ConfigError(f"{path}: unknown key(s) in [scrub]: {', '.join(extra)}", hint=f"known keys: {', '.join(known)}")
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{path}: [scrub] key 'enabled' must be true or false, got {enabled!r}")
+    low, high = SCRUB_RATE_RANGE
+    rate = raw.get("bytes_per_second", ScrubSettings.bytes_per_second)
+    if isinstance(rate, str):  # with units: "4MiB"
+        rate = _with_units("parse_size", rate)
+    # bool is an int in Python: `bytes_per_second = true` must not read as 1 byte/s.
+    if isinstance(rate, bool) or not isinstance(rate, int) or not low <= rate <= high:
+        raise ConfigError(
+            f"{path}: [scrub] key 'bytes_per_second' must be bytes per second in {low}..{high} (an integer, or e.g. \"4MiB\"), "
+            f"got {raw.get('bytes_per_second')!r}",
+            hint="to stop scrubbing, set [scrub] enabled = false",
+        )
+    low, high = SCRUB_INTERVAL_RANGE
+    interval = raw.get("interval", ScrubSettings.interval)
+    if isinstance(interval, str):  # with units: "7d", "12h"
+        interval = _with_units("parse_duration", interval)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not low <= interval <= high:
+        raise ConfigError(
+            f"{path}: [scrub] key 'interval' must be seconds in {low:g}..{high:.0f} (a number, or e.g. \"7d\", \"12h\"), "
+            f"got {raw.get('interval')!r}"
+        )
+    return ScrubSettings(enabled=enabled, bytes_per_second=rate, interval=float(interval))
+
+
+def _with_units(parser: str, text: str) -> Any:
+    """``text`` read by the CLI's parser of that name (dlctl.ops.truncate), None if it can not.
+    Imported only when a value has units: dlctl.ops pulls in much an agent command never needs."""
+    from dlctl.ops import truncate
+
+    try:
+        return getattr(truncate, parser)(text)
+    except ValueError:
+        return None
 
 
 def _rate(value: Any, path: Path) -> float:

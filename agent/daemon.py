@@ -136,6 +136,14 @@ async def serve(config: AgentConfig) -> int:
     # Housekeeping reclaims this agent's stale replicas at once (it may have been down during a
     # collection) and, if elected, applies retention and collects truncated segments' records.
     housekeeping = Housekeeping(zk, config.cluster, config.node_id, store, secret, config.housekeeping, zk_auth).start()
+    # Scrubbing re-reads every replica at a bounded rate and puts a damaged one in limbo.
+    scrubber = None
+    if config.scrub.enabled:
+        from .storage.scrub import Scrubber
+
+        scrubber = Scrubber(store, config.scrub.bytes_per_second, config.scrub.interval).start()
+    else:
+        log.info("scrubbing disabled by configuration ([scrub] enabled = false)")
 
     loop_kind = type(asyncio.get_running_loop()).__module__.split(".")[0]  # "uvloop" or "asyncio"
     log.info("dlagent %s ready: node %s of cluster %s serving on %s (event loop: %s)", __version__, config.node_id, config.cluster, config.advertise, loop_kind)
@@ -148,6 +156,8 @@ async def serve(config: AgentConfig) -> int:
     log.info("shutting down")
     # Give up the housekeeper role and stop deleting before the store and ZooKeeper go.
     await housekeeping.stop()
+    if scrubber is not None:
+        await scrubber.stop()  # its thread is idle and its files closed before the store closes
     if replication is not None:
         # Workers flush, checkpoint and release their claims while both clusters still answer.
         await replication.stop()

@@ -936,7 +936,64 @@ class SegmentStore:
             "fdatasyncs": c.fdatasyncs,
             "bytes_written": c.bytes_written,
             "pending_bytes": c.pending_bytes,
+            **self._scrub_stat(),
         }
+
+    # ------------------------------------------------------------------ scrubbing (scrub.py)
+
+    # The counters of the Scrubber running over this store (it sets them; None: not scrubbing).
+    scrub_stats = None
+
+    def _scrub_stat(self) -> dict:
+        stats = self.scrub_stats
+        return {"scrub_enabled": False} if stats is None else stats.to_stat()
+
+    def scrub_keys(self) -> list[Key]:
+        """The replicas a scrub pass checks: those not in limbo now, in key order."""
+        self._check()
+        return sorted(k for k, s in self._segments.items() if s.limbo is None)
+
+    def scrub_chunk(
+        self, key: Key, seg: Segment | None, next_id: int, max_bytes: int, max_entries: int
+    ) -> tuple[Segment, list[tuple[int, int, int, int]], int] | None:
+        """Loop thread: the scrubber's next entries of replica ``key``, from entry id ``next_id``
+        on, as (the segment, [(entry id, offset, bytes, crc)] in id order, the id to go on from).
+        Only entries durable now (the tail being written is left to a later pass); at most
+        ``max_entries`` looked at and ``max_bytes`` taken, but at least one entry. None when
+        there is nothing more to check: the replica has no entries from ``next_id`` on, or it is
+        gone, in limbo, or no longer ``seg`` (the replica the scrubber began with; None to begin)."""
+        self._check()
+        current = self._segments.get(key)
+        if current is None or current.limbo is not None or (seg is not None and current is not seg):
+            return None
+        index, durable = current.index, current.durable
+        if next_id > index.last_id:
+            return None
+        locs: list[tuple[int, int, int, int]] = []
+        total = looked = 0
+        last = next_id - 1
+        for entry_id, off, length, crc in index.items(next_id):
+            n = HEADER_SIZE + length
+            if off + n <= durable:
+                if locs and total + n > max_bytes:
+                    break
+                locs.append((entry_id, off, n, crc))
+                total += n
+            last = entry_id
+            looked += 1
+            if looked >= max_entries:
+                break
+        return current, locs, last + 1
+
+    def scrub_found(self, seg: Segment, offset: int, reason: str) -> bool:
+        """Loop thread: the scrubber read ``seg`` and found it damaged at ``offset``. Puts it in
+        limbo (durably, logged at ERROR with file, offset and reason) unless it is no longer the
+        replica that was read (deleted, maybe created anew, meanwhile) or is in limbo already.
+        True if this put it in limbo."""
+        if not self._serving or self._segments.get(seg.key) is not seg or seg.limbo is not None:
+            return False
+        self._to_limbo(seg, offset, f"found by scrubbing: {reason}")
+        return True
 
     # ------------------------------------------------------------------ delete
 
