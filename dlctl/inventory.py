@@ -5,7 +5,10 @@
     [clusters.east]
     zookeeper    = "10.0.0.5:2181,10.0.0.6:2181/prod"   # connect string, optional chroot
     secret_file  = "secrets/east.secret"                 # cluster secret (0600), for agents
-    zk_auth_file = "secrets/east.zk-auth"                # optional 'user:password' (0600)
+    zk_auth_file = "secrets/east.zk-auth"                # 'user:password' (0600); default: <cluster>.zk-auth
+                                                         # beside secret_file (`cluster init` creates it)
+    # insecure_zookeeper = true                          # no ZooKeeper ACLs: refused by `cluster init` unless
+                                                         # --insecure-zookeeper; every command then warns
 
     ssh_config   = "~/.ssh/config"                       # optional; default ~/.ssh/config
     known_hosts  = "~/.ssh/known_hosts"                  # optional; default ~/.ssh/known_hosts
@@ -40,7 +43,7 @@ from .config import ConfigLocation
 from .errors import ConfigError, NotFoundError
 from .names import validate_name
 
-_CLUSTER_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "defaults", "regions", "ssh_config", "known_hosts"}
+_CLUSTER_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "insecure_zookeeper", "defaults", "regions", "ssh_config", "known_hosts"}
 _NODE_KEYS = {"id", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python", "agent_port", "home", "transport"}
 _DEFAULT_KEYS = _NODE_KEYS - {"id", "host", "listen"}
 # python = None: `dlctl agent install` creates <home>/venv and the agent runs from it; a path
@@ -92,10 +95,11 @@ class Cluster:
     name: str
     zookeeper: str
     secret_file: Path | None
-    zk_auth_file: Path | None
+    zk_auth_file: Path | None  # None only for an insecure_zookeeper cluster
     nodes: tuple[Node, ...] = ()
     ssh_config: Path | None = None
     known_hosts: Path | None = None
+    insecure_zookeeper: bool = False  # the operator's explicit choice of open ZooKeeper ACLs
 
     def regions(self) -> dict[str, dict[str, list[Node]]]:
         """region → rack → nodes, in inventory order."""
@@ -116,6 +120,7 @@ class Cluster:
             "zookeeper": self.zookeeper,
             "secret_file": str(self.secret_file) if self.secret_file else None,
             "zk_auth_file": str(self.zk_auth_file) if self.zk_auth_file else None,
+            "insecure_zookeeper": self.insecure_zookeeper,
             "ssh_config": str(self.ssh_config) if self.ssh_config else None,
             "known_hosts": str(self.known_hosts) if self.known_hosts else None,
             "nodes": [n.to_dict() for n in self.nodes],
@@ -211,11 +216,22 @@ def _cluster(name: str, body: Any, path: Path) -> Cluster:
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
         raise ConfigError(f"{where}: duplicate node id(s): {', '.join(duplicates)}")
+    secret_file = _path(body.get("secret_file"), path, f"{where}.secret_file")
+    insecure = body.get("insecure_zookeeper", False)
+    if not isinstance(insecure, bool):
+        raise ConfigError(f"{where}.insecure_zookeeper must be true or false, got {insecure!r}")
+    zk_auth_file = _path(body.get("zk_auth_file"), path, f"{where}.zk_auth_file")
+    if insecure and zk_auth_file is not None:
+        raise ConfigError(f"{where}: insecure_zookeeper = true and zk_auth_file contradict each other", hint="remove one of them")
+    if zk_auth_file is None and not insecure and secret_file is not None:
+        # Secure by default: ZooKeeper credentials beside the cluster secret (`cluster init` makes them).
+        zk_auth_file = secret_file.with_name(f"{name}.zk-auth")
     return Cluster(
         name=name,
         zookeeper=body["zookeeper"],
-        secret_file=_path(body.get("secret_file"), path, f"{where}.secret_file"),
-        zk_auth_file=_path(body.get("zk_auth_file"), path, f"{where}.zk_auth_file"),
+        secret_file=secret_file,
+        zk_auth_file=zk_auth_file,
+        insecure_zookeeper=insecure,
         nodes=tuple(nodes),
         ssh_config=_path(body.get("ssh_config"), path, f"{where}.ssh_config"),
         known_hosts=_path(body.get("known_hosts"), path, f"{where}.known_hosts"),

@@ -18,11 +18,14 @@ def cluster_group() -> None:
 
 
 @cluster_group.command("init")
+@click.option("--insecure-zookeeper", is_flag=True, help="Allow a cluster whose inventory says insecure_zookeeper = true: world-writable znodes.")
 @mutating(confirm=False)
-def cluster_init(app: AppContext) -> Plan:
-    """Create the cluster's secrets (0600 files, if missing), its ZooKeeper layout with ACLs,
-    and a record for every node of the inventory. Safe to re-run."""
-    return cluster_ops.init_plan(app.session())
+def cluster_init(app: AppContext, insecure_zookeeper: bool) -> Plan:
+    """Create the cluster's secrets (0600 files, if missing: the cluster secret and the ZooKeeper
+    digest credentials), its ZooKeeper layout with the cluster's ACL on every znode, marked as
+    made by this cluster's secret, and a record for every node of the inventory. Safe to re-run;
+    an existing layout it did not make (no matching marker) is refused (exit 4), naming it."""
+    return cluster_ops.init_plan(app.session(), insecure_zookeeper=insecure_zookeeper)
 
 
 @cluster_group.command("status")

@@ -49,6 +49,9 @@ def connect(connect_string: str, auth: ZkAuth | None = None, timeout: float = 10
         hosts=connect_string,
         timeout=session_timeout,
         auth_data=[("digest", f"{auth.user}:{auth.password}")] if auth else None,
+        # Every create without an explicit ACL — kazoo's recipes (elections, locks, parties)
+        # included — gets the cluster's: ZooKeeper does not inherit ACLs.
+        default_acl=acl_for(auth) if auth else None,
         connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2},
         command_retry={"max_tries": 3, "delay": 0.1, "backoff": 2, "max_delay": 1},
     )

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import secrets
 import time
 import uuid
 from typing import Any
 
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RefusedError
 from ..inventory import Cluster, Node
 from ..log.pool import AgentPool
 from ..meta import paths
@@ -21,9 +23,18 @@ from ..plan import Plan, Step
 from ..secrets import write_secret_file
 from .session import ClusterSession
 
-# Several clusters may share one ensemble, each with its own credentials: everyone may create
-# (and remove, when empty) a cluster root under /dlctl, nobody but its owner may touch inside it.
-ROOT_ACL = [ACL(Permissions.READ | Permissions.CREATE | Permissions.DELETE, ANYONE_ID_UNSAFE)]
+# Several clusters may share one ensemble, each with its own credentials: everyone may read
+# /dlctl and create a cluster root under it (a squatter is refused by the marker check below),
+# nobody but the cluster that made /dlctl may delete under it or change it, and nobody but its
+# owner may touch inside a cluster root.
+ROOT_WORLD = ACL(Permissions.READ | Permissions.CREATE, ANYONE_ID_UNSAFE)
+MARKER_CONTEXT = b"dlctl cluster marker v1"
+
+
+def cluster_marker(secret: bytes, name: str, cluster_id: str) -> str:
+    """Proof, stored in the cluster's config znode, that ``cluster init`` of whoever holds the
+    cluster secret made this layout: HMAC-SHA256(secret, context | name | id)."""
+    return hmac.new(secret, b"\0".join((MARKER_CONTEXT, name.encode(), cluster_id.encode())), hashlib.sha256).hexdigest()
 
 
 def ensure_secrets(cluster: Cluster) -> dict[str, str]:
@@ -47,22 +58,81 @@ def ensure_secrets(cluster: Cluster) -> dict[str, str]:
 
 def _create_layout(session: ClusterSession) -> dict[str, Any]:
     client, name = session.meta.client, session.cluster.name
+    acl = acl_for(session.zk_auth)
+    root_acl = [ROOT_WORLD] + ([] if session.zk_auth is None else acl)
     try:
-        client.create(paths.ROOT, b"", acl=ROOT_ACL)
+        client.create(paths.ROOT, b"", acl=root_acl)
     except NodeExistsError:
         pass
-    acl = acl_for(session.zk_auth)
-    created = []
     root = paths.cluster_root(name)
-    config = {"cluster": name, "cluster_id": str(uuid.uuid4()), "created": time.time()}
-    for path, data in [(root, b""), (paths.config(name), json.dumps(config).encode())] + [(f"{root}/{c}", b"") for c in paths.CLUSTER_CHILDREN]:
+    if client.exists(root) is not None:
+        found = _adopt(session, root, acl)
+        created = _create_children(client, name, acl)
+        return {"created": created, "cluster_id": found, "adopted": True}
+    cluster_id = str(uuid.uuid4())
+    config = {"cluster": name, "cluster_id": cluster_id, "created": time.time(), "marker": cluster_marker(session.secret, name, cluster_id)}
+    if session.zk_auth is None:
+        config["insecure_zookeeper"] = True
+    # Root and config in one transaction: no moment exists where the root is there unmarked.
+    tx = client.transaction()
+    tx.create(root, b"", acl=acl)
+    tx.create(paths.config(name), json.dumps(config).encode(), acl=acl)
+    results = tx.commit()
+    if any(isinstance(r, Exception) for r in results):
+        raise RefusedError(f"{root} appeared while `cluster init` was creating it ({results})", hint="re-run: the next run checks who made it")
+    return {"created": [root, paths.config(name)] + _create_children(client, name, acl), "cluster_id": cluster_id}
+
+
+def _create_children(client: Any, name: str, acl: list) -> list[str]:
+    created = []
+    for child in paths.CLUSTER_CHILDREN:
+        path = f"{paths.cluster_root(name)}/{child}"
         try:
-            client.create(path, data, acl=acl)
+            client.create(path, b"", acl=acl)
             created.append(path)
         except NodeExistsError:
             pass
-    data, _ = client.get(paths.config(name))
-    return {"created": created, "cluster_id": json.loads(data)["cluster_id"]}
+    return created
+
+
+def _adopt(session: ClusterSession, root: str, acl: list) -> str:
+    """The cluster id of an existing layout this cluster made (re-running `cluster init`), or
+    RefusedError naming the znode: a layout made by someone else — who could have chosen the
+    cluster id, planted agents, records or streams — is never adopted."""
+    client, name = session.meta.client, session.cluster.name
+    config_path = paths.config(name)
+    fix = (
+        f"if {root} is not this cluster's, find out who made it (its ctime and ACL: `zkCli.sh stat`/`getAcl`), "
+        "delete it with an administrative ZooKeeper session, and re-run `dlctl cluster init`; if it is, use the cluster "
+        "secret file it was initialised with"
+    )
+    try:
+        data, _stat = client.get(config_path)
+        config = json.loads(data)
+        cluster_id, marker = str(config["cluster_id"]), str(config.get("marker", ""))
+    except NoNodeError:
+        raise RefusedError(f"{root} exists without {config_path}: refusing to adopt a layout `cluster init` did not make", hint=fix) from None
+    except (ValueError, KeyError, TypeError):
+        raise RefusedError(f"{config_path} is not a cluster config dlctl wrote: refusing to adopt {root}", hint=fix) from None
+    except NoAuthError:
+        raise RefusedError(f"{config_path} is not readable with this cluster's ZooKeeper credentials: refusing to adopt {root}", hint=fix) from None
+    if not hmac.compare_digest(marker, cluster_marker(session.secret, name, cluster_id)):
+        if marker or not _acl_is(client, root, acl):
+            raise RefusedError(
+                f"{root} was not made by this cluster's `cluster init`: its marker in {config_path} does not match the cluster secret"
+                + ("" if marker else " (it has none, and the root's ACL is not the cluster's)"),
+                hint=fix,
+            )
+        # Made by an older dlctl, under this cluster's own credentials: mark it now.
+        client.set(config_path, json.dumps(config | {"marker": cluster_marker(session.secret, name, cluster_id)}).encode(), version=_stat.version)
+    if session.zk_auth is not None and not _acl_is(client, root, acl):
+        raise RefusedError(f"{root} does not carry the cluster's ACL (world-writable?): refusing to go on with it", hint=fix)
+    return cluster_id
+
+
+def _acl_is(client: Any, path: str, acl: list) -> bool:
+    found, _ = client.get_acls(path)
+    return sorted(map(str, found)) == sorted(map(str, acl))
 
 
 def _node_record(node: Node) -> bytes:
@@ -88,8 +158,21 @@ def _register_nodes(session: ClusterSession) -> dict[str, str]:
     return out
 
 
-def init_plan(session: ClusterSession) -> Plan:
+def init_plan(session: ClusterSession, *, insecure_zookeeper: bool = False) -> Plan:
+    """``insecure_zookeeper``: the operator's explicit word that the cluster (its inventory says
+    insecure_zookeeper = true) may have world-writable znodes; refused otherwise."""
     cluster = session.cluster
+    if cluster.insecure_zookeeper and not insecure_zookeeper:
+        raise RefusedError(
+            f"cluster {cluster.name!r} has insecure_zookeeper = true: its ZooKeeper layout would be world-writable "
+            "(anyone who reaches the ensemble could rewrite its config, delete node records, move truncation points)",
+            hint="give it a zk_auth_file instead (remove insecure_zookeeper); or pass --insecure-zookeeper to do this knowingly",
+        )
+    if insecure_zookeeper and not cluster.insecure_zookeeper:
+        raise RefusedError(
+            f"--insecure-zookeeper, but cluster {cluster.name!r} has ZooKeeper credentials ({cluster.zk_auth_file}): nothing to opt out of",
+            hint="drop --insecure-zookeeper (or set insecure_zookeeper = true in the inventory and remove zk_auth_file)",
+        )
     return Plan.of(
         "cluster init",
         [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from functools import cached_property
 from types import TracebackType
@@ -14,6 +15,8 @@ from ..meta.store import MetaStore
 from ..meta.zk import ZkAuth, connect
 from ..secrets import read_secret_file
 
+log = logging.getLogger(__name__)
+
 
 class ClusterSession:
     def __init__(self, cluster: Cluster, *, zk_timeout: float = 10.0) -> None:
@@ -23,7 +26,20 @@ class ClusterSession:
 
     @cached_property
     def zk_auth(self) -> ZkAuth | None:
-        return ZkAuth.from_file(self.cluster.zk_auth_file) if self.cluster.zk_auth_file else None
+        path = self.cluster.zk_auth_file
+        if path is None:
+            # Only an explicit insecure_zookeeper = true gets here (the inventory defaults a path).
+            log.warning(
+                "cluster %s: ZooKeeper without ACLs (insecure_zookeeper = true): anyone who reaches the ensemble "
+                "can rewrite this cluster's metadata", self.cluster.name,
+            )
+            return None
+        if not path.exists():
+            raise ConfigError(
+                f"cluster {self.cluster.name!r}: ZooKeeper credentials file {path} does not exist",
+                hint="`dlctl cluster init` creates it (and the cluster's layout with ACLs); or copy it from where the cluster was initialised",
+            )
+        return ZkAuth.from_file(path)
 
     @cached_property
     def meta(self) -> MetaStore:
