@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -51,6 +52,11 @@ def serve_command(config_path: Path, verbose: int) -> None:
     from . import config as agent_config
     from .daemon import serve
 
+    # Everything the agent creates is its own: directories 0700, files 0600 (DESIGN.md §10),
+    # whatever umask it was started with. Here, in the daemon's own process only (a verb run
+    # in-process, as tests do with fsck, must not change its caller's umask); the explicit
+    # modes in agent/storage say the same, for stores opened without this command.
+    os.umask(0o077)
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -45,6 +45,25 @@
     interval = 604800          # seconds, or e.g. "7d", between the starts of two full passes; a
                                # longer pass is followed at once. The first starts one interval
                                # after the agent does (startup recovery reads every file in full)
+
+    [server]                   # the protocol server's limits (dlagent.limits); the defaults are safe
+    max_connections = 1024     # authenticated connections at once
+    max_connections_per_peer = 512     # from one source address, authenticated or not
+    max_unauthenticated = 256  # still in the handshake: a budget apart from max_connections (over
+                               # it, a new one closes the oldest of the address holding the most)
+    max_unauthenticated_per_peer = 128 # of those from one address (over it: that address's oldest)
+    max_unauthenticated_frame = 4096   # bytes; a larger frame before AUTH closes the connection unread
+    handshake_timeout = 10     # seconds from accept to a verified AUTH
+    max_in_flight = 256        # requests per connection being handled at once
+    max_in_flight_bytes = 67108864     # their bytes, or e.g. "64MiB"
+    max_response_bytes = 16777216      # answers per connection the client has not taken yet, or
+                               # e.g. "16MiB": past it the agent stops reading that connection
+    idle_timeout = 600         # seconds without a byte received or a request in flight
+    frame_timeout = 60         # seconds a started frame may take to complete
+    max_long_poll = 120        # seconds; longer long-poll timeouts are cut to this
+
+Each agent raises its own soft open-files limit to the hard one at start, and warns when the limit
+is below what these limits and the store's open files may need (stat: fds_open, fds_headroom).
 """
 
 from __future__ import annotations
@@ -57,10 +76,12 @@ from typing import Any
 from dlctl.errors import ConfigError
 from dlctl.names import validate_name
 
+from .limits import CONFIG_KEYS as SERVER_KEYS
+from .limits import ServerLimits
 from .replication_config import ReplicationSettings, parse_replication
 
 _REQUIRED = ("node_id", "cluster", "region", "rack", "data_dir", "listen", "zookeeper", "secret_file")
-_OPTIONAL = ("advertise", "zk_auth_file", "event_loop", "storage", "tls", "session_timeout", "auditor", "proxy", "replication", "housekeeping", "scrub")
+_OPTIONAL = ("advertise", "zk_auth_file", "event_loop", "storage", "tls", "session_timeout", "auditor", "proxy", "replication", "housekeeping", "scrub", "server")
 
 
 @dataclass(frozen=True)
@@ -126,6 +147,7 @@ class AgentConfig:
     housekeeping: HousekeepingSettings = HousekeepingSettings()
     event_loop: str = "auto"
     scrub: ScrubSettings = ScrubSettings()
+    server: ServerLimits = ServerLimits()  # [server]: see dlagent.limits
 
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -196,6 +218,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
     replication = parse_replication(raw.get("replication", {}), path)
     housekeeping = _housekeeping_settings(raw.get("housekeeping", {}), path)
     scrub = _scrub_settings(raw.get("scrub", {}), path)
+    server = _server_limits(raw.get("server", {}), path)
     base = path.parent
     return AgentConfig(
         path=path,
@@ -214,6 +237,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         housekeeping=housekeeping,
         event_loop=event_loop,
         scrub=scrub,
+        server=server,
         **names,
     )
 
@@ -308,6 +332,29 @@ def _scrub_settings(raw: Any, path: Path) -> ScrubSettings:
             f"got {raw.get('interval')!r}"
         )
     return ScrubSettings(enabled=enabled, bytes_per_second=rate, interval=float(interval))
+
+
+_SERVER_BYTES = ("max_unauthenticated_frame", "max_in_flight_bytes", "max_response_bytes")
+_SERVER_SECONDS = ("handshake_timeout", "idle_timeout", "frame_timeout", "max_long_poll")
+
+
+def _server_limits(raw: Any, path: Path) -> ServerLimits:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: key 'server' must be a table ([server])")
+    extra = sorted(set(raw) - set(SERVER_KEYS))
+    if extra:
+        raise ConfigError(f"{path}: unknown key(s) in [server]: {', '.join(extra)}", hint=f"known keys: {', '.join(SERVER_KEYS)}")
+    values = dict(raw)
+    for key, value in raw.items():
+        if isinstance(value, str) and key in _SERVER_BYTES + _SERVER_SECONDS:  # with units: "16MiB", "30s"
+            parsed = _with_units("parse_size" if key in _SERVER_BYTES else "parse_duration", value)
+            if parsed is None:
+                raise ConfigError(f"{path}: [server] key '{key}' must be a number or a {'size' if key in _SERVER_BYTES else 'duration'} with units, got {value!r}")
+            values[key] = parsed
+    try:
+        return ServerLimits(**values)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: [server] {exc}", hint="the defaults are safe: remove the key to use its default") from None
 
 
 def _with_units(parser: str, text: str) -> Any:

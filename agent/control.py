@@ -26,7 +26,7 @@ from dlctl import __version__
 from dlctl.errors import DlctlError
 
 from .config import AgentConfig
-from .storage.layout import DirLock
+from .storage.layout import DIR_MODE, FILE_MODE, DirLock
 
 LOG_FILE = "dlagent.log"
 
@@ -67,10 +67,10 @@ def start(config: AgentConfig, timeout: float = 30.0) -> dict[str, Any]:
     current = state(config)
     if current.running:
         return {"node_id": config.node_id, "action": "start", "changed": False, "running": True, "pid": current.pid, "message": "already running"}
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    config.data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)  # serve narrows an existing one, in its log
     log_path = config.data_dir / LOG_FILE
     argv = [sys.executable, "-m", "dlagent", "serve", "--config", str(config.path), "-v"]
-    with open(log_path, "ab") as log:
+    with open(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE), "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

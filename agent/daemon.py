@@ -26,6 +26,7 @@ from .auditor import Auditor
 from .config import AgentConfig
 from .housekeeping import Housekeeping
 from .disk import prepare_data_dir
+from .fdlimit import check_headroom, raise_nofile_limit
 from .proxy import ProxyOptions, WriteProxy
 from .registry import Registration
 from .server import AgentServer
@@ -35,6 +36,9 @@ log = logging.getLogger("dlagent")
 
 EXIT_OK = 0
 EXIT_STORAGE_FAILED = 1
+
+STORE_OPEN_FILES = 512  # SegmentStore's default max_open_files
+DESCRIPTOR_RESERVE = 64  # ZooKeeper, the log, locks, directories being fsynced, scrubbing, threads
 
 
 def _start_proxy(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: bytes, server: AgentServer) -> WriteProxy | None:
@@ -68,6 +72,10 @@ def _start_replication(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: 
 
 
 async def serve(config: AgentConfig) -> int:
+    # Every connection and open replica file is a descriptor: use all the operator allows, and
+    # say so when even that is short of what the limits may need (reads would fail with EMFILE).
+    raise_nofile_limit()
+    check_headroom(config.server.descriptors() + STORE_OPEN_FILES + DESCRIPTOR_RESERVE)
     secret = read_secret_file(config.secret_file)
     zk_auth = ZkAuth.from_file(config.zk_auth_file) if config.zk_auth_file else None
     loop = asyncio.get_running_loop()
@@ -105,7 +113,7 @@ async def serve(config: AgentConfig) -> int:
     # carried out (cleanly, exit 0) as soon as it is up, instead of killing it half-registered.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    server = AgentServer(store, secret, config.host, config.port)
+    server = AgentServer(store, secret, config.host, config.port, limits=config.server)
     await server.start()
 
     registration = Registration(

@@ -121,7 +121,7 @@ def _write_disk_record(client: Any, path: str, disk_id: str, version: int | None
 def prepare_data_dir(client: Any, cluster: str, node_id: str, data_dir: Path, auth: ZkAuth | None = None) -> DiskCheck:
     """Apply rules 1–3 to ``data_dir`` (blocking: ZooKeeper and fsync). Raises RefusedError for a
     directory that must not be served from."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    layout.secure_data_dir(data_dir)  # 0700, an existing wider one narrowed (and logged)
     if holds_unidentified_data(data_dir):
         ensure_identity(data_dir, cluster, node_id)  # raises, naming the problem
     record_path = paths.disk(cluster, node_id)
@@ -150,6 +150,6 @@ def prepare_data_dir(client: Any, cluster: str, node_id: str, data_dir: Path, au
     disk_id = uuid.uuid4().hex
     _write_disk_record(client, record_path, disk_id, version, auth)
     identity = ensure_identity(data_dir, cluster, node_id, disk_id=disk_id)
-    layout.segments_root(data_dir).mkdir(exist_ok=True)
+    layout.segments_root(data_dir).mkdir(mode=layout.DIR_MODE, exist_ok=True)
     layout.fsync_path(data_dir)
     return DiskCheck(identity, True, tuple(forgotten), recorded)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from dlctl.errors import RefusedError
 
+from .storage.layout import DIR_MODE, FILE_MODE
+
 IDENTITY_FILE = "identity.json"
 
 
@@ -63,7 +65,11 @@ def holds_unidentified_data(data_dir: Path) -> bool:
 
 def _write(path: Path, identity: Identity) -> None:
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
+    # 0600 like every file of the agent; O_NOFOLLOW: a link under the temp name is refused,
+    # not written through.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)  # a temp left by a crashed older agent keeps its mode otherwise
+    with open(fd, "w") as f:
         json.dump(asdict(identity), f)
         f.flush()
         os.fsync(f.fileno())
@@ -76,7 +82,7 @@ def ensure_identity(data_dir: Path, cluster: str, node_id: str, *, disk_id: str 
     ``disk_id``: the id the directory must carry from now on (a fresh one from dlagent.disk,
     which has vetted the directory and may have put limbo markers in it already); otherwise it
     keeps its own, or gets a random one if it has none yet."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     path = data_dir / IDENTITY_FILE
     found = read_identity(data_dir)
     if found is not None:

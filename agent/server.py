@@ -9,6 +9,20 @@ written as they complete, coalesced into one write per event-loop turn. Requests
 connection are bounded (count and bytes); past the bound the server stops reading from that
 socket, which pushes back on the client through TCP.
 
+Answers count too: a connection whose answers the client has not taken yet (queued here or in
+the transport) reach ``max_response_bytes`` is not read from until they drain, and reads that
+wait (long polls, fencing reads) read their entry only when there is room, so a few bytes of
+pipelined requests cannot make the agent buffer hundreds of MiB of answers.
+
+Before authentication a connection is worth little and costs little (issue 19): frames are
+limited to a few KiB (a larger length prefix closes the connection before its body is read),
+unauthenticated connections have a budget of their own apart from the authenticated ones (so a
+flood of them never takes a slot an authenticated client needs) and a smaller one per source
+address (a new connection over it closes that address's oldest unauthenticated one, so a
+flooding address mostly evicts itself), every source address has a cap on all its connections,
+and the handshake has a deadline. Refusals are logged at most once a second per reason, with
+the number held back (``dlctl.logthrottle``).
+
 Hostile input costs a typed error or a closed connection: frames are bounds-checked before
 anything is buffered, ids are validated before the store sees them, partial frames, silent
 handshakes and idle connections are timed out. When the store reports a failed fsync the server
@@ -24,7 +38,6 @@ import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from dlctl.log import protocol as p
@@ -40,34 +53,15 @@ from dlctl.log.errors import (
 )
 from dlctl.log.format import HEADER_SIZE as ENTRY_HEADER_SIZE
 from dlctl.log.format import NO_ENTRY, CorruptEntry, decode_header, validate_ids
+from dlctl.logthrottle import LogThrottle
 
+from .fdlimit import descriptor_usage
+from .limits import ServerLimits
 from .proxy import Barrier, Hold
 
 log = logging.getLogger(__name__)
 
 _I64_MAX = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    max_connections: int = 1024
-    max_in_flight: int = 256  # requests per connection being handled at once
-    max_in_flight_bytes: int = 64 * 1024 * 1024  # request bytes per connection being handled at once
-    handshake_timeout: float = 10.0  # from accept to a verified AUTH
-    idle_timeout: float = 600.0  # no bytes received and nothing in flight
-    frame_timeout: float = 60.0  # a frame whose first bytes arrived must complete within this (slowloris)
-    max_long_poll: float = 120.0  # longer long-poll timeouts are cut to this
-    max_frame: int = p.MAX_FRAME
-
-    def __post_init__(self) -> None:
-        for name in ("max_connections", "max_in_flight", "max_in_flight_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"server limit {name} must be at least 1")
-        for name in ("handshake_timeout", "idle_timeout", "frame_timeout", "max_long_poll"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"server limit {name} must be positive")
-        if not p.FRAME_HEADER_SIZE < self.max_frame <= p.MAX_FRAME:
-            raise ValueError(f"server limit max_frame must be in {p.FRAME_HEADER_SIZE + 1}..{p.MAX_FRAME}")
 
 
 def _bad(exc: ValueError) -> BadRequestError:
@@ -118,10 +112,29 @@ class AgentServer:
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[_Conn] = set()
+        # Admission bookkeeping (_admit/_promote/_forget): authenticated connections are counted,
+        # unauthenticated ones kept in arrival order (globally and per source address) so the
+        # oldest can be found; connections of each source address are counted.
+        self._authenticated = 0
+        self._unauthenticated: dict[_Conn, None] = {}
+        self._peer_unauthenticated: dict[str, dict[_Conn, None]] = {}
+        self._peer_connections: dict[str, int] = {}
+        self._throttle = LogThrottle(log)
         self._reaper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._prev_on_failure: Callable[[BaseException], None] | None = None
-        self.counters = {"connections": 0, "requests": 0, "auth_failures": 0, "bad_requests": 0, "internal_errors": 0}
+        self.counters = {
+            "connections": 0,
+            "requests": 0,
+            "auth_failures": 0,
+            "bad_requests": 0,
+            "internal_errors": 0,
+            "refused_connections": 0,  # over a connection limit
+            "evicted_unauthenticated": 0,  # closed to make room for a newer unauthenticated one
+            "handshake_timeouts": 0,
+            "unauthenticated_bytes": 0,  # received on connections before they authenticated
+            "response_bytes_peak": 0,  # most answer bytes one connection held queued at once
+        }
 
     def __repr__(self) -> str:
         return f"AgentServer({self.host}:{self.port}, connections={len(self._conns)})"
@@ -210,9 +223,85 @@ class AgentServer:
             now = time.monotonic()
             for conn in list(self._conns):
                 conn.check_deadlines(now)
+            self._throttle.flush()
 
     def stat(self) -> dict[str, Any]:
-        return {**self.counters, "open_connections": len(self._conns)}
+        return {
+            **self.counters,
+            "open_connections": len(self._conns),
+            "authenticated_connections": self._authenticated,
+            "unauthenticated_connections": len(self._unauthenticated),
+            "log_lines_suppressed": self._throttle.suppressed,
+            **descriptor_usage(),
+        }
+
+    # Admission --------------------------------------------------------------------------------
+
+    def _admit(self, conn: _Conn) -> str | None:
+        """Take a new connection in as unauthenticated, making room by closing an older
+        unauthenticated one if a budget is full; the reason it is refused instead, if it is."""
+        lim, ip = self.limits, conn.peer_ip
+        if self._authenticated >= lim.max_connections:
+            return f"too many connections ({self._authenticated} authenticated, at most {lim.max_connections})"
+        if self._peer_connections.get(ip, 0) >= lim.max_connections_per_peer:
+            return f"too many connections from {ip} (at most {lim.max_connections_per_peer} from one address)"
+        mine = self._peer_unauthenticated.get(ip)
+        if mine is not None and len(mine) >= lim.max_unauthenticated_per_peer:
+            self._evict(next(iter(mine)), f"{ip} has {len(mine)} unauthenticated connections, at most {lim.max_unauthenticated_per_peer}")
+        elif len(self._unauthenticated) >= lim.max_unauthenticated:
+            busiest = max(self._peer_unauthenticated.values(), key=len)
+            self._evict(next(iter(busiest)), f"{len(self._unauthenticated)} unauthenticated connections, at most {lim.max_unauthenticated}")
+        conn.registered = True
+        self._conns.add(conn)
+        self._unauthenticated[conn] = None
+        self._peer_unauthenticated.setdefault(ip, {})[conn] = None
+        self._peer_connections[ip] = self._peer_connections.get(ip, 0) + 1
+        return None
+
+    def _evict(self, victim: _Conn, why: str) -> None:
+        self.counters["evicted_unauthenticated"] += 1
+        self._throttle.warning(
+            "unauthenticated connections closed to make room", "closing unauthenticated connection from %s to make room: %s", victim.peer, why
+        )
+        error = p.error_response(p.Op.HELLO, 0, AgentUnavailableError.status, "too many unauthenticated connections; closed to make room")
+        victim.close("evicted", error=error)
+
+    def _refused(self, conn: _Conn, why: str) -> None:
+        self.counters["refused_connections"] += 1
+        self._throttle.warning("refused connections", "refusing connection from %s: %s", conn.peer, why)
+
+    def _promote(self, conn: _Conn) -> bool:
+        """``conn`` proved the secret: move it to the authenticated connections, if one is free."""
+        if self._authenticated >= self.limits.max_connections:
+            return False
+        self._drop_unauthenticated(conn)
+        conn.authed = True
+        self._authenticated += 1
+        return True
+
+    def _drop_unauthenticated(self, conn: _Conn) -> None:
+        self._unauthenticated.pop(conn, None)
+        mine = self._peer_unauthenticated.get(conn.peer_ip)
+        if mine is not None:
+            mine.pop(conn, None)
+            if not mine:
+                del self._peer_unauthenticated[conn.peer_ip]
+
+    def _forget(self, conn: _Conn) -> None:
+        """``conn`` is closing or closed: free its slots (once)."""
+        if not conn.registered:
+            return
+        conn.registered = False
+        self._conns.discard(conn)
+        if conn.authed:
+            self._authenticated -= 1
+        else:
+            self._drop_unauthenticated(conn)
+        left = self._peer_connections.get(conn.peer_ip, 1) - 1
+        if left > 0:
+            self._peer_connections[conn.peer_ip] = left
+        else:
+            self._peer_connections.pop(conn.peer_ip, None)
 
     # Request handlers -------------------------------------------------------------------------
     # Each returns the result body; typed AgentErrors become error responses.
@@ -225,16 +314,20 @@ class AgentServer:
         self._ids(log_id, seg, first)
         return self.store.read_range(log_id, seg, first, last, min(max_bytes, p.MAX_RANGE_BYTES))
 
-    async def read_entry_fencing(self, log_id: int, seg: int, entry_id: int) -> bytes:
+    async def read_entry_fencing(self, log_id: int, seg: int, entry_id: int, room: Callable[[], Awaitable[None]] | None = None) -> bytes:
         self._ids(log_id, seg, entry_id)
         await self.store.fence(log_id, seg)  # durable before the read is answered
+        if room is not None:
+            await room()  # read the entry only when its answer can be queued
         return self.store.read(log_id, seg, entry_id)
 
     def read_lac(self, log_id: int, seg: int) -> bytes:
         self._ids(log_id, seg)
         return p.encode_lac(self.store.lac(log_id, seg))
 
-    async def long_poll(self, log_id: int, seg: int, previous: int, timeout_ms: int) -> bytes:
+    async def long_poll(
+        self, log_id: int, seg: int, previous: int, timeout_ms: int, room: Callable[[], Awaitable[None]] | None = None
+    ) -> bytes:
         self._ids(log_id, seg)
         if not NO_ENTRY <= previous < _I64_MAX:
             raise BadRequestError(f"previous LAC {previous} out of range (-1..2^63-2)")
@@ -242,6 +335,8 @@ class AgentServer:
         lac = await self.store.wait_lac(log_id, seg, previous, timeout)
         entry = None
         if lac > previous:
+            if room is not None:
+                await room()  # read the entry only when its answer can be queued
             try:
                 entry = self.store.read(log_id, seg, previous + 1)
             except NoSuchEntryError:
@@ -293,7 +388,11 @@ class _Conn(asyncio.Protocol):
         self.loop = server._loop
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.decoder = p.FrameDecoder(server.limits.max_frame)
+        self.peer_ip = "?"
+        self.registered = False  # counted in the server's admission bookkeeping
+        # Until AUTH succeeds a frame may be only a few KiB: a larger length prefix is refused
+        # before its body is read (_Conn._authenticate raises it to max_frame).
+        self.decoder = p.FrameDecoder(min(server.limits.max_unauthenticated_frame, server.limits.max_frame))
         self.handshake: ServerHandshake | None = None
         self.authed = False
         self.closing = False
@@ -304,6 +403,8 @@ class _Conn(asyncio.Protocol):
         self.write_paused = False
         self.read_paused = False
         self._out = p.OutQueue()
+        self._out_bytes = 0  # bytes in _out (the answers of this loop turn, not yet written)
+        self._room_waiters: list[asyncio.Future[None]] = []  # reads waiting for answers to drain
         self._add_nowait = getattr(self.store, "add_nowait", None)
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.barrier = Barrier()  # write proxy: (producer, log) pairs whose appends failed
@@ -318,17 +419,18 @@ class _Conn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.peer_ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         server = self.server
         if server.failure is not None or server._server is None:
             transport.abort()
             return
-        if len(server._conns) >= self.limits.max_connections:
-            log.warning("refusing connection from %s: %d connections open", self.peer, len(server._conns))
+        refusal = server._admit(self)
+        if refusal is not None:
+            server._refused(self, refusal)
             self.closing = True
-            transport.write(p.error_response(p.Op.HELLO, 0, AgentUnavailableError.status, "too many connections"))
+            transport.write(p.error_response(p.Op.HELLO, 0, AgentUnavailableError.status, refusal))
             transport.close()
             return
-        server._conns.add(self)
         server.counters["connections"] += 1
         self.handshake = ServerHandshake(server._secret, server._auth_context)
         transport.write(p.hello_frame(self.handshake.challenge))
@@ -336,8 +438,10 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.barrier.closed = True
-        self.server._conns.discard(self)
+        self.server._forget(self)
         self._out.clear()
+        self._out_bytes = 0
+        self._wake_room()
         for task in self.tasks:
             # Long polls are pure waits; adds, fences and deletes run to completion so the store
             # never sees an operation abandoned half-way.
@@ -368,12 +472,15 @@ class _Conn(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self._wake_room()
         self._update_reading()
         self._process()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        if not self.authed:
+            self.server.counters["unauthenticated_bytes"] += len(data)
         now = time.monotonic()
         self.last_activity = now
         try:
@@ -391,6 +498,7 @@ class _Conn(asyncio.Protocol):
             or self.hold.count > 0
             or self.in_flight >= self.limits.max_in_flight
             or self.in_flight_bytes >= self.limits.max_in_flight_bytes
+            or self._out_bytes >= self.limits.max_response_bytes
         )
 
     def _update_reading(self) -> None:
@@ -426,8 +534,16 @@ class _Conn(asyncio.Protocol):
         self._update_reading()
 
     def _protocol_failure(self, exc: p.ProtocolError) -> None:
-        self.server.counters["bad_requests"] += 1
-        log.info("closing connection from %s: %s", self.peer, exc)
+        server = self.server
+        server.counters["bad_requests"] += 1
+        if self.authed:
+            log.info("closing connection from %s: %s", self.peer, exc)
+        else:
+            # Typically a length prefix over max_unauthenticated_frame: refused before its body is read.
+            server.counters["auth_failures"] += 1
+            if str(exc).startswith("frame length"):
+                exc = p.ProtocolError(f"{exc}: until AUTH succeeds a frame may have at most {self.decoder.max_frame} bytes", fatal=True)
+            server._throttle.warning("bad frames before authentication", "closing connection from %s before authentication: %s", self.peer, exc)
         self.close(str(exc), error=p.error_response(p.Op.HELLO, 0, BadRequestError.status, str(exc)))
 
     def _handle(self, frame: p.Frame) -> None:
@@ -453,7 +569,7 @@ class _Conn(asyncio.Protocol):
             self._add_now(rid, args[0], flags)
         elif op is p.Op.READ_ENTRY:
             if flags & p.FLAG_FENCE:
-                self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args)), 0)
+                self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args, room=self.room)), 0)
             else:
                 self._run_sync(op, rid, server.read_entry, args)
         elif op is p.Op.READ_RANGE:
@@ -485,16 +601,22 @@ class _Conn(asyncio.Protocol):
             server_proof = self.handshake.verify(client_nonce, proof)
         except UnauthorizedError as exc:
             self.server.counters["auth_failures"] += 1
-            log.warning("authentication of %s failed: %s", self.peer, exc.message)
+            self.server._throttle.warning("failed authentications", "authentication of %s failed: %s", self.peer, exc.message)
             self.close("authentication failed", error=p.error_response(p.Op.AUTH, rid, exc.status, exc.message))
             return
-        self.authed = True
+        server = self.server
+        if not server._promote(self):
+            why = f"too many connections ({server._authenticated} authenticated, at most {self.limits.max_connections})"
+            server._refused(self, why)
+            self.close(why, error=p.error_response(p.Op.AUTH, rid, AgentUnavailableError.status, why))
+            return
         self.handshake = None
+        self.decoder.max_frame = self.limits.max_frame
         self.send(p.ok_response(p.Op.AUTH, rid, server_proof))
 
     def _reject_unauthenticated(self, op: int, rid: int, why: str) -> None:
         self.server.counters["auth_failures"] += 1
-        log.warning("closing connection from %s: %s", self.peer, why)
+        self.server._throttle.warning("requests before authentication", "closing connection from %s: %s", self.peer, why)
         self.close(why, error=p.error_response(op, rid, UnauthorizedError.status, f"authenticate first ({why})"))
 
     # Execution ------------------------------------------------------------------------------------
@@ -615,11 +737,11 @@ class _Conn(asyncio.Protocol):
         server = self.server
         try:
             try:
-                result = await server.long_poll(log_id, seg, previous, 0 if self.eof else timeout_ms)
+                result = await server.long_poll(log_id, seg, previous, 0 if self.eof else timeout_ms, room=self.room)
             except asyncio.CancelledError:
                 if not self.eof or self.closing:
                     raise
-                result = await server.long_poll(log_id, seg, previous, 0)  # hurried by a half-close
+                result = await server.long_poll(log_id, seg, previous, 0, room=self.room)  # hurried by a half-close
         except Exception as exc:  # noqa: BLE001
             self.send(self._error(p.Op.LONG_POLL, rid, exc))
         else:
@@ -650,12 +772,49 @@ class _Conn(asyncio.Protocol):
     def send(self, frame: p.Outgoing) -> None:
         if self.closing:
             return
+        self._out_bytes += len(frame) if type(frame) is bytes else sum(map(len, frame))  # type: ignore[arg-type]
         if self._out.push(frame):
             # Responses finishing in the same loop turn (a group commit releases many) go out in one write.
             self.loop.call_soon(self._flush)  # type: ignore[union-attr]
 
     def _flush(self) -> None:
-        self._out.write(None if self.closing else self.transport)
+        held_back = self._out_bytes >= self.limits.max_response_bytes
+        self._write_out()
+        if held_back and not self.closing:
+            # Reading stopped for this turn's answers; the transport has them now (and pauses
+            # writing, which keeps reading stopped, if the client does not take them).
+            self._update_reading()
+            self._process()
+
+    def _write_out(self) -> None:
+        transport = None if self.closing else self.transport
+        if transport is not None:
+            queued = self._out_bytes + transport.get_write_buffer_size()
+            if queued > self.server.counters["response_bytes_peak"]:
+                self.server.counters["response_bytes_peak"] = queued
+        self._out.write(transport)
+        self._out_bytes = 0
+        self._wake_room()
+
+    def _queued_bytes(self) -> int:
+        transport = self.transport
+        return self._out_bytes + (transport.get_write_buffer_size() if transport is not None else 0)
+
+    async def room(self) -> None:
+        """Wait until this connection's queued answers are under ``max_response_bytes``. The
+        caller produces and sends its answer in the same step, so it counts before anyone else
+        gets room: at most one answer beyond the limit."""
+        while not self.closing and self._queued_bytes() >= self.limits.max_response_bytes:
+            fut = self.loop.create_future()  # type: ignore[union-attr]
+            self._room_waiters.append(fut)
+            await fut
+
+    def _wake_room(self) -> None:
+        if self._room_waiters and (self.closing or self._queued_bytes() < self.limits.max_response_bytes):
+            waiters, self._room_waiters = self._room_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
 
     def close(self, reason: str, *, error: bytes | None = None, abort: bool = False) -> None:
         if self.closing:
@@ -665,10 +824,12 @@ class _Conn(asyncio.Protocol):
             return
         if abort:
             self._out.clear()
+            self._out_bytes = 0
         else:
-            self._flush()
+            self._write_out()
         self.closing = True
-        self.server._conns.discard(self)
+        self.server._forget(self)
+        self._wake_room()
         log.debug("closing connection from %s: %s", self.peer, reason)
         if abort:
             transport.abort()
@@ -682,6 +843,11 @@ class _Conn(asyncio.Protocol):
     def check_deadlines(self, now: float) -> None:
         lim = self.limits
         if not self.authed and now - self.created > lim.handshake_timeout:
+            server = self.server
+            server.counters["handshake_timeouts"] += 1
+            server._throttle.warning(
+                "handshake timeouts", "closing connection from %s: no authentication within %gs", self.peer, lim.handshake_timeout
+            )
             error = p.error_response(p.Op.AUTH, 0, UnauthorizedError.status, "handshake timed out")
             self.close("handshake timeout", error=error)
         elif self.partial_since is not None and not self.blocked and now - self.partial_since > lim.frame_timeout:

@@ -9,18 +9,29 @@
 Paths are built with fixed-width hex of integers checked to be in range, so nothing that
 comes from the network can name a file outside ``segments/``; directory listings are parsed
 back with a strict pattern and anything else is ignored.
+
+Least privilege (DESIGN.md §10): directories are made 0700 and files 0600, by explicit modes
+here and in the store as well as by the umask ``dlagent serve`` sets: replicas are the
+cluster's data, and no other local user has any business reading them.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import re
+import stat
 from pathlib import Path
 
 from dlctl.log.errors import AgentIOError, BadRequestError
 from dlctl.log.format import U64_MAX
+
+log = logging.getLogger("dlagent.storage")
+
+FILE_MODE = 0o600  # every file the agent creates
+DIR_MODE = 0o700  # every directory it creates, and the data dir whatever made it
 
 SEGMENTS_DIR = "segments"
 LOCK_FILE = "LOCK"
@@ -88,6 +99,24 @@ def parse_segment_file_name(name: str) -> tuple[int, str] | None:
     return (seq, m.group(2)) if seq > 0 else None
 
 
+def secure_data_dir(path: Path) -> int | None:
+    """Make ``path`` (and missing parents) if needed, and leave it 0700: a directory that group
+    or others can reach (made by hand, by ``mkdir -p``, by an older agent) is narrowed, and
+    the log says so. Returns the mode it was narrowed from, else None. A directory this user
+    cannot chmod (not its owner) is served from anyway, with an error in the log naming the fix."""
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if not mode & 0o077:
+        return None
+    try:
+        os.chmod(path, DIR_MODE)
+    except OSError as exc:
+        log.error("data directory %s is mode %04o, open to other users, and cannot be narrowed (%s): run `chmod 700 %s` as its owner", path, mode, exc.strerror, path)
+        return None
+    log.warning("data directory %s was mode %04o, open to other users: narrowed to %04o", path, mode, DIR_MODE)
+    return mode
+
+
 def fsync_path(path: Path, fsync=os.fsync) -> None:
     """fsync a file or directory by path (directories: makes creates/unlinks/renames durable)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -113,7 +142,7 @@ class DirLock:
 
     def acquire_exclusive(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         except OSError as exc:
             raise AgentIOError(f"cannot open lock file {self.path}: {exc.strerror}") from exc
         try:

@@ -281,10 +281,10 @@ def write_limbo_markers(data_dir: Path, records: list[LimboRecord], fsync=os.fsy
         path = layout.segment_path(data_dir, (record.log_id, record.segment_seq), layout.LIMBO_SUFFIX)
         for parent in (path.parent.parent, path.parent):
             if not parent.is_dir():
-                parent.mkdir()
+                parent.mkdir(mode=layout.DIR_MODE)
                 dirs.add(parent.parent)
         doc = record.to_dict() | {"detected_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, layout.FILE_MODE)
         try:
             view = memoryview((json.dumps(doc, sort_keys=True) + "\n").encode())
             while view:

@@ -70,6 +70,7 @@ from typing import Any
 
 from dlctl.log.errors import AgentIOError
 
+from . import oserrors  # which failed reads are damage, which want of a resource (shared with store.py)
 from .segment import Segment
 from .store import SegmentStore, _verify
 from .sync import PAGE_SIZE
@@ -85,9 +86,6 @@ CHUNK_BYTES = 1 << 20
 CHUNK_ENTRIES = 1024
 RETRY_FIRST = 1.0  # seconds before a read that hit a resource error is tried again
 RETRY_MAX = 60.0  # the backoff doubles up to this
-
-RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EINTR, errno.ENOBUFS})
-MEDIA_ERRNOS = frozenset({errno.EIO, errno.EBADMSG, errno.EUCLEAN})
 
 Loc = tuple[int, int, int, int]  # (entry id, offset, bytes incl. header, crc)
 
@@ -351,16 +349,15 @@ class Scrubber:
     async def _read_failed(self, seg: Segment, entry_id: int, offset: int, exc: OSError, *, opening: bool = False) -> bool:
         """Loop thread: a read (or the open) of ``seg`` failed. Damage goes to limbo (False: done
         with this replica); anything else is retried after a backoff (True: try again)."""
-        code = exc.errno
-        if code in MEDIA_ERRNOS or (opening and code == errno.ENOENT):
-            what = "the replica file is missing" if code == errno.ENOENT else f"read of entry {entry_id} failed"
+        if oserrors.is_damage(exc, opening=opening):
+            what = "the replica file is missing" if exc.errno == errno.ENOENT else f"read of entry {entry_id} failed"
             self._found(seg, entry_id, offset, f"{what}: {exc}")
             return False
         delay = self._retry_delay
         self._retry_delay = min(delay * 2, RETRY_MAX)
         self.stats.retries += 1
         where = f"opening {seg.path}" if opening else f"reading {seg.path} at offset {offset} (entry {entry_id})"
-        if code in RESOURCE_ERRNOS:
+        if oserrors.is_resource(exc):
             log.warning("scrub: %s failed for want of a resource (%s): not damage; trying again in %gs", where, exc, delay)
         else:
             log.error("scrub: %s failed (%s): not taken as damage; trying again in %gs", where, exc, delay)

@@ -36,7 +36,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from dlctl.log.errors import (
+    AgentError,
     AgentIOError,
+    AgentResourceError,
     BadRequestError,
     FencedError,
     LimboError,
@@ -44,8 +46,9 @@ from dlctl.log.errors import (
     NoSuchSegmentError,
 )
 from dlctl.log.format import FORMAT_VERSION, HEADER_SIZE, KNOWN_FLAGS, MAGIC, MAX_PAYLOAD, CorruptEntry, crc32c, decode_header
+from dlctl.logthrottle import LogThrottle
 
-from . import layout
+from . import layout, oserrors
 from .layout import ACKED_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX, LOG_SUFFIX, DirLock, Key, check_entry_id, check_segment_ids
 from .recovery import HEADER_STRUCT as _HDR
 from .recovery import encode_acked, inspect_segment
@@ -126,6 +129,8 @@ class SegmentStore:
         self._trim_timer: asyncio.TimerHandle | None = None
         self._acked_timer: asyncio.TimerHandle | None = None
         self._synced_log_dirs: set[Path] = set()  # log dirs whose entry in segments/ this process fsynced
+        self._throttle = LogThrottle(log)  # read failures can come in floods (descriptors exhausted)
+        self.read_resource_errors = 0  # reads failed for want of a resource (never limbo)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -173,6 +178,7 @@ class SegmentStore:
         if not self._serving:
             return
         self._fds.trim_idle()
+        self._throttle.flush()
         self._trim_timer = self._loop.call_later(TRIM_IDLE_SECONDS, self._trim_idle)  # type: ignore[union-attr]
 
     # -- acknowledged lengths (.acked files; see recovery.py) ------------------------------------
@@ -217,7 +223,7 @@ class SegmentStore:
             path = layout.segment_path(self.data_dir, key, ACKED_SUFFIX)
             if not path.exists():
                 new_dirs.add(path.parent)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, layout.FILE_MODE)
             try:
                 os.pwrite(fd, encode_acked(length), 0)
                 self._sync_fd(fd, path)
@@ -229,8 +235,8 @@ class SegmentStore:
     def _make_data_dir(self) -> None:
         root = layout.segments_root(self.data_dir)
         try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            root.mkdir(exist_ok=True)
+            layout.secure_data_dir(self.data_dir)
+            root.mkdir(mode=layout.DIR_MODE, exist_ok=True)
             # At every start, not only when just created: a run that crashed between a mkdir
             # and its parent's fsync left an entry a later power loss could still drop.
             layout.fsync_path(self.data_dir, self._fsync)
@@ -374,7 +380,7 @@ class SegmentStore:
         ldir = layout.log_dir(self.data_dir, key[0])
         if not ldir.is_dir():
             try:
-                ldir.mkdir()
+                ldir.mkdir(mode=layout.DIR_MODE)
             except FileExistsError:
                 pass
         # A log directory's entry in segments/ is synced the first time this process creates
@@ -383,7 +389,7 @@ class SegmentStore:
         new_dir = ldir not in self._synced_log_dirs
         path = layout.segment_path(self.data_dir, key, LOG_SUFFIX)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, layout.FILE_MODE)
         except FileExistsError:
             # Left by a creation that failed after open (say ENOSPC on fsync of the dir):
             # reusable only if it holds nothing.
@@ -406,7 +412,7 @@ class SegmentStore:
     def _write_marker(self, path: Path, content: bytes, sync_dir: bool = True) -> None:
         # Existence is what counts; the content is for people. A crash mid-write leaves an
         # existing (maybe empty) marker, which still means fenced/limbo: the safe side.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, layout.FILE_MODE)
         try:
             view = memoryview(content)
             while view:
@@ -439,7 +445,7 @@ class SegmentStore:
                 size = os.stat(path).st_size
                 os.unlink(path)
                 existed = True
-                freed += size
+                freed += size if suffix != ACKED_SUFFIX else 0  # a 12-byte record, not replica data
             except FileNotFoundError:
                 pass
         ldir = layout.log_dir(self.data_dir, key[0])
@@ -507,7 +513,9 @@ class SegmentStore:
         # crash may lose the last increments, never a replica).
         tmp = self.data_dir / (RECLAIMED_FILE + ".tmp")
         try:
-            tmp.write_text(json.dumps({"bytes": nbytes, "replicas": replicas}) + "\n")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, layout.FILE_MODE)
+            with open(fd, "w") as f:
+                f.write(json.dumps({"bytes": nbytes, "replicas": replicas}) + "\n")
             os.replace(tmp, self.data_dir / RECLAIMED_FILE)
         except OSError as exc:
             log.warning("cannot record reclaimed space in %s: %s", self.data_dir, exc)
@@ -648,7 +656,8 @@ class SegmentStore:
             try:
                 self._fds.get(seg)
             except OSError as exc:
-                raise AgentIOError(f"cannot open {seg.path}: {exc}") from exc
+                cls = AgentResourceError if oserrors.is_resource(exc) else AgentIOError
+                raise cls(f"cannot open {seg.path}: {exc}") from exc
         off = self._committer.append(seg, encoded, callback, uncached=uncached)
         seg.index.add(entry_id, off, length, crc)
         if lac > seg.lac:
@@ -662,12 +671,15 @@ class SegmentStore:
         try:
             return os.pread(self._fds.get(seg), n, off)
         except OSError as exc:
-            raise AgentIOError(f"cannot read {seg.path} at offset {off}: {exc}") from exc
+            cls = AgentResourceError if oserrors.is_resource(exc) else AgentIOError
+            raise cls(f"cannot read {seg.path} at offset {off}: {exc}") from exc
 
     # ------------------------------------------------------------------ reads
 
     def read(self, log_id: int, segment_seq: int, entry_id: int) -> bytes:
-        """The encoded entry, CRC re-verified (a mismatch puts the replica in limbo).
+        """The encoded entry, CRC re-verified (a mismatch puts the replica in limbo, as a media
+        error does; a read failing for want of descriptors or memory raises the retryable
+        AgentResourceError and leaves the replica alone: see oserrors.py).
 
         An entry accepted but not yet durable is served from memory, as BookKeeper does:
         readers stop at LAC anyway, and recovery re-writes whatever it reads to a quorum.
@@ -682,11 +694,11 @@ class SegmentStore:
         buf = seg.mem.get(off)
         if buf is not None:
             return buf
+        fd = self._fd_to_read(seg, off, f"entry {entry_id}")
         try:
-            buf = os.pread(self._fds.get(seg), n, off)
+            buf = os.pread(fd, n, off)
         except OSError as exc:
-            self._to_limbo(seg, off, f"read of entry {entry_id} failed: {exc}")
-            raise LimboError(f"replica of {_seg_name(seg.key)} is unreadable at offset {off} of {seg.path}: {exc}") from exc
+            raise self._read_failed(seg, off, f"read of entry {entry_id}", exc) from exc
         problem = _verify(buf, n, seg.key, entry_id, crc)
         if problem is not None:
             self._to_limbo(seg, off, problem)
@@ -730,11 +742,11 @@ class SegmentStore:
             while j < len(locs) and locs[j][1] == end and mem.get(end) is None:
                 end += locs[j][2]
                 j += 1
+            fd = self._fd_to_read(seg, off, f"entries {entry_id}..{locs[j - 1][0]}")
             try:
-                run = os.pread(self._fds.get(seg), end - off, off)
+                run = os.pread(fd, end - off, off)
             except OSError as exc:
-                self._to_limbo(seg, off, f"read of entries {entry_id}..{locs[j - 1][0]} failed: {exc}")
-                raise LimboError(f"replica of {_seg_name(seg.key)} is unreadable at offset {off} of {seg.path}: {exc}") from exc
+                raise self._read_failed(seg, off, f"read of entries {entry_id}..{locs[j - 1][0]}", exc) from exc
             view = memoryview(run)
             pos = 0
             for k in range(i, j):
@@ -747,6 +759,29 @@ class SegmentStore:
             parts.append(run)
             i = j
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _fd_to_read(self, seg: Segment, offset: int, what: str) -> int:
+        try:
+            return self._fds.get(seg)
+        except OSError as exc:
+            raise self._read_failed(seg, offset, f"opening the file to read {what}", exc, opening=True) from exc
+
+    def _read_failed(self, seg: Segment, offset: int, what: str, exc: OSError, *, opening: bool = False) -> AgentError:
+        """The error to fail a read with (see oserrors.py): want of a resource is retryable and
+        never limbo; damage (a media error, the file gone) puts the replica in limbo; anything
+        else fails this read only."""
+        where = f"{what} of {_seg_name(seg.key)} ({seg.path}, offset {offset})"
+        if oserrors.is_resource(exc):
+            self.read_resource_errors += 1
+            self._throttle.warning(
+                "reads failed for want of a resource", "%s failed for want of a resource (%s): not damage, the read can be retried", where, exc.strerror or exc
+            )
+            return AgentResourceError(f"{where} failed: the agent is short of a resource ({exc.strerror or exc}); try again or another replica")
+        if oserrors.is_damage(exc, opening=opening):
+            self._to_limbo(seg, offset, f"{what} failed: {exc}")
+            return LimboError(f"replica of {_seg_name(seg.key)} is unreadable at offset {offset} of {seg.path}: {exc}")
+        self._throttle.warning("reads failed", "%s failed (%s): not taken as damage", where, exc)
+        return AgentIOError(f"{where} failed: {exc}")
 
     def _to_limbo(self, seg: Segment, offset: int, reason: str) -> None:
         if seg.limbo is not None:
@@ -924,6 +959,7 @@ class SegmentStore:
             "bytes": sum(s.size for s in segs),
             "preallocated_bytes": sum(s.alloc_end - s.size for s in segs if s.alloc_end > s.size),
             "limbo": sum(1 for s in segs if s.limbo is not None),
+            "read_resource_errors": self.read_resource_errors,  # failed for want of descriptors/memory: retryable, not limbo
             "reclaimed_bytes": self._reclaimed_bytes,  # freed by deleting replicas, since the data dir exists
             "reclaimed_replicas": self._reclaimed_replicas,
             "fenced": sum(1 for s in segs if s.fenced),

@@ -93,6 +93,14 @@ class AgentUnavailableError(AgentError):
     status = 254
 
 
+class AgentResourceError(AgentUnavailableError):
+    """The agent ran short of a resource (file descriptors, memory, kernel buffers) and failed
+    this request. Nothing is wrong with its data: retry later, or ask another replica. An agent
+    never puts a replica in limbo for this (only a failed content check or a media error does)."""
+
+    status = 13
+
+
 ERRORS_BY_STATUS: dict[int, type[AgentError]] = {
     cls.status: cls
     for cls in (
@@ -108,6 +116,7 @@ ERRORS_BY_STATUS: dict[int, type[AgentError]] = {
         NoSuchLogError,
         ProxyDisabledError,
         ReadOnlyLogError,
+        AgentResourceError,
         AgentUnavailableError,
     )
 }

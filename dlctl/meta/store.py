@@ -39,7 +39,9 @@ class MetaStore:
     def __init__(self, client: KazooClient, cluster: str, auth: ZkAuth | None = None) -> None:
         self.client = client
         self.cluster = validate_name("cluster", cluster)
-        self.acl = acl_for(auth)
+        # Without credentials of its own, the client's default ACL (dlctl.meta.zk.connect sets
+        # the cluster's), and only then an open one.
+        self.acl = acl_for(auth) if auth is not None or not client.default_acl else list(client.default_acl)
 
     # -- helpers ---------------------------------------------------------------------------
 

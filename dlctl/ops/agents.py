@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from .. import tomltext as toml
 from ..errors import ConfigError, DlctlError
 from ..inventory import Cluster, Node
 from ..plan import Plan, Step
@@ -169,17 +170,17 @@ def build_wheels(target: Path) -> list[Path]:
 
 def agent_config_text(cluster: Cluster, node: Node) -> str:
     lines = [
-        f"node_id = {json.dumps(node.id)}",
-        f"cluster = {json.dumps(cluster.name)}",
-        f"region = {json.dumps(node.region)}",
-        f"rack = {json.dumps(node.rack)}",
-        f"data_dir = {json.dumps(node.data_dir)}",
-        f"listen = {json.dumps(node.listen)}",
-        f"zookeeper = {json.dumps(cluster.zookeeper)}",
-        f"secret_file = {json.dumps(node.home + '/secret')}",
+        toml.line("node_id", node.id),
+        toml.line("cluster", cluster.name),
+        toml.line("region", node.region),
+        toml.line("rack", node.rack),
+        toml.line("data_dir", node.data_dir),
+        toml.line("listen", node.listen),
+        toml.line("zookeeper", cluster.zookeeper),
+        toml.line("secret_file", node.home + "/secret"),
     ]
     if cluster.zk_auth_file is not None:
-        lines.append(f"zk_auth_file = {json.dumps(node.home + '/zk-auth')}")
+        lines.append(toml.line("zk_auth_file", node.home + "/zk-auth"))
     return "\n".join(lines) + "\n"
 
 
@@ -201,7 +202,9 @@ def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, pr
     def install_one(node: Node, deadline: Deadline) -> dict[str, Any]:
         t = fleet.transport(node)
         remaining = lambda: max(1.0, deadline.remaining())  # noqa: E731
-        t.run(["mkdir", "-p", node.home, node.data_dir], timeout=remaining()).check()
+        # Private from creation: `-m 700` applies to the directories mkdir makes (the agent
+        # tightens an existing data dir itself at start, saying so in its log).
+        t.run(["mkdir", "-p", "-m", "700", node.home, node.data_dir], timeout=remaining()).check()
         t.run(["chmod", "700", node.home], timeout=remaining()).check()
         done: dict[str, Any] = {"home": node.home}
         if node.python is None:
@@ -215,10 +218,11 @@ def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, pr
         with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as cfg:
             cfg.write(agent_config_text(cluster, node))
         try:
-            t.put(cfg.name, node.agent_config, 0o644, timeout=remaining())
+            t.put(cfg.name, node.agent_config, 0o600, timeout=remaining())
         finally:
             Path(cfg.name).unlink()
-        # Secrets travel by SFTP into 0600 files: never in argv, never through a shell.
+        # Secrets travel by SFTP into files created 0600 (the mode is in the create request
+        # itself: dlctl.remote.ssh): never in argv, never through a shell.
         t.put(cluster.secret_file, f"{node.home}/secret", 0o600, timeout=remaining())
         if cluster.zk_auth_file is not None:
             t.put(cluster.zk_auth_file, f"{node.home}/zk-auth", 0o600, timeout=remaining())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import hmac
 import json
 import secrets
@@ -22,6 +23,8 @@ from ..meta.zk import acl_for
 from ..plan import Plan, Step
 from ..secrets import write_secret_file
 from .session import ClusterSession
+
+log = logging.getLogger(__name__)
 
 # Several clusters may share one ensemble, each with its own credentials: everyone may read
 # /dlctl and create a cluster root under it (a squatter is refused by the marker check below),
@@ -63,7 +66,7 @@ def _create_layout(session: ClusterSession) -> dict[str, Any]:
     try:
         client.create(paths.ROOT, b"", acl=root_acl)
     except NodeExistsError:
-        pass
+        _tighten_root(client, root_acl)
     root = paths.cluster_root(name)
     if client.exists(root) is not None:
         found = _adopt(session, root, acl)
@@ -81,6 +84,20 @@ def _create_layout(session: ClusterSession) -> dict[str, Any]:
     if any(isinstance(r, Exception) for r in results):
         raise RefusedError(f"{root} appeared while `cluster init` was creating it ({results})", hint="re-run: the next run checks who made it")
     return {"created": [root, paths.config(name)] + _create_children(client, name, acl), "cluster_id": cluster_id}
+
+
+def _tighten_root(client: Any, root_acl: list) -> None:
+    """/dlctl made by someone else (an older dlctl, an attacker) may let the world change it:
+    take that away when its ACL lets us (world ADMIN), else say so."""
+    acls, stat = client.get_acls(paths.ROOT)
+    loose = [a for a in acls if a.id.scheme == "world" and a.perms & ~(Permissions.READ | Permissions.CREATE)]
+    if not loose:
+        return
+    try:
+        client.set_acls(paths.ROOT, root_acl, version=stat.aversion)
+        log.warning("%s let anyone change or delete under it: its ACL is now world read+create only", paths.ROOT)
+    except NoAuthError:
+        log.warning("%s lets anyone change or delete under it and cannot be tightened with these credentials", paths.ROOT)
 
 
 def _create_children(client: Any, name: str, acl: list) -> list[str]:

@@ -471,6 +471,32 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
         log.warning("permanently added %s key %s for %s to %s", key.get_name(), fingerprint(key), hostname, ep.known_hosts)
 
 
+def _create_remote(sftp: paramiko.SFTPClient, path: str, mode: int) -> paramiko.SFTPFile:
+    """Create ``path`` for writing, new (``O_EXCL``: never an existing file or a planted
+    symlink) and with ``mode`` from its first instant.
+
+    ``SFTPClient.open`` sends an empty attribute block, so the server creates the file with its
+    own default (0644 under the usual umask) and a chmod can only follow: a local user who
+    opens the file in between keeps that descriptor and reads the secret once it is written
+    (issue 19). The SSH_FXP_OPEN request carries the permissions instead; OpenSSH's sftp-server
+    passes them to open(2), so the server's umask can only narrow them. The fchmod on the
+    handle, before the first byte, then sets exactly ``mode`` (a narrower umask, or a server
+    that ignores open attributes)."""
+    attrs = paramiko.SFTPAttributes()
+    attrs.st_mode = mode
+    flags = paramiko.sftp.SFTP_FLAG_WRITE | paramiko.sftp.SFTP_FLAG_CREATE | paramiko.sftp.SFTP_FLAG_TRUNC | paramiko.sftp.SFTP_FLAG_EXCL
+    kind, msg = sftp._request(paramiko.sftp.CMD_OPEN, path, flags, attrs)  # noqa: SLF001 - open() cannot pass attributes
+    if kind != paramiko.sftp.CMD_HANDLE:
+        raise paramiko.SFTPError(f"expected a handle opening {path}, got message type {kind}")
+    fout = paramiko.SFTPFile(sftp, msg.get_binary(), "wb")
+    try:
+        fout.chmod(mode)
+    except BaseException:
+        fout.close()
+        raise
+    return fout
+
+
 def record_host_key(ep: Endpoint, name: str, key: paramiko.PKey) -> None:
     """Append ``name key`` to the user's known_hosts, unless already there. Re-checked under a
     lock: if another connection recorded a *different* key meanwhile, that is a change."""
@@ -838,8 +864,8 @@ class SshTransport(Transport):
     # -- uploading -------------------------------------------------------------------------------
 
     def put(self, local_path: str | PathLike[str], remote_path: str, mode: int = 0o644, *, timeout: float = DEFAULT_PUT_TIMEOUT) -> None:
-        """SFTP upload: temp file next to the target, chmod *before* any byte is written,
-        then an atomic ``posix-rename`` over the target."""
+        """SFTP upload: a new temp file next to the target, created with ``mode`` (see
+        ``_create_remote``), then an atomic ``posix-rename`` over the target."""
         dest = check_remote_path(self.host, remote_path)
         src = Path(local_path)
         if not src.is_file():
@@ -859,8 +885,7 @@ class SshTransport(Transport):
         watchdog.start()
         try:
             try:
-                with open(src, "rb") as fin, sftp.open(tmp, "wb") as fout:
-                    sftp.chmod(tmp, mode & 0o7777)
+                with open(src, "rb") as fin, _create_remote(sftp, tmp, mode & 0o7777) as fout:
                     fout.set_pipelined(True)
                     while chunk := fin.read(_PUT_CHUNK):
                         fout.write(chunk)

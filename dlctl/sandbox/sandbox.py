@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import tomltext as toml
 from ..errors import DlctlError, PartialFailure
 from ..plan import Plan, Step
 from . import zookeeper
@@ -109,7 +110,12 @@ def _replication_sources(node: dict[str, Any], zk: str, cluster_dir: Path, clust
     for other in clusters:
         if other != node["cluster"]:
             other_dir = cluster_dir.parent / other
-            lines += [f"[replication.sources.{other}]", f'zookeeper = "{zk}"', f'secret_file = "{other_dir / "secret"}"', f'zk_auth_file = "{other_dir / "zk-auth"}"']
+            lines += [
+                toml.table("replication", "sources", other),
+                toml.line("zookeeper", zk),
+                toml.line("secret_file", other_dir / "secret"),
+                toml.line("zk_auth_file", other_dir / "zk-auth"),
+            ]
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -119,16 +125,16 @@ def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path, cluste
     (node_dir / "agent.toml").write_text(
         "\n".join(
             [
-                f'node_id = "{node["node_id"]}"',
-                f'cluster = "{node["cluster"]}"',
-                f'region = "{node["region"]}"',
-                f'rack = "{node["rack"]}"',
-                f'data_dir = "{node_dir / "data"}"',
-                f'listen = "{node["host"]}:{node["port"]}"',
-                f'zookeeper = "{zk}"',
-                f'secret_file = "{cluster_dir / "secret"}"',
-                f'zk_auth_file = "{cluster_dir / "zk-auth"}"',
-                "session_timeout = 4.0",
+                toml.line("node_id", node["node_id"]),
+                toml.line("cluster", node["cluster"]),
+                toml.line("region", node["region"]),
+                toml.line("rack", node["rack"]),
+                toml.line("data_dir", node_dir / "data"),
+                toml.line("listen", f'{node["host"]}:{node["port"]}'),
+                toml.line("zookeeper", zk),
+                toml.line("secret_file", cluster_dir / "secret"),
+                toml.line("zk_auth_file", cluster_dir / "zk-auth"),
+                toml.line("session_timeout", 4.0),
                 "",
             ]
         )
@@ -137,27 +143,27 @@ def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path, cluste
 
 
 def _inventory(directory: Path, layout: Layout, zk: str, nodes: list[dict[str, Any]]) -> str:
-    lines = [f'default_cluster = "{layout.cluster_names()[0]}"', ""]
+    lines = [toml.line("default_cluster", layout.cluster_names()[0]), ""]
     for cluster in layout.cluster_names():
         lines += [
-            f"[clusters.{cluster}]",
-            f'zookeeper = "{zk}"',
-            f'secret_file = "{directory / cluster / "secret"}"',
-            f'zk_auth_file = "{directory / cluster / "zk-auth"}"',
+            toml.table("clusters", cluster),
+            toml.line("zookeeper", zk),
+            toml.line("secret_file", directory / cluster / "secret"),
+            toml.line("zk_auth_file", directory / cluster / "zk-auth"),
             "",
-            f"[clusters.{cluster}.defaults]",
-            f'python = "{sys.executable}"',
-            'transport = "local"',
+            toml.table("clusters", cluster, "defaults"),
+            toml.line("python", sys.executable),
+            toml.line("transport", "local"),
             "",
         ]
         for node in (n for n in nodes if n["cluster"] == cluster):
             lines += [
-                f'[[clusters.{cluster}.regions.{node["region"]}.racks.{node["rack"]}.nodes]]',
-                f'id = "{node["node_id"]}"',
-                f'host = "{node["host"]}"',
-                f'listen = "{node["host"]}:{node["port"]}"',
-                f'data_dir = "{Path(node["dir"]) / "data"}"',
-                f'home = "{node["dir"]}"',
+                toml.table("clusters", cluster, "regions", node["region"], "racks", node["rack"], "nodes", array=True),
+                toml.line("id", node["node_id"]),
+                toml.line("host", node["host"]),
+                toml.line("listen", f'{node["host"]}:{node["port"]}'),
+                toml.line("data_dir", Path(node["dir"]) / "data"),
+                toml.line("home", node["dir"]),
                 "",
             ]
     return "\n".join(lines)

@@ -159,9 +159,7 @@ class SparkEngine:
                     f"refusing to send the cluster secrets to Spark at {opts.master} without authentication and encryption ({', '.join(problems)} missing)",
                     hint="pass --conf " + " --conf ".join(problems) + " and set spark.authenticate.secret in spark-defaults.conf (see README: Bootstrap)",
                 )
-        log_dir = opts.log_dir or Path(tempfile.gettempdir()) / f"dlctl-spark-{os.getuid()}"
-        log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.log_path = log_dir / f"{opts.app_name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+        self.log_path = _log_dir(opts.log_dir) / f"{opts.app_name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
         level = "warn" if opts.verbose < 2 else "info"
         log4j = self._tmp / "log4j2.properties"
         log4j.write_text(_LOG4J.format(level=level))
@@ -203,7 +201,7 @@ class SparkEngine:
         if not quiet:
             return factory(conf=conf)
         assert self.log_path is not None
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         sys.stdout.flush()
         sys.stderr.flush()
         saved = (os.dup(1), os.dup(2))
@@ -358,6 +356,16 @@ class SparkEngine:
             r.pop("_index", None)
             r.pop("_position", None)
         return results
+
+
+def _log_dir(chosen: Path | None) -> Path:
+    """Where Spark's log goes: the directory the caller chose, or a new private one (mkdtemp:
+    0700, a random name). Never a fixed name in the shared temp directory: another local user
+    could create it first (or a symlink by that name) and read, or redirect, every log."""
+    if chosen is not None:
+        chosen.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return chosen
+    return Path(tempfile.mkdtemp(prefix="dlctl-spark-log-"))
 
 
 def _stop(sc: Any, tmp: Path) -> None:

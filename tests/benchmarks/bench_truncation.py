@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harn
 
 from harness.agents import DEFAULT_SECRET, AgentNode
 from harness.procs import ProcessRegistry
-from harness.zk import ZkNamespace, ZooKeeperServer, close_client, make_client
+from harness.zk import ZkNamespace, ZooKeeperServer, close_client, make_client, write_harness_zk_auth
 
 from dlctl import inventory
 from dlctl.config import ConfigLocation
@@ -93,7 +93,8 @@ def start(work: Path) -> tuple[ProcessRegistry, ZooKeeperServer, ZkNamespace, di
     write_secret_file(work / "c1.secret", DEFAULT_SECRET)
     nodes = "".join(f'[[clusters.c1.regions.r1.racks.rack1.nodes]]\nid = "{n}"\nhost = "{a.host}"\nlisten = "{a.address}"\n' for n, a in agents.items())
     config = work / "config.toml"
-    config.write_text(f'default_cluster = "c1"\n[clusters.c1]\nzookeeper = "{ns.connect_string}"\nsecret_file = "c1.secret"\n{nodes}')
+    zk_auth = write_harness_zk_auth(work / "c1.zk-auth")
+    config.write_text(f'default_cluster = "c1"\n[clusters.c1]\nzookeeper = "{ns.connect_string}"\nsecret_file = "c1.secret"\nzk_auth_file = "{zk_auth}"\n{nodes}')
     return registry, server, ns, agents, config
 
 

@@ -14,11 +14,13 @@ from pathlib import Path
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
+from dlctl import tomltext as toml
 from dlctl.log.client import SyncAgentClient
 from dlctl.meta import paths
 from dlctl.secrets import write_secret_file
 
 from .procs import ManagedProcess, ProcessRegistry, free_port, tcp_connectable, wait_until
+from .zk import write_harness_zk_auth
 
 DEFAULT_SECRET = b"test-cluster-secret-0123456789abcdef"
 
@@ -50,21 +52,23 @@ class AgentNode:
         self.data_dir = self.dir / "data"
         self.secret_file = self.dir / "secret"
         write_secret_file(self.secret_file, secret)
+        self.zk_auth_file = write_harness_zk_auth(self.dir / "zk-auth")  # ZooKeeper ACLs on, as in production
         self.config_path = self.dir / "agent.toml"
         self.config_path.write_text(
             "\n".join(
                 [
-                    f'node_id = "{node_id}"',
-                    f'cluster = "{cluster}"',
-                    f'region = "{region}"',
-                    f'rack = "{rack}"',
-                    f'data_dir = "{self.data_dir}"',
-                    f'listen = "{host}:{self.port}"',
-                    f'zookeeper = "{zk_connect}"',
-                    f'secret_file = "{self.secret_file}"',
-                    f"session_timeout = {session_timeout}",
+                    toml.line("node_id", node_id),
+                    toml.line("cluster", cluster),
+                    toml.line("region", region),
+                    toml.line("rack", rack),
+                    toml.line("data_dir", self.data_dir),
+                    toml.line("listen", f"{host}:{self.port}"),
+                    toml.line("zookeeper", zk_connect),
+                    toml.line("secret_file", self.secret_file),
+                    toml.line("zk_auth_file", self.zk_auth_file),
+                    toml.line("session_timeout", session_timeout),
                     "[storage]",
-                    f'sync = "{sync}"',
+                    toml.line("sync", sync),
                     "",
                 ]
             )

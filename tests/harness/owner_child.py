@@ -1,6 +1,6 @@
 """A log owner in a child process, for tests that SIGKILL a writer mid-stream.
 
-Run as a script: ``owner_child.py ZK_CONNECT LOG SECRET_FILE ACKED_PATH [CLUSTER [OPTIONS_JSON]]``
+Run as a script: ``owner_child.py ZK_CONNECT LOG SECRET_FILE ZK_AUTH_FILE ACKED_PATH [CLUSTER [OPTIONS_JSON]]``
 (OPTIONS_JSON: ``WriterOptions`` overrides, e.g. ``{"ensemble_retry": 3600}``). It owns the
 log, submits records ``rec-0``, ``rec-1``, ... as fast as the writer takes them, and appends
 ``<i> <dlsn>`` to ACKED_PATH (line-buffered) the moment record i is acknowledged, so the file
@@ -18,11 +18,12 @@ if __name__ == "__main__":
     from dlctl.log.pool import AgentPool
     from dlctl.log.writer import LogWriter
     from dlctl.meta.store import MetaStore
-    from dlctl.meta.zk import connect
+    from dlctl.meta.zk import ZkAuth, connect
     from dlctl.secrets import read_secret_file
 
-    async def main(zk: str, name: str, secret_file: str, acked_path: str, cluster: str = "c1", options: str = "{}") -> None:
-        meta = MetaStore(connect(zk, session_timeout=1.0), cluster)
+    async def main(zk: str, name: str, secret_file: str, zk_auth_file: str, acked_path: str, cluster: str = "c1", options: str = "{}") -> None:
+        auth = ZkAuth.from_file(Path(zk_auth_file))
+        meta = MetaStore(connect(zk, auth, session_timeout=1.0), cluster, auth)
         pool = AgentPool(meta, read_secret_file(Path(secret_file)))
         writer = await LogWriter.open(meta, pool, name, owner_id="child", **json.loads(options))
         out = open(acked_path, "w", buffering=1)  # line-buffered: a line is in the file once acknowledged

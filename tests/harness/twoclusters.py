@@ -90,7 +90,10 @@ class Sites:
         lines = [f'default_cluster = "{default}"']
         for name, site in self.sites.items():
             first = next(iter(site.agents.values()))
-            lines += [f"[clusters.{name}]", f'zookeeper = "{site.ns.connect_string}"', f'secret_file = "{first.secret_file}"', ""]
+            lines += [
+                f"[clusters.{name}]", f'zookeeper = "{site.ns.connect_string}"', f'secret_file = "{first.secret_file}"',
+                f'zk_auth_file = "{first.zk_auth_file}"', "",
+            ]
         path.write_text("\n".join(lines))
         return path
 

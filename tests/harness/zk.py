@@ -43,6 +43,27 @@ SUPER_USER = "super"
 SUPER_PASSWORD = "harness-super"
 SUPER_AUTH = ("digest", f"{SUPER_USER}:{SUPER_PASSWORD}")
 
+# The credentials of every test cluster (agents, CLIs and test clients alike), so the suite runs
+# with ZooKeeper ACLs on as production does: what a test creates carries this digest ACL and an
+# anonymous client (``make_client(..., anonymous=True)``) can change none of it.
+HARNESS_USER = "dlctl-harness"
+HARNESS_PASSWORD = "harness-cluster-zk-password"
+HARNESS_AUTH = ("digest", f"{HARNESS_USER}:{HARNESS_PASSWORD}")
+
+
+def harness_acl() -> list:
+    from kazoo.security import make_digest_acl
+
+    return [make_digest_acl(HARNESS_USER, HARNESS_PASSWORD, all=True)]
+
+
+def write_harness_zk_auth(path: Path) -> Path:
+    """The harness credentials as a 0600 ``zk_auth_file`` (agent.toml, inventories)."""
+    from dlctl.secrets import write_secret_file
+
+    write_secret_file(path, f"{HARNESS_USER}:{HARNESS_PASSWORD}".encode())
+    return path
+
 START_TIMEOUT = 60.0  # generous: a cold JVM on a busy 2-core machine
 
 _LOG4J2 = """\
@@ -383,12 +404,18 @@ def make_client(
     *,
     timeout: float = 10.0,
     superuser: bool = False,
+    anonymous: bool = False,
     start: bool = True,
     start_timeout: float = 15.0,
     **kwargs: Any,
 ) -> KazooClient:
-    """A kazoo client that keeps reconnecting forever (kazoo's default gives up after one try)."""
+    """A kazoo client that keeps reconnecting forever (kazoo's default gives up after one try),
+    authenticated as the test clusters (``HARNESS_AUTH``, creating with their ACL) unless
+    ``anonymous``; ``superuser`` may read and change anything."""
     kwargs.setdefault("connection_retry", {"max_tries": -1, "delay": 0.05, "max_delay": 0.5})
+    if not anonymous:
+        kwargs["auth_data"] = [*kwargs.get("auth_data", []), HARNESS_AUTH]
+        kwargs.setdefault("default_acl", harness_acl())
     if superuser:
         kwargs["auth_data"] = [*kwargs.get("auth_data", []), SUPER_AUTH]
     client = KazooClient(hosts=connect_string, timeout=timeout, **kwargs)
@@ -460,7 +487,11 @@ class ZkNamespace:
         self._lock = threading.Lock()
         admin = make_client(backend.connect_string, superuser=True)
         try:
-            admin.create(self.path)
+            # Open, as the root of a real ensemble is: inside, what gets created carries the
+            # ACL of whoever creates it (the harness's, or a test's own credentials).
+            from kazoo.security import OPEN_ACL_UNSAFE
+
+            admin.create(self.path, acl=OPEN_ACL_UNSAFE)
         finally:
             close_client(admin)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from harness.procs import free_port, wait_until
+from harness.zk import write_harness_zk_auth
 
 from dlctl.errors import ExitCode
 from dlctl.meta import paths
@@ -25,6 +26,7 @@ def write_inventory(path: Path, cluster, zk_connect: str, *, python_for: dict[st
         "[clusters.c1]",
         f'zookeeper = "{zk_connect}"',
         f'secret_file = "{base / "secret"}"',
+        f'zk_auth_file = "{write_harness_zk_auth(base / "c1.zk-auth")}"',
         f'known_hosts = "{known_hosts}"',
         f'ssh_config = "{base / "empty_ssh_config"}"',
         "",
@@ -76,6 +78,8 @@ def test_install_start_status_stop_over_ssh_in_two_regions(fleet, zk):
     assert installed[first]["venv"].endswith("/venv") and "dlagent" in installed[first]["agent"]
     home = config.parent / first
     assert (home / "secret").stat().st_mode & 0o777 == 0o600
+    # Least privilege (issue 19): the config is private too, and the directories install made.
+    assert {p: (home / p).stat().st_mode & 0o777 for p in ("agent.toml", "zk-auth", ".", "data")} == {"agent.toml": 0o600, "zk-auth": 0o600, ".": 0o700, "data": 0o700}
 
     start = dlctl(config, "-o", "json", "--yes", "agent", "start", "--region-serial")
     assert start.returncode == 0, start.stderr

@@ -37,9 +37,10 @@ def held(agent, log_id: int) -> dict[int, int]:
 
 
 def disk_usage(agent, log_id: int) -> int:
-    """Bytes of the log's replica files on the agent's disk (what `du` would count)."""
+    """Bytes of the log's replica data files on the agent's disk (markers and 12-byte .acked
+    records aside)."""
     directory = agent.data_dir / "segments" / f"{log_id:016x}"
-    return sum(p.stat().st_size for p in directory.glob("*")) if directory.is_dir() else 0
+    return sum(p.stat().st_size for p in directory.glob("*.log")) if directory.is_dir() else 0
 
 
 async def write_closed(env: Env, name: str, start: int, count: int, **options) -> dict[int, DLSN]:

@@ -1018,12 +1018,13 @@ _OWNER = textwrap.dedent(
     from dlctl.log.pool import AgentPool
     from dlctl.log.writer import LogWriter
     from dlctl.meta.store import MetaStore
-    from dlctl.meta.zk import connect
+    from dlctl.meta.zk import ZkAuth, connect
     from dlctl.secrets import read_secret_file
 
-    async def main(zk, name, secret_file, acked_path):
+    async def main(zk, name, secret_file, zk_auth_file, acked_path):
         # A short session: after SIGKILL the next owner waits about a second for the znode to go.
-        meta = MetaStore(connect(zk, session_timeout=1.0), "c1")
+        auth = ZkAuth.from_file(Path(zk_auth_file))
+        meta = MetaStore(connect(zk, auth, session_timeout=1.0), "c1", auth)
         pool = AgentPool(meta, read_secret_file(Path(secret_file)))
         writer = await LogWriter.open(meta, pool, name, owner_id="child", batch_bytes=2048)
         out = open(acked_path, "w", buffering=1)  # line-buffered: a line is in the file once acknowledged
@@ -1082,7 +1083,7 @@ def test_tailing_reader_continues_without_gaps_when_the_owner_is_sigkilled(clust
 
         consumer = asyncio.ensure_future(consume())
         child = cluster.procs.start(
-            [sys.executable, script, cluster.ns.connect_string, name, cluster.agents["n1"].secret_file, acked_path], name="owner-child"
+            [sys.executable, script, cluster.ns.connect_string, name, cluster.agents["n1"].secret_file, cluster.agents["n1"].zk_auth_file, acked_path], name="owner-child"
         )
         try:
             # Kill it mid-stream, with the reader live behind it (it has delivered some already).

@@ -23,6 +23,7 @@ from dlctl.log.ownership import owner_info
 from dlctl.log.producer import LogProducer, ProducerOptions, ProxyRouter
 from dlctl.log.records import encode_record
 from harness.agents import DEFAULT_SECRET, AgentNode
+from harness.zk import write_harness_zk_auth
 from harness.logcluster import CLUSTER, AgentCluster, LogEnv, eventually, healed_env, read_back, run
 from harness.procs import ProcessRegistry
 from harness.zk import ZkNamespace
@@ -394,7 +395,7 @@ def cli_env(cluster, tmp_path):
         f'[[clusters.c1.regions.{node.region}.racks.a.nodes]]\nid = "{name}"\nhost = "{node.host}"\nlisten = "{node.address}"\n' for name, node in cluster.agents.items()
     )
     path = tmp_path / "config.toml"
-    path.write_text(f'[clusters.c1]\nzookeeper = "{cluster.ns.connect_string}"\nsecret_file = "c1.secret"\n{nodes}')
+    path.write_text(f'[clusters.c1]\nzookeeper = "{cluster.ns.connect_string}"\nsecret_file = "c1.secret"\nzk_auth_file = "{write_harness_zk_auth(tmp_path / "c1.zk-auth")}"\n{nodes}')
     return {**os.environ, "DLCTL_CONFIG": str(path), "DLCTL_CLUSTER": "c1"}
 
 

@@ -20,7 +20,7 @@ import pytest
 from harness.agents import DEFAULT_SECRET, AgentNode
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
-from harness.zk import ZkNamespace, close_client, make_client
+from harness.zk import ZkNamespace, close_client, make_client, write_harness_zk_auth
 from kazoo.client import KazooClient
 
 from dlctl import inventory
@@ -76,7 +76,8 @@ class Cluster:
 def write_inventory(path: Path, zk_connect: str, agents: dict[str, AgentNode]) -> Path:
     write_secret_file(path.parent / "c1.secret", DEFAULT_SECRET)
     nodes = "".join(f'[[clusters.c1.regions.r1.racks.rack1.nodes]]\nid = "{n}"\nhost = "{a.host}"\nlisten = "{a.address}"\n' for n, a in agents.items())
-    path.write_text(f'default_cluster = "c1"\n[clusters.c1]\nzookeeper = "{zk_connect}"\nsecret_file = "c1.secret"\n{nodes}')
+    zk_auth = write_harness_zk_auth(path.parent / "c1.zk-auth")
+    path.write_text(f'default_cluster = "c1"\n[clusters.c1]\nzookeeper = "{zk_connect}"\nsecret_file = "c1.secret"\nzk_auth_file = "{zk_auth}"\n{nodes}')
     return path
 
 

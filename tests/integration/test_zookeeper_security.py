@@ -59,7 +59,7 @@ def test_init_makes_credentials_and_every_znode_refuses_an_anonymous_client(tmp_
     assert auth_file.exists() and auth_file.stat().st_mode & 0o777 == 0o600
     auth = ZkAuth.from_file(auth_file)
     admin = make_client(zk.connect_string, superuser=True)
-    anonymous = make_client(zk.connect_string)
+    anonymous = make_client(zk.connect_string, anonymous=True)
     try:
         root = paths.cluster_root("c1")
         expected = [str(a) for a in acl_for(auth)]
@@ -91,7 +91,7 @@ def test_init_makes_credentials_and_every_znode_refuses_an_anonymous_client(tmp_
 
 def test_init_refuses_a_layout_an_attacker_created_first(tmp_path, zk, monkeypatch, capsys):
     inventory(tmp_path, zk, monkeypatch)
-    attacker = make_client(zk.connect_string)
+    attacker = make_client(zk.connect_string, anonymous=True)
     try:
         attacker.create(paths.config("c1"), json.dumps({"cluster": "c1", "cluster_id": "chosen-by-attacker"}).encode(), makepath=True)
         attacker.create(paths.available_node("c1", "fake-agent"), b"{}", makepath=True)
@@ -99,6 +99,13 @@ def test_init_refuses_a_layout_an_attacker_created_first(tmp_path, zk, monkeypat
         close_client(attacker)
     code, _, err = dlctl(capsys, "--yes", "cluster", "init")
     assert code == ExitCode.REFUSED and paths.cluster_root("c1") in err and "not made by this cluster" in err
+    # The attacker's /dlctl (open to all) was tightened on the way: the world may read and create only.
+    admin = make_client(zk.connect_string, superuser=True)
+    try:
+        top, _ = admin.get_acls(paths.ROOT)
+        assert all(not a.perms & (Permissions.WRITE | Permissions.DELETE | Permissions.ADMIN) for a in top if a.id.scheme == "world")
+    finally:
+        close_client(admin)
     # Even a layout with a marker is refused when the marker is not this secret's.
     admin = make_client(zk.connect_string, superuser=True)
     try:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from dlagent import config as agent_config
 from dlagent.auditor import GoneTracker
 
 from dlctl.errors import ConfigError
+from harness.agenttoml import load
 
 UP = {"a": "r1", "b": "r2", "c": "r3"}
 
@@ -81,22 +80,7 @@ def test_an_unknown_region_does_not_overwrite_a_known_one():
 
 # -- [auditor] settings -------------------------------------------------------------------------
 
-BASE = """
-node_id = "n1"
-cluster = "c1"
-region = "r1"
-rack = "k1"
-data_dir = "data"
-listen = "127.0.0.1:3181"
-zookeeper = "127.0.0.1:2181"
-secret_file = "secret"
-"""
 
-
-def load(tmp_path: Path, extra: str) -> agent_config.AgentConfig:
-    path = tmp_path / "agent.toml"
-    path.write_text(BASE + extra)
-    return agent_config.load(path)
 
 
 def test_auditor_defaults_are_on_with_five_minutes_grace(tmp_path):

@@ -3,30 +3,14 @@ the file, the key and the fix."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from dlagent import config as agent_config
 from dlagent.storage.scrub import DEFAULT_BYTES_PER_SECOND, DEFAULT_INTERVAL
 
 from dlctl.errors import ConfigError
-
-BASE = """
-node_id = "r1-n1"
-cluster = "east"
-region = "r1"
-rack = "rack-a"
-data_dir = "data"
-listen = "127.0.1.1:3181"
-zookeeper = "127.0.0.1:2181/t"
-secret_file = "secret"
-"""
+from harness.agenttoml import load
 
 
-def load(tmp_path: Path, extra: str = "") -> agent_config.AgentConfig:
-    path = tmp_path / "agent.toml"
-    path.write_text(BASE + extra)
-    return agent_config.load(path)
 
 
 def test_scrubbing_is_on_by_default_at_4_mib_per_second_once_a_week(tmp_path):
