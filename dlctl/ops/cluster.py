@@ -128,6 +128,14 @@ def _adopt(session: ClusterSession, root: str, acl: list) -> str:
         config = json.loads(data)
         cluster_id, marker = str(config["cluster_id"]), str(config.get("marker", ""))
     except NoNodeError:
+        # Agents re-register into a rebuilt ZooKeeper (makepath) before `dr recover` remakes the
+        # layout: a root that, with everything under it, carries this cluster's own ACL was made
+        # by holders of its credentials, and nobody else can have written into it.
+        if session.zk_auth is not None and _all_ours(client, root, acl):
+            cluster_id = str(uuid.uuid4())
+            config = {"cluster": name, "cluster_id": cluster_id, "created": time.time(), "marker": cluster_marker(session.secret, name, cluster_id)}
+            client.create(config_path, json.dumps(config).encode(), acl=acl)
+            return cluster_id
         raise RefusedError(f"{root} exists without {config_path}: refusing to adopt a layout `cluster init` did not make", hint=fix) from None
     except (ValueError, KeyError, TypeError):
         raise RefusedError(f"{config_path} is not a cluster config dlctl wrote: refusing to adopt {root}", hint=fix) from None
@@ -145,6 +153,20 @@ def _adopt(session: ClusterSession, root: str, acl: list) -> str:
     if session.zk_auth is not None and not _acl_is(client, root, acl):
         raise RefusedError(f"{root} does not carry the cluster's ACL (world-writable?): refusing to go on with it", hint=fix)
     return cluster_id
+
+
+def _all_ours(client: Any, root: str, acl: list) -> bool:
+    try:
+        return all(_acl_is(client, path, acl) for path in _walk(client, root))
+    except NoAuthError:
+        return False  # something under it is not even readable with our credentials
+
+
+def _walk(client: Any, path: str) -> list[str]:
+    out = [path]
+    for child in client.get_children(path):
+        out.extend(_walk(client, f"{path}/{child}"))
+    return out
 
 
 def _acl_is(client: Any, path: str, acl: list) -> bool:

@@ -598,6 +598,8 @@ async def _probe_segments(session: ClusterSession, pool: AgentPool, name: str) -
         value = seg.value
         try:
             if value.state is SegmentState.INPROGRESS:
+                if await _forgotten_everywhere(pool, log_id, value):
+                    return segments[index:]
                 lac = await asyncio.wait_for(replicas.read_lac(log_id, value), 10)
                 if lac >= value.min_active_entry:
                     await asyncio.wait_for(replicas.read(log_id, value, value.min_active_entry), 10)
@@ -607,6 +609,24 @@ async def _probe_segments(session: ClusterSession, pool: AgentPool, name: str) -
         except Exception:  # noqa: BLE001 - no replica serves it: lost from here on
             return segments[index:]
     return []
+
+
+async def _forgotten_everywhere(pool: AgentPool, log_id: int, segment: Any) -> bool:
+    """Every member of the in-progress segment's last ensemble answers limbo: their disks were
+    replaced (dlagent.disk) or their copies damaged, so no recovery can ever fence or read it —
+    its data is lost here. (Members that do not answer at all may still hold it: not lost.)"""
+    from ..log.errors import LimboError
+
+    async def limbo(node: str) -> bool:
+        try:
+            await asyncio.wait_for((await pool.client(node)).read_lac(log_id, segment.seq), 10)
+        except LimboError:
+            return True
+        except Exception:  # noqa: BLE001 - unreachable or other: cannot tell
+            return False
+        return False
+
+    return all(await asyncio.gather(*(limbo(n) for n in segment.ensembles[-1].nodes)))
 
 
 def _max_component(vvs: Iterable[dict[str, int]], location: str) -> int:

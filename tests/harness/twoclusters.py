@@ -47,7 +47,7 @@ class Site:
     def session(self) -> ClusterSession:
         """A ``ClusterSession`` as the CLI would open it (closed at teardown)."""
         first = next(iter(self.agents.values()))
-        session = ClusterSession(Cluster(self.name, self.ns.connect_string, first.secret_file, None))
+        session = ClusterSession(Cluster(self.name, self.ns.connect_string, first.secret_file, first.zk_auth_file))
         self._sessions.append(session)
         return session
 
