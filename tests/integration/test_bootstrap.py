@@ -29,6 +29,7 @@ from dlctl.log.dlsn import DLSN
 from dlctl.log.pool import AgentPool
 from dlctl.log.reader import LogReader
 from dlctl.log.writer import LogWriter
+from dlctl.meta import roles
 from dlctl.meta.pins import PinStore
 from dlctl.meta.records import LogConfig
 from dlctl.ops.session import ClusterSession
@@ -331,11 +332,17 @@ def test_a_bit_flip_in_one_source_replica_is_caught_and_another_replica_is_copie
     log_id, seg = segment_info(sandbox, name, 2)
     first_choice = seg.write_set(0)[0]  # entry 0 is asked of the first member of its write set first
     assert limbo_replicas(sandbox, first_choice) == 0
-    flip_bit(replica_file(sandbox, first_choice, log_id, 2), fmt.HEADER_SIZE + 40)
-
-    result = bootstrap(sandbox, name)
-    assert result.returncode == 0, result.stderr
-    assert limbo_replicas(sandbox, first_choice) == 1, "the flipped replica should have been caught by its CRC"
+    # The source's auditor would refill the caught replica at its next check: off while we look.
+    with session(sandbox, SOURCE) as s:
+        roles.write_auditor_switch(s.meta.client, SOURCE, False, s.zk_auth)
+    try:
+        flip_bit(replica_file(sandbox, first_choice, log_id, 2), fmt.HEADER_SIZE + 40)
+        result = bootstrap(sandbox, name)
+        assert result.returncode == 0, result.stderr
+        assert limbo_replicas(sandbox, first_choice) == 1, "the flipped replica should have been caught by its CRC"
+    finally:
+        with session(sandbox, SOURCE) as s:
+            roles.write_auditor_switch(s.meta.client, SOURCE, True, s.zk_auth)
     assert_sink_holds_source(expected, records_of(sandbox, SINK, name))
 
 
