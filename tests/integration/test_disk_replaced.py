@@ -130,6 +130,17 @@ async def _same_replicas(env, meta, log_id: int, segment) -> bool:
     return {(d.entries, d.digest) for d in answers} == {(segment.last_entry_id + 1, answers[0].digest)}
 
 
+async def _write_completed(env, *, batches: int, per_batch: int) -> None:
+    """``batches`` x ``per_batch`` records, one flush (at least one entry) per batch, then the
+    writer closes: one completed segment."""
+    writer = await env.writer()
+    for batch in range(batches):
+        for i in range(per_batch):
+            writer.submit(f"rec-{batch * per_batch + i}".encode())
+        await writer.flush()
+    await writer.close()
+
+
 def _lost(acked: list[tuple[int, str]], back: set[tuple[str, str]]) -> list[int]:
     return [i for i, dlsn in acked if (dlsn, f"rec-{i}") not in back]
 
@@ -161,16 +172,7 @@ def test_a_file_cut_while_its_agent_was_down_answers_limbo_and_is_refilled(env):
     from dlagent.storage import scan_file
 
     env.create_log()
-
-    async def write() -> None:
-        writer = await env.writer()
-        for batch in range(9):  # nine entries at least: each flush cuts one
-            for i in range(100):
-                writer.submit(f"rec-{batch * 100 + i}".encode())
-            await writer.flush()
-        await writer.close()
-
-    run(write())
+    run(_write_completed(env, batches=9, per_batch=100))  # nine entries at least: each flush cuts one
     meta = env.meta()
     log_id = meta.get_log(env.name).value.log_id
     segment = meta.segments(env.name)[0].value
@@ -210,16 +212,7 @@ def test_a_replica_whose_digest_disagrees_with_the_majority_is_found_by_a_deep_s
     from dlctl.log import repair
 
     env.create_log()
-
-    async def write() -> None:
-        writer = await env.writer()
-        for batch in range(5):
-            for i in range(50):
-                writer.submit(f"rec-{batch * 50 + i}".encode())
-            await writer.flush()
-        await writer.close()
-
-    run(write())
+    run(_write_completed(env, batches=5, per_batch=50))
     meta = env.meta()
     log_id = meta.get_log(env.name).value.log_id
     segment = meta.segments(env.name)[0].value
