@@ -25,8 +25,10 @@ class ServerLimits:
     # Of those, from one source address; a new one over it closes that address's oldest.
     max_unauthenticated_per_peer: int = 128
     max_unauthenticated_frame: int = 4096  # bytes of a frame before AUTH succeeds; a larger one closes the connection unread
-    max_in_flight: int = 256  # requests per connection being handled at once
-    max_in_flight_bytes: int = 64 * 1024 * 1024  # request bytes per connection being handled at once
+    # Requests per connection being handled at once, and their bytes: an ADD_BATCH counts as one
+    # request of its whole body (up to MAX_BATCH_BYTES) until every entry of it is durable.
+    max_in_flight: int = 256
+    max_in_flight_bytes: int = 64 * 1024 * 1024
     # Answers per connection not yet taken by the client (queued here or in the transport): at
     # this many bytes the connection is not read from until they drain. One answer may pass
     # it (a READ_RANGE answers up to 8 MiB beyond a first entry of up to 16 MiB).

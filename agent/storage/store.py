@@ -32,7 +32,7 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from dlctl.log.errors import (
@@ -611,10 +611,120 @@ class SegmentStore:
         self._accept(seg, encoded, n, entry_id, lac, length, crc, recovery, callback, uncached)
         return True
 
-    def _parse_entry(self, encoded: bytes) -> tuple:
-        """The header fields of an entry to add, checked (all but the CRC)."""
+    async def add_batch(self, entries: Sequence[bytes | memoryview], *, recovery: bool = False, uncached: bool = False) -> int:
+        """Store several encoded entries of one segment (ids strictly increasing) durably, each
+        exactly as ``add`` stores it, all or nothing: every entry is checked (header, ids,
+        CRC, the fenced and limbo rules, an id stored with other bytes) before any is queued, so
+        a refused batch stored nothing; the error names the entry. Returns how many entries the
+        batch held, once all are durable. Read-only memoryviews (slices of a request's body)
+        are kept as they are, not copied: their owner must not change them."""
+        parsed = self._parse_batch(entries)
+        _check_batch_crcs(parsed)
+        key = parsed[0][2], parsed[0][3]
+        seg = self._segments.get(key)
+        if seg is None:
+            seg = await self._segment_for_write(key, fenced=False)
+        end = self._accept_batch(seg, parsed, recovery, None, uncached)
+        fut = self._committer.wait(seg, end)
+        if fut is not None:
+            await fut
+        return len(parsed)
+
+    def add_batch_nowait(
+        self, entries: Sequence[bytes | memoryview], callback: Callable[[BaseException | None], None], *, recovery: bool = False, uncached: bool = False
+    ) -> bool:
+        """``add_batch`` without a coroutine, as ``add_nowait`` is to ``add``: ``callback`` is
+        told once every entry is durable; a refused batch raises (nothing stored); False,
+        having done nothing, when the segment does not exist here yet (use ``add_batch``)."""
+        parsed = self._parse_batch(entries)
+        seg = self._segments.get((parsed[0][2], parsed[0][3]))
+        if seg is None:
+            return False  # before the CRC checks: add_batch() does them
+        _check_batch_crcs(parsed)
+        self._accept_batch(seg, parsed, recovery, callback, uncached)
+        return True
+
+    def _parse_batch(self, entries: Sequence[bytes | memoryview]) -> list[tuple]:
+        """``_parse_entry`` of each entry of a batch, and the batch's own rules: one segment, ids
+        strictly increasing. An error names the entry by its place in the batch (and its id)."""
         self._check()
-        if type(encoded) is not bytes:
+        count = len(entries)
+        if not count:
+            raise BadRequestError("an empty batch of entries")
+        out = []
+        for k, encoded in enumerate(entries):
+            try:
+                item = self._parse_entry(encoded, keep_views=True)
+            except BadRequestError as exc:
+                raise BadRequestError(f"{_in_batch(k, count)}: {exc.message}; {_NOTHING_STORED}") from None
+            if out:
+                first, prev = out[0], out[-1]
+                if (item[2], item[3]) != (first[2], first[3]):
+                    raise BadRequestError(
+                        f"{_in_batch(k, count, item[4])} is of {_seg_name((item[2], item[3]))}, the batch's first of "
+                        f"{_seg_name((first[2], first[3]))}: a batch holds one segment's entries; {_NOTHING_STORED}"
+                    )
+                if item[4] <= prev[4]:
+                    raise BadRequestError(
+                        f"{_in_batch(k, count, item[4])} follows entry {prev[4]}: a batch's entry ids must increase; {_NOTHING_STORED}"
+                    )
+            out.append(item)
+        return out
+
+    def _accept_batch(
+        self, seg: Segment, parsed: list[tuple], recovery: bool, callback: Callable[[BaseException | None], None] | None, uncached: bool
+    ) -> int:
+        """Queue a verified batch (``_accept`` for each entry, every check made before the first
+        is queued); returns the offset in ``seg`` up to which the batch is durable."""
+        key, count = seg.key, len(parsed)
+        if seg.limbo is not None:
+            raise LimboError(f"replica of {_seg_name(key)} is in limbo; adds refused until it is re-replicated; {_NOTHING_STORED}")
+        if seg.fenced and not recovery:
+            raise FencedError(
+                f"{_seg_name(key)} is fenced: a newer writer owns the log; batch of entries {parsed[0][4]}..{parsed[-1][4]} refused, nothing stored"
+            )
+        index = seg.index
+        end = 0
+        new = []
+        for k, item in enumerate(parsed):
+            encoded, n, _log, _seq, entry_id, _lac, length, crc = item
+            known = index.get(entry_id)
+            if known is None:
+                new.append(item)
+                continue
+            off = known[0]
+            if known[1] != length or known[2] != crc or self._stored(seg, off, n) != encoded:
+                raise BadRequestError(
+                    f"{_in_batch(k, count, entry_id)}: entry {entry_id} of {_seg_name(key)} is already stored (offset {off} of "
+                    f"{seg.path}) with different contents; refusing to overwrite; {_NOTHING_STORED}"
+                )
+            end = max(end, off + n)
+        if new:
+            if seg.fd is None:
+                try:
+                    self._fds.get(seg)
+                except OSError as exc:
+                    cls = AgentResourceError if oserrors.is_resource(exc) else AgentIOError
+                    raise cls(f"cannot open {seg.path}: {exc}; {_NOTHING_STORED}") from exc
+            append, add_to_index = self._committer.append, index.add
+            top = seg.lac
+            for encoded, n, _log, _seq, entry_id, lac, length, crc in new:
+                off = append(seg, encoded, None, uncached=uncached)
+                add_to_index(entry_id, off, length, crc)
+                if lac > top:
+                    top = lac
+            end = max(end, off + n)
+            if top > seg.lac:
+                self._raise_lac(seg, top)
+        if callback is not None:
+            self._committer.on_durable(seg, end, callback)
+        return end
+
+    def _parse_entry(self, encoded: bytes, keep_views: bool = False) -> tuple:
+        """The header fields of an entry to add, checked (all but the CRC). ``keep_views``: a
+        read-only memoryview is kept, not copied (a batch's entries, views of its body)."""
+        self._check()
+        if type(encoded) is not bytes and not (keep_views and type(encoded) is memoryview and encoded.readonly):
             if not isinstance(encoded, (bytearray, memoryview)):
                 raise BadRequestError(f"entry must be bytes, not {type(encoded).__name__}")
             encoded = bytes(encoded)
@@ -693,7 +803,7 @@ class SegmentStore:
         n = HEADER_SIZE + length
         buf = seg.mem.get(off)
         if buf is not None:
-            return buf
+            return buf if type(buf) is bytes else bytes(buf)  # a batch's entry: a view of its request
         fd = self._fd_to_read(seg, off, f"entry {entry_id}")
         try:
             buf = os.pread(fd, n, off)
@@ -758,7 +868,9 @@ class SegmentStore:
                 pos += e_n
             parts.append(run)
             i = j
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        if len(parts) == 1 and type(parts[0]) is bytes:
+            return parts[0]
+        return b"".join(parts)
 
     def _fd_to_read(self, seg: Segment, offset: int, what: str) -> int:
         try:
@@ -1083,6 +1195,22 @@ def _check_crc(encoded: bytes, log_id: int, seq: int, entry_id: int, crc: int) -
     view = memoryview(encoded)
     if crc32c(view[HEADER_SIZE:], crc32c(view[:_CRC_COVERED])) != crc:
         raise BadRequestError(f"CRC-32C mismatch in entry {entry_id} of {_seg_name((log_id, seq))}: refused, nothing stored")
+
+
+_NOTHING_STORED = "nothing of the batch stored"
+
+
+def _in_batch(k: int, count: int, entry_id: int | None = None) -> str:
+    """Where an entry is in a batch, for errors: its place (1-based) and, once known, its id."""
+    return f"batch entry {k + 1} of {count}" + (f" (entry {entry_id})" if entry_id is not None else "")
+
+
+def _check_batch_crcs(parsed: list[tuple]) -> None:
+    count = len(parsed)
+    for k, (encoded, _n, log_id, seq, entry_id, _lac, _length, crc) in enumerate(parsed):
+        view = memoryview(encoded)
+        if crc32c(view[HEADER_SIZE:], crc32c(view[:_CRC_COVERED])) != crc:
+            raise BadRequestError(f"{_in_batch(k, count, entry_id)}: CRC-32C mismatch in entry {entry_id} of {_seg_name((log_id, seq))}; {_NOTHING_STORED}")
 
 
 def _header_problem(encoded: bytes, n: int) -> str:

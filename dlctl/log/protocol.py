@@ -63,11 +63,28 @@ Operations (request body -> result on success)::
                                                                            than max bytes (but always
                                                                            first); NO_SUCH_ENTRY when it
                                                                            lacks first
+    14  ADD_BATCH       RECOVERY (0x1),            encoded entries back    entries u32: how many the
+                        UNCACHED (0x2)             to back (one segment,   batch held (all now durable)
+                                                   ids increasing)
 
 READ_RANGE is the bulk read of a copy (the bootstrap reads whole segments): one request and one
 disk read for many consecutive entries. The agent verifies every entry's CRC as READ_ENTRY does,
 caps the answer at MAX_RANGE_BYTES whatever max bytes says, and the client checks each entry
 again (CRC and ids) when it splits the answer.
+
+ADD_BATCH is the bulk write of a copy (re-replication, repair): one request, one answer and one
+queueing for many entries, each exactly as ADD_ENTRY with the same flags would store it. Its
+body is one or more encoded entries back to back (the layout of a READ_RANGE answer, which a
+copy forwards as it is), at most MAX_BATCH_BYTES in all (a larger entry travels by ADD_ENTRY),
+all of one segment of one log, entry ids strictly increasing (consecutive or not: a striped
+replica's entries are not). All or nothing: the agent checks every entry as ADD_ENTRY does
+(header, ids, CRC-32C, the fenced rule unless RECOVERY, limbo, an id already stored with other
+bytes) before it queues any, so a batch with one bad entry is refused whole, the error naming
+the entry by position and id, and nothing of it is stored. Entries the replica already holds
+with identical bytes count as stored (idempotent, as a single add). The answer comes once every
+entry is durable (the same group commit and fdatasync as single adds); a failed write fails the
+batch as it fails a single add: nothing of it is acknowledged, and resending identical bytes is
+idempotent. A batch counts as one request, of its whole size, in the agent's in-flight limits.
 
 APPEND and RELEASE are the write-proxy ops (DESIGN.md §5): the agent that owns the log batches
 the records of all its clients into entries and answers with each record's DLSN once it is
@@ -93,6 +110,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -121,6 +139,7 @@ FLAG_FENCE = 0x1  # READ_ENTRY: fence the replica (durably) before reading
 FLAG_RESET_ORDER = 0x1  # APPEND: the client has seen its failures and resends from the oldest
 MAX_LOG_NAME = 255  # bytes of a log name on the wire (names are validated by dlctl.names)
 MAX_RANGE_BYTES = 8 * 1024 * 1024  # the most a READ_RANGE answers beyond its first entry
+MAX_BATCH_BYTES = MAX_RANGE_BYTES  # the most an ADD_BATCH body holds (a READ_RANGE answer of up to this fits)
 
 STATUS_OK = 0
 STATUS_INTERNAL = 255
@@ -141,10 +160,12 @@ class Op(IntEnum):
     APPEND = 11
     RELEASE = 12
     READ_RANGE = 13
+    ADD_BATCH = 14
 
 
 _ALLOWED_FLAGS: dict[int, int] = {int(op): 0 for op in Op}
 _ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY | FLAG_UNCACHED
+_ALLOWED_FLAGS[Op.ADD_BATCH] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE
 _ALLOWED_FLAGS[Op.APPEND] = FLAG_RESET_ORDER
 
@@ -178,11 +199,12 @@ class Frame(NamedTuple):
 
 Buffer = bytes | bytearray | memoryview
 
-# A frame as the connections queue it: ``bytes``, or ``(head, body)`` for a body of at least
-# SPLIT_BYTES, which the connection hands to the transport as two buffers instead of joining
-# them: one copy less of every large frame (entries added, entries read; uvloop writes both
-# with one writev, asyncio's selector loop joins them as it did before).
-Outgoing = bytes | tuple[bytes, Buffer]
+# A frame as the connections queue it: ``bytes``, or ``(head, body...)`` for a body of at least
+# SPLIT_BYTES, which the connection hands to the transport as separate buffers instead of
+# joining them: one copy less of every large frame (entries added, entries read, a batch of
+# entries forwarded from READ_RANGE answers; uvloop writes them with one writev, asyncio's
+# selector loop joins them as it did before).
+Outgoing = bytes | tuple[Buffer, ...]
 SPLIT_BYTES = 64 * 1024
 
 
@@ -411,6 +433,23 @@ def add_entry_request_parts(request_id: int, entry: Buffer, recovery: bool = Fal
     return _outgoing(_frame_head(Op.ADD_ENTRY, _add_flags(recovery, uncached), request_id, len(entry)), entry)
 
 
+def add_batch_request_parts(request_id: int, entries: Sequence[Buffer], recovery: bool = False, uncached: bool = False) -> Outgoing:
+    """An ADD_BATCH of ``entries`` (encoded entries, or runs of them back to back, e.g. slices of
+    a READ_RANGE answer), in order; a large batch is not copied into the frame. Raises
+    ``ValueError`` for an empty batch or one over MAX_BATCH_BYTES (not sent)."""
+    size = sum(map(len, entries))
+    if not 0 < size <= MAX_BATCH_BYTES:
+        raise ValueError(f"an ADD_BATCH body of {size} bytes: must be 1..{MAX_BATCH_BYTES} (a larger entry travels by ADD_ENTRY)")
+    head = _frame_head(Op.ADD_BATCH, _add_flags(recovery, uncached), request_id, size)
+    if size >= SPLIT_BYTES:
+        return (head, *entries)
+    return b"".join((head, *entries))
+
+
+def add_batch_request(request_id: int, entries: Sequence[Buffer], recovery: bool = False, uncached: bool = False) -> bytes:
+    return outgoing_bytes(add_batch_request_parts(request_id, entries, recovery, uncached))
+
+
 def read_entry_request(request_id: int, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> bytes:
     return encode_frame(Op.READ_ENTRY, FLAG_FENCE if fence else 0, request_id, _pack(_ENTRY_REF, log_id, segment_seq, entry_id))
 
@@ -514,6 +553,17 @@ def decode_request(frame: Frame) -> Request:
         if len(body) < ENTRY_HEADER_SIZE:
             raise ProtocolError(f"ADD_ENTRY body of {len(body)} bytes is shorter than an entry header")
         args = (body,)
+    elif op is Op.ADD_BATCH:
+        if not ENTRY_HEADER_SIZE <= len(body) <= MAX_BATCH_BYTES:
+            raise ProtocolError(
+                f"ADD_BATCH request {request_id}: a body of {len(body)} bytes, must be {ENTRY_HEADER_SIZE}..{MAX_BATCH_BYTES} "
+                "(at least one entry; a larger entry travels by ADD_ENTRY); nothing stored"
+            )
+        try:
+            spans = split_entries(body, "ADD_BATCH body")
+        except ProtocolError as exc:
+            raise ProtocolError(f"ADD_BATCH request {request_id}: {exc}; nothing stored") from None
+        args = (body, spans)
     elif op is Op.READ_ENTRY:
         args = _unpack_exact(_ENTRY_REF, body, op.name)
     elif op is Op.READ_RANGE:
@@ -612,21 +662,34 @@ def decode_response(frame: Frame) -> bytes:
 # Result bodies -------------------------------------------------------------------------------
 
 
-def split_entries(result: bytes | bytearray | memoryview) -> list[tuple[int, int]]:
-    """(start, end) of each encoded entry in a READ_RANGE result, by their headers' lengths (not
-    verified: the caller checks each entry); raises ``ProtocolError`` when they do not tile it."""
+def split_entries(result: bytes | bytearray | memoryview, what: str = "READ_RANGE result") -> list[tuple[int, int]]:
+    """(start, end) of each encoded entry in a READ_RANGE result (or an ADD_BATCH body), by their
+    headers' lengths (not verified: the caller checks each entry); raises ``ProtocolError`` when
+    they do not tile it, naming the entry by its position and offset."""
     out = []
     pos, end = 0, len(result)
+    unpack = _U32.unpack_from
     while pos < end:
         if end - pos < ENTRY_HEADER_SIZE:
-            raise ProtocolError(f"READ_RANGE result: {end - pos} bytes at offset {pos} are too few for an entry header")
-        (length,) = _U32.unpack_from(result, pos + ENTRY_HEADER_SIZE - 8)
+            raise ProtocolError(f"{what}: {end - pos} bytes at offset {pos} are too few for an entry header (entry {len(out)} of the body)")
+        (length,) = unpack(result, pos + ENTRY_HEADER_SIZE - 8)
         stop = pos + ENTRY_HEADER_SIZE + length
         if stop > end:
-            raise ProtocolError(f"READ_RANGE result: the entry at offset {pos} claims {length} payload bytes, {end - pos - ENTRY_HEADER_SIZE} remain")
+            raise ProtocolError(
+                f"{what}: the entry at offset {pos} claims {length} payload bytes, {end - pos - ENTRY_HEADER_SIZE} remain (entry {len(out)} of the body)"
+            )
         out.append((pos, stop))
         pos = stop
     return out
+
+
+def encode_added(count: int) -> bytes:
+    """ADD_BATCH result: how many entries the batch held (every one of them durable)."""
+    return _U32.pack(count)
+
+
+def decode_added(result: bytes) -> int:
+    return _unpack_exact(_U32, result, "ADD_BATCH result")[0]
 
 
 @dataclass(frozen=True, slots=True)

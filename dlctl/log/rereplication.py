@@ -40,8 +40,9 @@ from ..meta.records import EnsembleChange, SegmentRecord, SegmentState, Versione
 from ..meta.store import MetaStore
 from ..placement import PlacementPolicy, replace_member
 from ..ratelimit import TokenBucket
-from .errors import AgentError, AgentUnavailableError, NoSuchEntryError, NoSuchSegmentError
-from .format import decode_header
+from . import protocol as p
+from .errors import AgentError, AgentUnavailableError, BadRequestError, NoSuchEntryError, NoSuchSegmentError
+from .format import HEADER_SIZE
 from .readpolicy import order_replicas
 
 log = logging.getLogger(__name__)
@@ -281,6 +282,124 @@ class CopyProgress:
             self.on_change(self)
 
 
+# The bytes of one chunk of a copy: at most one READ_RANGE answer's worth of consecutive entries
+# (or as many single reads of a striped replica's entries) and one ADD_BATCH to the target.
+# Measured with tests/benchmarks/bench_rereplication.py (64 KiB entries).
+COPY_BATCH_BYTES = 2 * 1024 * 1024
+_MAX_CHUNK_ENTRIES = 4096
+# An entry's size until the segment's record or the first reads tell: on the small side, so the
+# first chunks are too big rather than single entries (the window bounds them in entries).
+_GUESS_ENTRY_BYTES = 16 * 1024
+_CRC = struct.Struct(">I")  # an encoded entry's CRC-32C: the last field of its header
+_CRC_OFFSET = HEADER_SIZE - 4
+
+
+@dataclass
+class _Piece:
+    """Consecutive entries read in one answer: ``buf[start:end]`` holds entries ``first``,
+    ``first + 1``, ... back to back, ``sizes`` their encoded lengths."""
+
+    first: int
+    buf: bytes
+    start: int
+    end: int
+    sizes: list[int]
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.sizes) - 1
+
+    def view(self) -> memoryview:
+        return memoryview(self.buf)[self.start : self.end]
+
+
+def _batches(pieces: list[_Piece], cap: int) -> list[list[_Piece]]:
+    """A chunk's pieces (ids increasing) as ADD_BATCH bodies of at most ``cap`` bytes: pieces
+    split at entry boundaries where they must be, pieces that lie back to back in one answer
+    merged (sent as one buffer). An entry larger than ``cap`` is a batch of its own."""
+    out: list[list[_Piece]] = []
+    current: list[_Piece] = []
+    size = 0
+
+    def put(piece: _Piece) -> None:
+        last = current[-1] if current else None
+        if last is not None and last.buf is piece.buf and last.end == piece.start and last.last + 1 == piece.first:
+            current[-1] = _Piece(last.first, last.buf, last.start, piece.end, last.sizes + piece.sizes)
+        else:
+            current.append(piece)
+
+    for piece in pieces:
+        if size + piece.end - piece.start <= cap:
+            put(piece)
+            size += piece.end - piece.start
+            continue
+        pos = piece.start
+        for i, n in enumerate(piece.sizes):
+            if size + n > cap and current:
+                out.append(current)
+                current, size = [], 0
+            put(_Piece(piece.first + i, piece.buf, pos, pos + n, [n]))
+            size += n
+            pos += n
+    if current:
+        out.append(current)
+    return out
+
+
+def _runs(ids: list[int], order_of: Callable[[int], tuple[str, ...]], key_of: Callable[[int], Any] | None = None) -> list[tuple[int, int, tuple[str, ...]]]:
+    """``ids`` (increasing) as runs ``(first, last, sources)`` of consecutive ids with the same
+    ``key_of`` (default: the same ``order_of``): the same surviving replicas hold each of them,
+    so a run can be read as a range from any of them, in the order of preference of its first
+    id (write sets rotate with the id, so equally close replicas take turns by run). E = W
+    spans are one run; a striped replica's entries (E > W) are mostly runs of one."""
+    key_of = key_of or order_of
+    out: list[tuple[int, int, tuple[str, ...]]] = []
+    last_key = None
+    for entry_id in ids:
+        key = key_of(entry_id)
+        if out and out[-1][1] + 1 == entry_id and key == last_key:
+            out[-1] = (out[-1][0], entry_id, out[-1][2])
+        else:
+            out.append((entry_id, entry_id, order_of(entry_id)))
+            last_key = key
+    return out
+
+
+class _Budget:
+    """Entries in one stage of a copy: ``take(n)`` waits until ``n`` more fit under ``limit``
+    (or nothing is taken: a chunk larger than the limit still goes, alone), all ``n`` at once
+    (taking them one by one, two chunks could each hold part of the budget and wait forever)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._changed = asyncio.Condition()
+
+    async def take(self, n: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    async def give(self, n: int) -> None:
+        async with self._changed:
+            self.used -= n
+            self._changed.notify_all()
+
+
+def _stages(window: int) -> tuple[int, int, int]:
+    """How ``window`` entries in flight are shared: at most this many entries per chunk, being
+    read (or read and waiting for room among the adds), and being added (sent to the target
+    and not yet durable there). Each stage holds two chunks or more, so reads run ahead while
+    the target syncs and the target always has the next batch when a sync ends."""
+    adding = max(1, window // 2)
+    return max(1, min(_MAX_CHUNK_ENTRIES, window // 4)), max(1, window - adding), adding
+
+
+def _unknown_op(exc: AgentError) -> bool:
+    """An agent that predates the op (READ_RANGE, ADD_BATCH) answers BAD_REQUEST naming it."""
+    return isinstance(exc, BadRequestError) and "unknown opcode" in exc.message
+
+
 async def copy_replica(
     pool: Any,
     log_id: int,
@@ -293,15 +412,24 @@ async def copy_replica(
     progress: CopyProgress | None = None,
     attempts: int = 3,
     throttle: TokenBucket | None = None,
+    batch_bytes: int = COPY_BATCH_BYTES,
 ) -> CopyResult:
     """Copy every entry ``lost`` held in ``segment`` to ``target`` and verify it (see module doc).
 
-    Entries are pipelined: up to ``window`` read→add chains are in flight, each read from the
-    nearest surviving member of the entry's write set and falling over to the next one. Adds
-    are *recovery* adds, which the agent accepts on a fenced replica and which are idempotent
-    for identical bytes — an interrupted copy is simply redone. ``throttle`` paces the bytes
-    copied (shared by concurrent copies, it bounds their sum). Raises ``StuckError`` naming
-    the entry and every replica's answer when an entry cannot be read or stored.
+    Entries travel in chunks of consecutive entries (``lost``'s, in id order) of about
+    ``batch_bytes``, pipelined so that up to ``window`` entries are in flight: half of them
+    being read (reads run ahead), half being added. A chunk is read as runs: consecutive ids
+    held by the same surviving replicas (an E = W span is one run) are read with READ_RANGE
+    from the nearest of them, continuing where an answer stopped (its byte cap, a gap) and
+    falling over to the next replica for the rest of the run; a striped replica's entries
+    (E > W) mostly form runs of one, read with READ_ENTRY. The chunk then goes to the target as
+    one ADD_BATCH of *recovery* adds (all or nothing; an agent that predates ADD_BATCH gets
+    single adds), which the agent accepts on a fenced replica and which are idempotent for
+    identical bytes — an interrupted copy is simply redone. The entries are forwarded as the
+    sources answered them (each CRC-checked by the client), never re-encoded.
+    ``throttle`` paces the bytes copied (shared by concurrent copies, it bounds their sum).
+    Raises ``StuckError`` naming the entry and every replica's answer when an entry cannot be
+    read, or the entries when the target does not store them.
     """
     where = f"segment {segment.seq} of log id {log_id}"
     ids = entries_on(segment, lost)
@@ -312,69 +440,171 @@ async def copy_replica(
     dead = set(dead) | {lost}
     target_client = await pool.client(target)
     target_info = pool.nodes.get(target, {})
+    region, rack = target_info.get("region"), target_info.get("rack")
     crcs: dict[int, int] = {}
-    sem = asyncio.Semaphore(window)
     failure: list[BaseException] = []
+    no_range: set[str] = set()  # sources that predate READ_RANGE
+    single_adds = False  # the target predates ADD_BATCH
+    # A chunk is cut to about ``batch_bytes`` from the entry size seen so far; what it holds
+    # travels in requests of up to MAX_BATCH_BYTES, so a chunk of entries larger than the
+    # guess is still one READ_RANGE and one ADD_BATCH.
+    batch_cap = p.MAX_BATCH_BYTES
+    orders: dict[tuple[tuple[str, ...], frozenset[str]], tuple[str, ...]] = {}
 
-    async def read_any(entry_id: int) -> bytes:
-        order = order_replicas(
-            sources(segment, entry_id, dead), pool.nodes, target_info.get("region"), target_info.get("rack"), lacking=segment.lacking(entry_id)
-        )
+    def order_of(entry_id: int) -> tuple[str, ...]:
+        key = (sources(segment, entry_id, dead), segment.lacking(entry_id))
+        order = orders.get(key)
+        if order is None:
+            order = orders[key] = order_replicas(key[0], pool.nodes, region, rack, lacking=key[1])
+        return order
+
+    def holders(entry_id: int) -> tuple[frozenset[str], frozenset[str]]:
+        """Who can serve the entry, and which of them the record says lack it: equal for two
+        ids, their orders differ at most within a tier (the write set's rotation)."""
+        able = frozenset(sources(segment, entry_id, dead))
+        return able, segment.lacking(entry_id) & able
+
+    async def read_run(first: int, last: int, order: tuple[str, ...]) -> list[_Piece]:
+        """Entries ``first``..``last`` from the first replica of ``order`` that serves them,
+        falling over to the next for the rest of the run."""
+        pieces: list[_Piece] = []
         answers: dict[str, str] = {}
-        for node in order:
+        nodes = list(order)
+        pos = first
+        while pos <= last:
+            if not nodes:
+                lost_to = ", ".join(f"{n}: {why}" for n, why in answers.items()) or "no surviving member of its write set"
+                raise StuckError(
+                    f"{where}: entry {pos} could not be read from any surviving replica ({lost_to})",
+                    hint="bring a replica of it back; if none holds it, the entry is lost and is reported so",
+                    details={"segment": segment.seq, "entry": pos, "answers": answers},
+                )
+            node = nodes[0]
             try:
                 client = await pool.client(node)
-                return await client.read(log_id, segment.seq, entry_id)
+                if pos == last or node in no_range:
+                    data = await client.read(log_id, segment.seq, pos)
+                    pieces.append(_Piece(pos, data, 0, len(data), [len(data)]))
+                    pos += 1
+                    continue
+                try:
+                    data, spans_ = await client.read_range(log_id, segment.seq, pos, last, batch_cap)
+                except AgentError as exc:
+                    if not _unknown_op(exc):
+                        raise
+                    no_range.add(node)
+                    continue
             except AgentError as exc:
-                answers[node] = f"{type(exc).__name__}: {exc.message}"
-        lost_to = ", ".join(f"{n}: {why}" for n, why in answers.items()) or "no surviving member of its write set"
-        raise StuckError(
-            f"{where}: entry {entry_id} could not be read from any surviving replica ({lost_to})",
-            hint="bring a replica of it back; if none holds it, the entry is lost and is reported so",
-            details={"segment": segment.seq, "entry": entry_id, "answers": answers},
-        )
+                answers[node] = f"{type(exc).__name__}: {exc.message}" + (f" (at entry {pos})" if pos != first else "")
+                nodes.pop(0)  # the next replica serves the rest of the run
+                continue
+            pieces.append(_Piece(pos, data, spans_[0][0], spans_[-1][1], [b - a for a, b in spans_]))
+            pos += len(spans_)
+        return pieces
 
-    async def add(entry_id: int, encoded: bytes) -> None:
+    async def store(batch: list[_Piece]) -> None:
+        nonlocal single_adds
+        first, last = batch[0].first, batch[-1].last
+        what = f"entry {first}" if first == last else f"entries {first}..{last}"
         for attempt in range(attempts):
             try:
                 # A new replica is read only once its copy is verified: keep it out of the target's page cache.
-                await target_client.add(encoded, recovery=True, uncached=True)
+                if single_adds or sum(piece.end - piece.start for piece in batch) > p.MAX_BATCH_BYTES:  # an entry too big for a batch
+                    await _add_singly(batch)
+                else:
+                    try:
+                        stored = await target_client.add_batch([piece.view() for piece in batch], recovery=True, uncached=True)
+                    except AgentError as exc:
+                        if not _unknown_op(exc):
+                            raise
+                        single_adds = True
+                        await _add_singly(batch)
+                        return
+                    count = sum(len(piece.sizes) for piece in batch)
+                    if stored != count:
+                        raise StuckError(f"{where}: target {target} stored {stored} of the {count} {what}", hint="check the target agent's log")
                 return
             except AgentUnavailableError as exc:
                 if attempt + 1 == attempts:
-                    raise StuckError(f"{where}: target {target} did not store entry {entry_id}: {exc.message}", hint="check the target agent, or re-run to pick another") from None
+                    raise StuckError(f"{where}: target {target} did not store {what}: {exc.message}", hint="check the target agent, or re-run to pick another") from None
                 await asyncio.sleep(0.2 * (attempt + 1))  # a reconnect, not a poll of a condition
             except AgentError as exc:
-                raise StuckError(f"{where}: target {target} refused entry {entry_id}: {exc.message}", hint="check the target agent's log") from None
+                raise StuckError(f"{where}: target {target} refused {what}: {exc.message}", hint="check the target agent's log") from None
 
-    async def one(entry_id: int) -> None:
+    async def _add_singly(batch: list[_Piece]) -> None:
+        adds = []
+        for piece in batch:
+            view, pos = piece.view(), 0
+            for n in piece.sizes:
+                adds.append(target_client.add(view[pos : pos + n], recovery=True, uncached=True))
+                pos += n
+        outcomes = await asyncio.gather(*adds, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def one(chunk: list[int]) -> None:
+        n = len(chunk)
+        adding = False
         try:
             if failure:
                 return
-            encoded = await read_any(entry_id)
-            if throttle is not None:
-                await throttle.take(len(encoded))
-            await add(entry_id, encoded)
-            crcs[entry_id] = decode_header(encoded).crc
-            result.entries += 1
-            result.bytes += len(encoded)
-            if progress is not None:
-                progress.add(1, len(encoded))
+            runs = _runs(chunk, order_of, holders)
+            read = await asyncio.gather(*(read_run(a, b, order) for a, b, order in runs))
+            seen[0] += n
+            seen[1] += sum(piece.end - piece.start for pieces in read for piece in pieces)
+            # Read, the chunk waits for room among the adds in flight, and its place among the
+            # reads goes to the next chunk: reads run ahead while the target syncs.
+            await adds.take(n)
+            adding = True
+            await reads.give(n)
+            for batch in _batches([piece for pieces in read for piece in pieces], batch_cap):
+                nbytes = sum(piece.end - piece.start for piece in batch)
+                if throttle is not None:
+                    await throttle.take(nbytes)
+                await store(batch)
+                entries = 0
+                for piece in batch:
+                    pos = piece.start
+                    for k, size in enumerate(piece.sizes):
+                        crcs[piece.first + k] = _CRC.unpack_from(piece.buf, pos + _CRC_OFFSET)[0]
+                        pos += size
+                    entries += len(piece.sizes)
+                result.entries += entries
+                result.bytes += nbytes
+                if progress is not None:
+                    progress.add(entries, nbytes)
         except BaseException as exc:  # noqa: BLE001 - the first failure stops the copy, below
             failure.append(exc)
         finally:
-            sem.release()
+            await (adds if adding else reads).give(n)
 
+    # Chunks are cut as they are started, from the entry size seen so far (the segment's record
+    # gives a first guess): about ``batch_bytes`` each, at most a quarter of the window; half
+    # the window is for chunks being read, half for chunks being added (``_stages``).
+    span_entries = segment.last_entry_id - max(segment.min_active_entry, 0) + 1
+    guess = segment.bytes // span_entries if segment.bytes > 0 and span_entries > 0 else _GUESS_ENTRY_BYTES
+    seen = [0, 0]  # entries and bytes read so far (the running average entry size)
+    per_chunk_max, reading, adding = _stages(window)
+    reads, adds = _Budget(reading), _Budget(adding)
     tasks = []
-    for entry_id in ids:
-        await sem.acquire()
+    i = 0
+    while i < len(ids) and not failure:
+        average = seen[1] // seen[0] if seen[0] else guess
+        per = max(1, min(per_chunk_max, batch_bytes // max(1, average)))
+        chunk = ids[i : i + per]
+        i += len(chunk)
+        await reads.take(len(chunk))
         if failure:
-            sem.release()
+            await reads.give(len(chunk))
             break
-        tasks.append(asyncio.ensure_future(one(entry_id)))
+        tasks.append(asyncio.ensure_future(one(chunk)))
     await asyncio.gather(*tasks)
     if failure:
-        raise failure[0]
+        # Chunks are started in order, so the lowest entry no replica could serve is among the
+        # failures whichever failed first: name it (else the first failure).
+        unreadable = [f for f in failure if isinstance(f, StuckError) and isinstance(f.details, dict) and "entry" in f.details]
+        raise min(unreadable, key=lambda f: f.details["entry"]) if unreadable else failure[0]
 
     # Verify before anyone relies on the copy: the target's own digest of the range must be the
     # digest of exactly the entries read from the sources (ids and CRCs).

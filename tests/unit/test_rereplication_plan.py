@@ -3,11 +3,18 @@ what is lost for good, how the replacement keeps positions, and how a target is 
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
+from dlctl.log.format import Entry, encode
 from dlctl.log.rereplication import (
+    _batches,
+    _Budget,
+    _Piece,
+    _runs,
+    _stages,
     choose_target,
     digest_of,
     entries_on,
@@ -136,3 +143,71 @@ def test_a_replacement_chosen_under_a_policy_never_breaks_the_region_invariant()
     assert choose_target(seg, "a", only_r2) == "d"  # without a policy nothing forbids it
     with_r1 = {**only_r2, "e": {"region": "r1"}}
     assert choose_target(seg, "a", with_r1, policy=policy) == "e"
+
+
+# -- how a copy cuts its work: runs read as ranges, batches added at once --------------------------
+
+
+def test_runs_are_consecutive_ids_with_the_same_sources_in_the_same_order():
+    nodes = ["a", "b", "c", "lost"]
+    whole = seg([(0, nodes), (6, ["a", "b", "d", "lost"])], w=4, a=2, last=11)  # E = W: one run per ensemble's sources
+    order = lambda s: (lambda e: tuple(n for n in s.write_set(e) if n != "lost"))  # noqa: E731
+    able = lambda s: (lambda e: frozenset(order(s)(e)))  # noqa: E731
+    # Write sets rotate with the id: the order differs entry by entry, the holders do not.
+    assert len(_runs(entries_on(whole, "lost"), order(whole))) > 6
+    assert _runs(entries_on(whole, "lost"), order(whole), able(whole)) == [(0, 5, ("a", "b", "c")), (6, 11, ("d", "a", "b"))]
+    assert _runs([2, 3, 4], order(whole), able(whole)) == [(2, 4, ("c", "a", "b"))]  # the first id's order
+    striped = seg([(0, ["a", "b", "lost"])], w=2, a=2, last=8)  # E > W: sources alternate, runs of one
+    runs = _runs(entries_on(striped, "lost"), order(striped), able(striped))
+    assert [(f, l) for f, l, _ in runs] == [(1, 1), (2, 2), (4, 4), (5, 5), (7, 7), (8, 8)]
+    assert all(src == striped.write_set(f)[:1] or src == tuple(n for n in striped.write_set(f) if n != "lost") for f, _, src in runs)
+    assert _runs([3, 4, 6, 7], lambda e: ("a",)) == [(3, 4, ("a",)), (6, 7, ("a",))]  # a gap ends a run
+
+
+def encoded(first: int, count: int, size: int = 100) -> tuple[bytes, list[int]]:
+    es = [encode(Entry(1, 1, first + i, first + i - 1, bytes([i]) * size)) for i in range(count)]
+    return b"".join(es), [len(e) for e in es]
+
+
+def ids_of(batch: list[_Piece]) -> list[int]:
+    return [p.first + i for p in batch for i in range(len(p.sizes))]
+
+
+def test_batches_keep_order_respect_the_cap_and_merge_what_lies_back_to_back():
+    buf, sizes = encoded(0, 10)
+    n = sizes[0]
+    pieces = [_Piece(0, buf, 0, 4 * n, sizes[:4]), _Piece(4, buf, 4 * n, 10 * n, sizes[4:])]
+    (batch,) = _batches(pieces, 10 * n)
+    assert len(batch) == 1 and (batch[0].start, batch[0].end, ids_of(batch)) == (0, 10 * n, list(range(10)))  # one buffer again
+    batches = _batches(pieces, 3 * n)
+    assert [ids_of(b) for b in batches] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert all(sum(p.end - p.start for p in b) <= 3 * n for b in batches)
+    assert b"".join(bytes(p.view()) for b in batches for p in b) == buf
+    singles = [_Piece(i, bytes(buf[i * n : (i + 1) * n]), 0, n, [n]) for i in (1, 3, 4)]  # a striped replica's: separate buffers
+    (batch,) = _batches(singles, 10 * n)
+    assert ids_of(batch) == [1, 3, 4] and len(batch) == 3
+    assert [ids_of(b) for b in _batches(pieces, n // 2)] == [[i] for i in range(10)]  # an entry over the cap goes alone
+
+
+def test_the_window_is_shared_by_reads_and_adds_and_each_stage_holds_two_chunks():
+    for window in (1, 2, 3, 16, 128, 4096, 100_000):
+        per, reading, adding = _stages(window)
+        assert reading + adding == max(2, window) and per >= 1
+        assert window < 8 or (reading >= 2 * per and adding >= 2 * per)
+
+
+def test_a_budget_is_taken_whole_so_two_chunks_never_wait_on_each_other():
+    async def body():
+        budget = _Budget(10)
+        await budget.take(6)
+        second = asyncio.ensure_future(budget.take(6))  # does not fit: waits, holding nothing
+        await asyncio.sleep(0.01)
+        assert not second.done() and budget.used == 6
+        await budget.give(6)
+        await asyncio.wait_for(second, 1)
+        assert budget.used == 6
+        await budget.give(6)
+        await asyncio.wait_for(budget.take(25), 1)  # larger than the limit: goes when alone
+        assert budget.used == 25
+
+    asyncio.run(body())
