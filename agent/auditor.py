@@ -50,6 +50,7 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoNodeError
 
+from dlctl.log.auth import Credentials
 from dlctl.meta import paths, roles
 from dlctl.meta.store import MetaStore
 from dlctl.meta.zk import ZkAuth
@@ -131,7 +132,7 @@ class Auditor(ElectedRole):
         client: KazooClient,
         cluster: str,
         node_id: str,
-        secret: bytes,
+        secret: Credentials | bytes,  # the cluster secret and TLS files, for its agent pool
         settings: AuditorSettings,
         auth: ZkAuth | None = None,
         *,

@@ -12,6 +12,17 @@
     zk_auth_file = "/etc/dlagent/zk-auth"      # optional, 'user:password', mode 0600
     event_loop  = "auto"               # "uvloop", "asyncio", or "auto": uvloop when installed
 
+    [tls]                      # mutual TLS on the agent protocol (dlctl.log.tls); absent: plaintext
+    ca_file   = "tls/ca.pem"   # the cluster CA bundle this agent trusts (clients and other agents)
+    cert_file = "tls/agent.pem"        # this agent's certificate (names its advertised host)
+    key_file  = "tls/agent.key"        # its key, mode 0600; all three re-read when they change
+
+    [zookeeper_tls]            # TLS to ZooKeeper (`zookeeper` names its secureClientPort); absent:
+                               # plaintext, the zk_auth_file password included (dlctl.meta.zk)
+    ca_file   = "zk-tls/ca.pem"        # the CA of the ensemble's server certificates (required)
+    cert_file = "zk-tls/client.pem"    # optional, with key_file: this agent's client certificate,
+    key_file  = "zk-tls/client.key"    # for an ensemble with ssl.clientAuth=need (key 0600)
+
     [storage]
     sync = "always"            # or "never": relies on replication alone (see SyncPolicy)
     group_commit_ms = 2.0
@@ -74,6 +85,8 @@ from pathlib import Path
 from typing import Any
 
 from dlctl.errors import ConfigError
+from dlctl.log.tls import TlsFiles
+from dlctl.meta.zk import ZkTls, parse_tls
 from dlctl.names import validate_name
 
 from .limits import CONFIG_KEYS as SERVER_KEYS
@@ -81,7 +94,7 @@ from .limits import ServerLimits
 from .replication_config import ReplicationSettings, parse_replication
 
 _REQUIRED = ("node_id", "cluster", "region", "rack", "data_dir", "listen", "zookeeper", "secret_file")
-_OPTIONAL = ("advertise", "zk_auth_file", "event_loop", "storage", "tls", "session_timeout", "auditor", "proxy", "replication", "housekeeping", "scrub", "server")
+_OPTIONAL = ("advertise", "zk_auth_file", "event_loop", "storage", "tls", "zookeeper_tls", "session_timeout", "auditor", "proxy", "replication", "housekeeping", "scrub", "server")
 
 
 @dataclass(frozen=True)
@@ -148,6 +161,8 @@ class AgentConfig:
     event_loop: str = "auto"
     scrub: ScrubSettings = ScrubSettings()
     server: ServerLimits = ServerLimits()  # [server]: see dlagent.limits
+    tls: TlsFiles | None = None  # [tls]; None: plaintext (the agent warns at start)
+    zookeeper_tls: ZkTls | None = None  # [zookeeper_tls]; None: plaintext ZooKeeper
 
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -220,6 +235,8 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
     scrub = _scrub_settings(raw.get("scrub", {}), path)
     server = _server_limits(raw.get("server", {}), path)
     base = path.parent
+    tls = _tls_files(raw.get("tls"), path, base)
+    zookeeper_tls = parse_tls(raw.get("zookeeper_tls"), f"{path}: [zookeeper_tls]", base)
     return AgentConfig(
         path=path,
         data_dir=(base / raw["data_dir"]).resolve(),
@@ -238,8 +255,29 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         event_loop=event_loop,
         scrub=scrub,
         server=server,
+        tls=tls,
+        zookeeper_tls=zookeeper_tls,
         **names,
     )
+
+
+TLS_KEYS = ("ca_file", "cert_file", "key_file")
+
+
+def _tls_files(raw: Any, path: Path, base: Path) -> TlsFiles | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: key 'tls' must be a table ([tls] with {', '.join(TLS_KEYS)})")
+    extra = sorted(set(raw) - set(TLS_KEYS))
+    missing = [k for k in TLS_KEYS if k not in raw]
+    if extra or missing:
+        problem = f"unknown key(s) {', '.join(extra)}" if extra else f"missing key(s) {', '.join(missing)}"
+        raise ConfigError(f"{path}: [tls] has {problem}", hint=f"[tls] needs exactly {', '.join(TLS_KEYS)}")
+    for key in TLS_KEYS:
+        if not isinstance(raw[key], str) or not raw[key]:
+            raise ConfigError(f"{path}: [tls] key '{key}' must be a file path")
+    return TlsFiles(*((base / raw[k]).resolve() for k in TLS_KEYS))
 
 
 def _auditor_settings(raw: Any, path: Path) -> AuditorSettings:

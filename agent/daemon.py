@@ -17,9 +17,11 @@ import socket
 import time
 
 from dlctl import __version__
+from dlctl.errors import ConfigError
+from dlctl.log.auth import Credentials
 from dlctl.log.pool import AgentPool
 from dlctl.meta.store import MetaStore
-from dlctl.meta.zk import ZkAuth, connect
+from dlctl.meta.zk import ZkAuth, connect, loopback_only
 from dlctl.secrets import read_secret_file
 
 from .auditor import Auditor
@@ -41,7 +43,7 @@ STORE_OPEN_FILES = 512  # SegmentStore's default max_open_files
 DESCRIPTOR_RESERVE = 64  # ZooKeeper, the log, locks, directories being fsynced, scrubbing, threads
 
 
-def _start_proxy(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: bytes, server: AgentServer) -> WriteProxy | None:
+def _start_proxy(config: AgentConfig, zk, zk_auth: ZkAuth | None, credentials: Credentials, server: AgentServer) -> WriteProxy | None:
     """The write proxy shares the agent's ZooKeeper session: if the session ends, so does every
     ownership it holds, and with it every writer (they fail, fenced, rather than write on)."""
     if not config.proxy.enabled:
@@ -53,12 +55,12 @@ def _start_proxy(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: bytes,
         batch_delay=config.proxy.batch_delay_ms / 1000.0,
         idle_release=config.proxy.idle_release_seconds,
     )
-    proxy = WriteProxy(meta, AgentPool(meta, secret), config.node_id, config.advertise, options).start()
+    proxy = WriteProxy(meta, AgentPool(meta, credentials), config.node_id, config.advertise, options).start()
     server.proxy = proxy
     return proxy
 
 
-def _start_replication(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: bytes):
+def _start_replication(config: AgentConfig, zk, zk_auth: ZkAuth | None, credentials: Credentials):
     """Replication workers for the streams whose sink is this cluster (dlagent.worker)."""
     if not config.replication.enabled:
         log.info("replication workers disabled by configuration ([replication] enabled = false)")
@@ -66,9 +68,25 @@ def _start_replication(config: AgentConfig, zk, zk_auth: ZkAuth | None, secret: 
     from .worker import ReplicationService
 
     return ReplicationService(
-        zk, config.cluster, config.node_id, config.region, secret, zk_auth, config.replication,
-        secret_file=config.secret_file, zk_auth_file=config.zk_auth_file, session_timeout=max(config.session_timeout, 4.0),
+        zk, config.cluster, config.node_id, config.region, credentials, zk_auth, config.replication,
+        secret_file=config.secret_file, zk_auth_file=config.zk_auth_file, zookeeper_tls=config.zookeeper_tls,
+        session_timeout=max(config.session_timeout, 4.0),
     ).start()
+
+
+def _check_tls_mode(config: AgentConfig, cluster_config: dict) -> None:
+    """Serve the way the cluster's clients will talk: ``cluster init`` recorded TLS or not."""
+    recorded = cluster_config.get("tls")
+    if recorded is True and config.tls is None:
+        raise ConfigError(
+            f"{config.path}: cluster {config.cluster!r} runs TLS (cluster init), but this agent has no [tls] table",
+            hint="`dlctl agent install` delivers the certificate and writes [tls]; or add ca_file, cert_file, key_file",
+        )
+    if recorded is False and config.tls is not None:
+        raise ConfigError(
+            f"{config.path}: [tls] is set, but cluster {config.cluster!r} was initialised with --no-tls: its clients speak plaintext",
+            hint="remove [tls] from agent.toml, or re-initialise the cluster with TLS",
+        )
 
 
 async def serve(config: AgentConfig) -> int:
@@ -79,7 +97,10 @@ async def serve(config: AgentConfig) -> int:
     secret = read_secret_file(config.secret_file)
     zk_auth = ZkAuth.from_file(config.zk_auth_file) if config.zk_auth_file else None
     loop = asyncio.get_running_loop()
-    zk = await loop.run_in_executor(None, lambda: connect(config.zookeeper, zk_auth, session_timeout=config.session_timeout))
+    if zk_auth is not None and config.zookeeper_tls is None and not loopback_only(config.zookeeper):
+        log.warning("no [zookeeper_tls] in %s: the ZooKeeper password of %s crosses the network in plain text", config.path, config.zk_auth_file)
+    zk = await loop.run_in_executor(None, lambda: connect(config.zookeeper, zk_auth, session_timeout=config.session_timeout, tls=config.zookeeper_tls))
+    _check_tls_mode(config, MetaStore(zk, config.cluster, zk_auth).cluster_config())
     # Before the store opens: a new or wiped data directory marks what the node held as limbo,
     # so it never answers "no such entry" for what its previous disk acknowledged (agent/disk.py).
     disk = await loop.run_in_executor(None, prepare_data_dir, zk, config.cluster, config.node_id, config.data_dir, zk_auth)
@@ -113,7 +134,10 @@ async def serve(config: AgentConfig) -> int:
     # carried out (cleanly, exit 0) as soon as it is up, instead of killing it half-registered.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    server = AgentServer(store, secret, config.host, config.port, limits=config.server)
+    if config.tls is None:
+        log.warning("no [tls] in %s: agent traffic is not encrypted, and a relay could inject requests into authenticated connections", config.path)
+    credentials = Credentials(secret, config.tls)
+    server = AgentServer(store, secret, config.host, config.port, tls=config.tls, limits=config.server)
     await server.start()
 
     registration = Registration(
@@ -132,18 +156,18 @@ async def serve(config: AgentConfig) -> int:
         zk_auth,
     )
     await loop.run_in_executor(None, registration.start, 2 * config.session_timeout)
-    proxy = _start_proxy(config, zk, zk_auth, secret, server)
+    proxy = _start_proxy(config, zk, zk_auth, credentials, server)
     # The auditor stands for election only once this agent is registered and serving: an
     # agent that cannot serve must not be the one that decides others are gone.
     auditor = None
     if config.auditor.enabled:
-        auditor = Auditor(zk, config.cluster, config.node_id, secret, config.auditor, zk_auth).start()
+        auditor = Auditor(zk, config.cluster, config.node_id, credentials, config.auditor, zk_auth).start()
     else:
         log.info("re-replication auditor disabled by configuration ([auditor] enabled = false)")
-    replication = _start_replication(config, zk, zk_auth, secret)
+    replication = _start_replication(config, zk, zk_auth, credentials)
     # Housekeeping reclaims this agent's stale replicas at once (it may have been down during a
     # collection) and, if elected, applies retention and collects truncated segments' records.
-    housekeeping = Housekeeping(zk, config.cluster, config.node_id, store, secret, config.housekeeping, zk_auth).start()
+    housekeeping = Housekeeping(zk, config.cluster, config.node_id, store, credentials, config.housekeeping, zk_auth).start()
     # Scrubbing re-reads every replica at a bounded rate and puts a damaged one in limbo.
     scrubber = None
     if config.scrub.enabled:

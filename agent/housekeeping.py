@@ -31,6 +31,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 
+from dlctl.log.auth import Credentials
 from dlctl.log.pool import AgentPool
 from dlctl.meta import roles
 from dlctl.meta.store import MetaStore
@@ -59,7 +60,7 @@ class Housekeeping(ElectedRole):
         cluster: str,
         node_id: str,
         store: Any,
-        secret: bytes,
+        secret: Credentials | bytes,  # the cluster secret and TLS files, for its agent pool
         settings: HousekeepingSettings,
         auth: ZkAuth | None = None,
     ) -> None:

@@ -13,6 +13,12 @@
     zk_auth_file = "/etc/dlagent/east.zk-auth"  # optional (0600): default is this agent's
     region = "us-east"             # optional: the source region to read from first (default: ours)
     addresses = { "use-1" = "10.9.0.1:3181" }   # optional: reach these source agents elsewhere
+    tls_ca_file = "/etc/dlagent/east-tls/ca.pem"     # optional, all three or none: the source's CA
+    tls_cert_file = "/etc/dlagent/east-tls/client.pem"  # and a certificate it issued to this agent;
+    tls_key_file = "/etc/dlagent/east-tls/client.key"   # default: this agent's own [tls]
+    zookeeper_tls_ca_file = "/etc/dlagent/east-zk/ca.pem"   # optional: TLS to the source's ZooKeeper
+    zookeeper_tls_cert_file = "/etc/dlagent/east-zk/client.pem"  # (with _key_file, or neither);
+    zookeeper_tls_key_file = "/etc/dlagent/east-zk/client.key"   # default: this agent's [zookeeper_tls]
 
 Secrets stay in 0600 files; only their paths are here.
 """
@@ -24,11 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from dlctl.errors import ConfigError
+from dlctl.log.tls import TlsFiles
+from dlctl.meta.zk import ZK_TLS_KEYS, parse_tls
 from dlctl.names import validate_name
 from dlctl.replication.source import SourceSettings
 
 _KEYS = {"enabled", "poll_seconds", "claim_grace_seconds", "checkpoint_seconds", "pin_seconds", "sources"}
-_SOURCE_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "region", "addresses"}
+_TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
+_ZK_TLS_PREFIX = "zookeeper_tls_"
+_SOURCE_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "region", "addresses", *_TLS_KEYS, *(_ZK_TLS_PREFIX + k for k in ZK_TLS_KEYS)}
 
 
 @dataclass(frozen=True)
@@ -84,13 +94,17 @@ def _source(name: str, table: Any, path: Path) -> SourceSettings:
     extra = sorted(set(table) - _SOURCE_KEYS)
     if extra:
         raise ConfigError(f"{where}: unknown key(s): {', '.join(extra)}", hint=f"known keys: {', '.join(sorted(_SOURCE_KEYS))}")
-    for key in ("zookeeper", "secret_file", "zk_auth_file", "region"):
+    for key in ("zookeeper", "secret_file", "zk_auth_file", "region", *_TLS_KEYS):
         if key in table and not isinstance(table[key], str):
             raise ConfigError(f"{where}: key '{key}' must be a string")
     addresses = table.get("addresses", {})
     if not isinstance(addresses, dict) or not all(isinstance(k, str) and isinstance(v, str) and ":" in v for k, v in addresses.items()):
         raise ConfigError(f"{where}: key 'addresses' must map node ids to 'host:port' strings")
     base = path.parent
+    given = [k for k in _TLS_KEYS if table.get(k)]
+    if given and len(given) != len(_TLS_KEYS):
+        raise ConfigError(f"{where}: give all of {', '.join(_TLS_KEYS)} or none (got {', '.join(given)})")
+    tls = TlsFiles(*((base / table[k]).resolve() for k in _TLS_KEYS)) if given else None
     return SourceSettings(
         cluster=name,
         zookeeper=table.get("zookeeper"),
@@ -98,4 +112,6 @@ def _source(name: str, table: Any, path: Path) -> SourceSettings:
         zk_auth_file=(base / table["zk_auth_file"]).resolve() if table.get("zk_auth_file") else None,
         region=table.get("region"),
         addresses=dict(addresses),
+        tls=tls,
+        zookeeper_tls=parse_tls(table, where, base, prefix=_ZK_TLS_PREFIX),
     )

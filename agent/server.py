@@ -40,6 +40,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from dlctl.errors import ConfigError
 from dlctl.log import protocol as p
 from dlctl.log.auth import DEFAULT_CONTEXT, ServerHandshake
 from dlctl.log.errors import (
@@ -53,6 +54,7 @@ from dlctl.log.errors import (
 )
 from dlctl.log.format import HEADER_SIZE as ENTRY_HEADER_SIZE
 from dlctl.log.format import NO_ENTRY, CorruptEntry, decode_header, validate_ids
+from dlctl.log.tls import TlsFiles, bound_context
 from dlctl.logthrottle import LogThrottle
 
 from .fdlimit import descriptor_usage
@@ -84,6 +86,11 @@ def _check_entry(entry: bytes) -> None:
         raise BadRequestError(f"ADD_ENTRY body is {len(entry)} bytes, entry header says {header.total_size}")
 
 
+MAX_TLS_REFUSALS = 16  # refused connections told why inside TLS at once (each costs a handshake)
+REFUSAL_HANDSHAKE_SECONDS = 2.0
+PRE_AUTH_CLOSE_GRACE = 0.2  # seconds an unauthenticated TLS connection has to take its error
+
+
 class AgentServer:
     """Serves one ``SegmentStore`` (``dlagent.storage``) on ``host:port`` (port 0: any free port)."""
 
@@ -93,7 +100,7 @@ class AgentServer:
         secret: bytes,
         host: str = "127.0.0.1",
         port: int = 0,
-        ssl_context: ssl.SSLContext | None = None,
+        tls: TlsFiles | None = None,
         limits: ServerLimits = ServerLimits(),
         *,
         auth_context: bytes = DEFAULT_CONTEXT,
@@ -106,7 +113,10 @@ class AgentServer:
         self._auth_context = auth_context
         self.host = host
         self.port = port
-        self.ssl_context = ssl_context
+        # Mutual TLS (dlctl.log.tls): every connection is admitted as plain TCP first and only
+        # then upgraded, so a TLS handshake counts in the pre-authentication budgets like any
+        # other unauthenticated connection (asyncio's create_server(ssl=) would run it first).
+        self.tls = tls
         self.limits = limits
         self.failure: BaseException | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -116,6 +126,7 @@ class AgentServer:
         # unauthenticated ones kept in arrival order (globally and per source address) so the
         # oldest can be found; connections of each source address are counted.
         self._authenticated = 0
+        self._refusing = 0  # TLS handshakes under way only to tell a refused client why
         self._unauthenticated: dict[_Conn, None] = {}
         self._peer_unauthenticated: dict[str, dict[_Conn, None]] = {}
         self._peer_connections: dict[str, int] = {}
@@ -132,6 +143,7 @@ class AgentServer:
             "refused_connections": 0,  # over a connection limit
             "evicted_unauthenticated": 0,  # closed to make room for a newer unauthenticated one
             "handshake_timeouts": 0,
+            "tls_failures": 0,  # TLS handshakes that failed (no, or a foreign, certificate; plaintext)
             "unauthenticated_bytes": 0,  # received on connections before they authenticated
             "response_bytes_peak": 0,  # most answer bytes one connection held queued at once
         }
@@ -154,17 +166,11 @@ class AgentServer:
         self._stopped.clear()
         self._prev_on_failure = self.store.on_failure
         self.store.on_failure = self._on_store_failure
-        self._server = await self._loop.create_server(
-            self._new_conn,
-            self.host,
-            self.port,
-            ssl=self.ssl_context,
-            ssl_handshake_timeout=self.limits.handshake_timeout if self.ssl_context else None,
-            reuse_address=True,
-            backlog=512,
-        )
+        if self.tls is not None:
+            self.tls.server()  # unreadable or mismatched files fail the start, not the first client
+        self._server = await self._loop.create_server(self._new_conn, self.host, self.port, reuse_address=True, backlog=512)
         self._reaper = self._loop.create_task(self._reap(), name="agent-server-reaper")
-        log.info("agent protocol server listening on %s:%d%s", *self.address, " (TLS)" if self.ssl_context else "")
+        log.info("agent protocol server listening on %s:%d%s", *self.address, " (mutual TLS)" if self.tls else " (plaintext: no [tls] in agent.toml)")
 
     async def stop(self) -> None:
         """Stop accepting, close every connection, and wait for the requests in flight to end."""
@@ -394,6 +400,10 @@ class _Conn(asyncio.Protocol):
         # before its body is read (_Conn._authenticate raises it to max_frame).
         self.decoder = p.FrameDecoder(min(server.limits.max_unauthenticated_frame, server.limits.max_frame))
         self.handshake: ServerHandshake | None = None
+        self.tls_pending = False  # admitted, TLS handshake under way: nothing of ours is sent yet
+        self.close_reason: str | None = None  # set when the agent itself closes the connection
+        self._raw: asyncio.BaseTransport | None = None  # under TLS: the TCP transport beneath
+        self._early: list[bytes] = []  # bytes that arrived before start_tls took the transport over
         self.authed = False
         self.closing = False
         self.eof = False
@@ -427,13 +437,111 @@ class _Conn(asyncio.Protocol):
         refusal = server._admit(self)
         if refusal is not None:
             server._refused(self, refusal)
-            self.closing = True
-            transport.write(p.error_response(p.Op.HELLO, 0, AgentUnavailableError.status, refusal))
-            transport.close()
+            error = p.error_response(p.Op.HELLO, 0, AgentUnavailableError.status, refusal)
+            if server.tls is None:
+                self.closing = True
+                transport.write(error)
+                transport.close()
+            elif server._refusing < MAX_TLS_REFUSALS:
+                # A TLS client cannot read a plaintext frame: say why inside TLS. Bounded, as
+                # each costs a handshake; past the bound a refused connection is just reset.
+                self._spawn_tls(self._refuse_in_tls(transport, error))
+            else:
+                self.closing = True
+                transport.abort()
             return
         server.counters["connections"] += 1
-        self.handshake = ServerHandshake(server._secret, server._auth_context)
-        transport.write(p.hello_frame(self.handshake.challenge))
+        if server.tls is None:
+            self._challenge(transport, None)
+            return
+        self._spawn_tls(self._start_tls(transport))
+
+    def _spawn_tls(self, work: Awaitable[None]) -> None:
+        self.tls_pending = True
+        self.transport.pause_reading()  # type: ignore[union-attr] # start_tls takes the bytes from here on
+        task = self.loop.create_task(work, name="tls-handshake")  # type: ignore[union-attr, arg-type]
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _tls_handshake(self, raw: asyncio.BaseTransport, timeout: float) -> tuple[asyncio.BaseTransport, bytes]:
+        """Upgrade ``raw`` to TLS as the agent; the TLS transport and the certificate presented."""
+        assert self.server.tls is not None
+        context, der = self.server.tls.server()
+        handshake = asyncio.ensure_future(
+            self.loop.start_tls(raw, self, context, server_side=True, ssl_handshake_timeout=timeout)  # type: ignore[union-attr, arg-type]
+        )
+        # uvloop starts reading right after connection_made whatever it asked, so the
+        # ClientHello may already have reached data_received (which kept it). Once start_tls's
+        # first step has put its TLS protocol on the transport, and after the callbacks it
+        # queued (connection_made, resume_reading) but before any new read, hand those bytes on.
+        await asyncio.sleep(0)
+        self.loop.call_soon(self._replay_early, raw)  # type: ignore[union-attr]
+        return await handshake, der
+
+    async def _refuse_in_tls(self, raw: asyncio.BaseTransport, error: bytes) -> None:
+        server = self.server
+        server._refusing += 1
+        try:
+            transport, _ = await self._tls_handshake(raw, min(self.limits.handshake_timeout, REFUSAL_HANDSHAKE_SECONDS))
+        except (ssl.SSLError, OSError, ConnectionError, TimeoutError, ConfigError, RuntimeError):
+            self.closing = True
+            raw.abort()
+            return
+        finally:
+            server._refusing -= 1
+        self.tls_pending = False
+        self.transport = transport  # type: ignore[assignment]
+        self.close("refused", error=error)
+
+    def _replay_early(self, raw: asyncio.BaseTransport) -> None:
+        early, self._early = b"".join(self._early), []
+        if not early or self.closing:
+            return
+        proto = raw.get_protocol()
+        if proto is self:  # start_tls has not taken over: never read TLS bytes as frames
+            self.close("TLS handshake did not start", abort=True)
+            return
+        if hasattr(proto, "buffer_updated"):  # asyncio's and uvloop's TLS protocols are buffered
+            view = memoryview(early)
+            while view:
+                buf = proto.get_buffer(len(view))  # type: ignore[attr-defined]
+                n = min(len(buf), len(view))
+                buf[:n] = view[:n]
+                proto.buffer_updated(n)  # type: ignore[attr-defined]
+                view = view[n:]
+        else:
+            proto.data_received(early)  # type: ignore[attr-defined]
+
+    def _challenge(self, transport: asyncio.BaseTransport, server_cert_der: bytes | None) -> None:
+        """Send HELLO; under TLS the proofs are bound to the certificate this session presented."""
+        server = self.server
+        self.handshake = ServerHandshake(server._secret, bound_context(server._auth_context, server_cert_der))
+        transport.write(p.hello_frame(self.handshake.challenge))  # type: ignore[attr-defined]
+
+    async def _start_tls(self, raw: asyncio.BaseTransport) -> None:
+        server = self.server
+        self._raw = raw
+        try:
+            transport, der = await self._tls_handshake(raw, self.limits.handshake_timeout)
+        except (ssl.SSLError, OSError, ConnectionError, TimeoutError, ConfigError, RuntimeError) as exc:
+            if self.close_reason is None:  # not one the agent closed itself (eviction, timeout)
+                server.counters["tls_failures"] += 1
+                if isinstance(exc, ConnectionError) and not self._early:
+                    # A TCP probe (a health check, a port scan) that left without a ClientHello.
+                    log.debug("TLS handshake with %s: the peer closed before any TLS: %r", self.peer, exc)
+                else:
+                    server._throttle.warning("TLS handshake failures", "TLS handshake with %s failed: %s", self.peer, str(exc) or type(exc).__name__)
+            self.closing = True
+            server._forget(self)
+            raw.abort()
+            return
+        if self.closing or transport is None:
+            if transport is not None:
+                transport.abort()
+            return
+        self.tls_pending = False
+        self.transport = transport  # type: ignore[assignment]
+        self._challenge(transport, der)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -455,7 +563,8 @@ class _Conn(asyncio.Protocol):
         self.eof = True
         self.loop.call_soon(self._hurry_long_polls)  # type: ignore[union-attr] # after tasks' first steps
         self._finish_if_done()
-        return True
+        # Under TLS a half-close cannot be kept (the ssl transport closes itself): say so.
+        return self.server.tls is None
 
     def _hurry_long_polls(self) -> None:
         for task in self.tasks:
@@ -478,6 +587,13 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
+            return
+        if self.tls_pending:  # before start_tls took over (uvloop): keep it for the TLS layer
+            self._early.append(data)
+            if sum(map(len, self._early)) > self.limits.max_unauthenticated_frame * 4:
+                self.close("too many bytes before the TLS handshake", abort=True)
+            elif self.transport is not None:
+                self.transport.pause_reading()
             return
         if not self.authed:
             self.server.counters["unauthenticated_bytes"] += len(data)
@@ -567,6 +683,8 @@ class _Conn(asyncio.Protocol):
             return
         if op is p.Op.ADD_ENTRY:
             self._add_now(rid, args[0], flags)
+        elif op is p.Op.ADD_BATCH:
+            self._add_batch(rid, args[0], args[1], flags)
         elif op is p.Op.READ_ENTRY:
             if flags & p.FLAG_FENCE:
                 self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args, room=self.room)), 0)
@@ -683,14 +801,14 @@ class _Conn(asyncio.Protocol):
             self.in_flight_bytes -= size
             self._spawn(self._add(rid, entry, flags), size)
 
-    def _add_done(self, rid: int, size: int, exc: BaseException | None) -> None:
+    def _add_done(self, rid: int, size: int, exc: BaseException | None, op: int = p.Op.ADD_ENTRY, answer: bytes | None = None) -> None:
         self.in_flight -= 1
         self.in_flight_bytes -= size
         self._check_drained()
         if exc is None:
-            self.send(p.add_ok_response(rid))
+            self.send(p.add_ok_response(rid) if answer is None else answer)
         else:
-            self.send(self._error(p.Op.ADD_ENTRY, rid, exc))  # type: ignore[arg-type]
+            self.send(self._error(op, rid, exc))  # type: ignore[arg-type]
         if not self.closing and (self.read_paused or self.decoder.buffered):
             # Not from inside the store's callback: parsing more requests re-enters the store.
             self.loop.call_soon(self._resume)  # type: ignore[union-attr]
@@ -709,6 +827,38 @@ class _Conn(asyncio.Protocol):
             self.send(self._error(p.Op.ADD_ENTRY, rid, exc))
         else:
             self.send(p.add_ok_response(rid))
+
+    def _add_batch(self, rid: int, body: bytes, spans: list[tuple[int, int]], flags: int) -> None:
+        """ADD_BATCH: the entries (views of ``body``, not copies) are checked and queued all or
+        none, as ``_add_now`` does one entry, and answered once all are durable. The batch is one
+        request of ``len(body)`` bytes in the in-flight limits until then."""
+        size, count = len(body), len(spans)
+        self.in_flight += 1
+        self.in_flight_bytes += size
+        recovery, uncached = bool(flags & p.FLAG_RECOVERY), bool(flags & p.FLAG_UNCACHED)
+        answer = p.ok_response(p.Op.ADD_BATCH, rid, p.encode_added(count))
+        try:
+            view = memoryview(body)
+            entries = [view[a:b] for a, b in spans]
+            for k, entry in enumerate(entries):
+                try:
+                    _check_entry(entry)  # the ids, as for ADD_ENTRY (the store checks the rest)
+                except BadRequestError as exc:
+                    why = exc.message.removeprefix("ADD_ENTRY: ")
+                    raise BadRequestError(f"batch entry {k + 1} of {count}: {why}; nothing of the batch stored") from None
+            queued = self.store.add_batch_nowait(
+                entries, lambda exc: self._add_done(rid, size, exc, p.Op.ADD_BATCH, answer), recovery=recovery, uncached=uncached
+            )
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a response
+            self._add_done(rid, size, exc, p.Op.ADD_BATCH)
+            return
+        if not queued:  # a new segment: created first, on the task path
+            self.in_flight -= 1
+            self.in_flight_bytes -= size
+            self._spawn(self._run_async(p.Op.ADD_BATCH, rid, self._store_batch(entries, recovery, uncached)), size)
+
+    async def _store_batch(self, entries: list[memoryview], recovery: bool, uncached: bool) -> bytes:
+        return p.encode_added(await self.store.add_batch(entries, recovery=recovery, uncached=uncached))
 
     def _append(self, rid: int, flags: int, args: tuple[Any, ...]) -> None:
         proxy = self.server.proxy
@@ -819,6 +969,7 @@ class _Conn(asyncio.Protocol):
     def close(self, reason: str, *, error: bytes | None = None, abort: bool = False) -> None:
         if self.closing:
             return
+        self.close_reason = reason
         transport = self.transport
         if transport is None:
             return
@@ -831,11 +982,20 @@ class _Conn(asyncio.Protocol):
         self.server._forget(self)
         self._wake_room()
         log.debug("closing connection from %s: %s", self.peer, reason)
-        if abort:
+        if abort or self.tls_pending:  # mid-TLS-handshake: a plaintext error frame would be noise
             transport.abort()
             return
         if error is not None:
             transport.write(error)
+        if self._raw is not None and not self.authed:
+            # A graceful TLS close would go on reading (and decrypting) whatever an
+            # unauthenticated peer sends until it answers close_notify: read nothing more, and
+            # drop the connection once the error and close_notify had a moment to go out.
+            transport.close()
+            raw = self._raw
+            raw.pause_reading()
+            self.loop.call_later(PRE_AUTH_CLOSE_GRACE, raw.abort)  # type: ignore[union-attr]
+            return
         if self.read_paused:
             transport.resume_reading()  # let close() see EOF/RST normally
         transport.close()

@@ -23,9 +23,10 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 from dlctl.errors import NotFoundError
+from dlctl.log.auth import Credentials
 from dlctl.log.pool import AgentPool
 from dlctl.meta.store import MetaStore
-from dlctl.meta.zk import ZkAuth
+from dlctl.meta.zk import ZkAuth, ZkTls
 from dlctl.replication.assignment import WorkItem, plan_claims
 from dlctl.replication.records import StreamConfig, StreamState
 from dlctl.replication.source import SourceLink, SourceSettings
@@ -60,12 +61,13 @@ class ReplicationService:
         cluster: str,
         node_id: str,
         region: str,
-        secret: bytes,
+        secret: Credentials | bytes,  # this cluster's secret and TLS files
         zk_auth: ZkAuth | None,
         settings: ReplicationSettings,
         *,
         secret_file: Path,
         zk_auth_file: Path | None,
+        zookeeper_tls: ZkTls | None = None,
         session_timeout: float = 10.0,
     ) -> None:
         self.node_id = node_id
@@ -75,7 +77,9 @@ class ReplicationService:
         self.sink_pool = AgentPool(self.sink_meta, secret)
         self.streams = StreamStore(self.sink_meta)
         self._secret_file = secret_file
+        self._tls = Credentials.of(secret).tls  # the default for sources (clusters sharing a CA)
         self._zk_auth_file = zk_auth_file
+        self._zookeeper_tls = zookeeper_tls  # the default for sources' ZooKeeper (one ensemble CA)
         self._session_timeout = session_timeout
         self._sources: dict[str, SourceLink] = {}
         self._running: dict[WorkItem, _Running] = {}
@@ -235,7 +239,8 @@ class ReplicationService:
             link = await self._zk(
                 lambda: SourceLink.open(
                     settings, config.source_zookeeper,
-                    default_secret_file=self._secret_file, default_zk_auth_file=self._zk_auth_file,
+                    default_secret_file=self._secret_file, default_zk_auth_file=self._zk_auth_file, default_tls=self._tls,
+                    default_zookeeper_tls=self._zookeeper_tls,
                     session_timeout=self._session_timeout,
                 )
             )

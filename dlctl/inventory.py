@@ -9,9 +9,18 @@
                                                          # beside secret_file (`cluster init` creates it)
     # insecure_zookeeper = true                          # no ZooKeeper ACLs: refused by `cluster init` unless
                                                          # --insecure-zookeeper; every command then warns
+    tls_dir      = "secrets/east.tls"                    # the cluster CA and this operator's certificate
+                                                         # (0700); default: <cluster>.tls beside secret_file
+                                                         # (`cluster init` creates it unless --no-tls)
 
     ssh_config   = "~/.ssh/config"                       # optional; default ~/.ssh/config
     known_hosts  = "~/.ssh/known_hosts"                  # optional; default ~/.ssh/known_hosts
+
+    [clusters.east.zookeeper_tls]       # optional: TLS to the ensemble (its secureClientPort in
+                                        # `zookeeper`); absent: plaintext, digest password included
+    ca_file   = "secrets/zk-ca.pem"     # the CA of the ensemble's server certificates (required)
+    cert_file = "secrets/zk-client.pem" # optional, with key_file: the client certificate an
+    key_file  = "secrets/zk-client.key" # ensemble with ssl.clientAuth=need asks for (key 0600)
 
     [clusters.east.defaults]            # per-node settings, overridable on each node
     ssh_user = "dlctl"
@@ -41,9 +50,10 @@ from typing import Any
 
 from .config import ConfigLocation
 from .errors import ConfigError, NotFoundError
+from .meta.zk import ZkTls, parse_tls
 from .names import validate_name
 
-_CLUSTER_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "insecure_zookeeper", "defaults", "regions", "ssh_config", "known_hosts"}
+_CLUSTER_KEYS = {"zookeeper", "zookeeper_tls", "secret_file", "zk_auth_file", "tls_dir", "insecure_zookeeper", "defaults", "regions", "ssh_config", "known_hosts"}
 _NODE_KEYS = {"id", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python", "agent_port", "home", "transport"}
 _DEFAULT_KEYS = _NODE_KEYS - {"id", "host", "listen"}
 # python = None: `dlctl agent install` creates <home>/venv and the agent runs from it; a path
@@ -100,6 +110,8 @@ class Cluster:
     ssh_config: Path | None = None
     known_hosts: Path | None = None
     insecure_zookeeper: bool = False  # the operator's explicit choice of open ZooKeeper ACLs
+    tls_dir: Path | None = None  # the cluster CA and the operator's certificate (dlctl.ops.certs)
+    zookeeper_tls: ZkTls | None = None  # [clusters.<c>.zookeeper_tls]; None: plaintext ZooKeeper
 
     def regions(self) -> dict[str, dict[str, list[Node]]]:
         """region → rack → nodes, in inventory order."""
@@ -118,9 +130,11 @@ class Cluster:
         return {
             "name": self.name,
             "zookeeper": self.zookeeper,
+            "zookeeper_tls": self.zookeeper_tls.to_dict() if self.zookeeper_tls else None,
             "secret_file": str(self.secret_file) if self.secret_file else None,
             "zk_auth_file": str(self.zk_auth_file) if self.zk_auth_file else None,
             "insecure_zookeeper": self.insecure_zookeeper,
+            "tls_dir": str(self.tls_dir) if self.tls_dir else None,
             "ssh_config": str(self.ssh_config) if self.ssh_config else None,
             "known_hosts": str(self.known_hosts) if self.known_hosts else None,
             "nodes": [n.to_dict() for n in self.nodes],
@@ -226,12 +240,17 @@ def _cluster(name: str, body: Any, path: Path) -> Cluster:
     if zk_auth_file is None and not insecure and secret_file is not None:
         # Secure by default: ZooKeeper credentials beside the cluster secret (`cluster init` makes them).
         zk_auth_file = secret_file.with_name(f"{name}.zk-auth")
+    tls_dir = _path(body.get("tls_dir"), path, f"{where}.tls_dir")
+    if tls_dir is None and secret_file is not None:
+        tls_dir = secret_file.with_name(f"{name}.tls")
     return Cluster(
         name=name,
         zookeeper=body["zookeeper"],
+        zookeeper_tls=parse_tls(body.get("zookeeper_tls"), _where(path, "clusters", name, "zookeeper_tls"), path.parent),
         secret_file=secret_file,
         zk_auth_file=zk_auth_file,
         insecure_zookeeper=insecure,
+        tls_dir=tls_dir,
         nodes=tuple(nodes),
         ssh_config=_path(body.get("ssh_config"), path, f"{where}.ssh_config"),
         known_hosts=_path(body.get("known_hosts"), path, f"{where}.known_hosts"),

@@ -1,14 +1,17 @@
-"""``dlctl cluster init|status|check|roles`` and ``dlctl cluster auditor enable|disable``."""
+"""``dlctl cluster init|status|check|roles|certs|rotate-certs`` and ``dlctl cluster auditor enable|disable``."""
 
 from __future__ import annotations
 
 import click
 
+from ..ops import agents
+from ..ops import certs as certs_ops
 from ..ops import cluster as cluster_ops
 from ..ops import health as health_ops
 from ..ops import roles as roles_ops
 from ..output import Table, human_bytes
 from ..plan import Plan
+from .agent import _fleet, _progress, fleet_options
 from .context import AppContext, command_options, mutating, pass_app
 
 
@@ -19,13 +22,44 @@ def cluster_group() -> None:
 
 @cluster_group.command("init")
 @click.option("--insecure-zookeeper", is_flag=True, help="Allow a cluster whose inventory says insecure_zookeeper = true: world-writable znodes.")
+@click.option("--tls/--no-tls", default=True, show_default=True, help="Create the cluster CA and the operator's certificate (tls_dir); --no-tls: plaintext agent traffic, warned about by every command.")
 @mutating(confirm=False)
-def cluster_init(app: AppContext, insecure_zookeeper: bool) -> Plan:
+def cluster_init(app: AppContext, insecure_zookeeper: bool, tls: bool) -> Plan:
     """Create the cluster's secrets (0600 files, if missing: the cluster secret and the ZooKeeper
-    digest credentials), its ZooKeeper layout with the cluster's ACL on every znode, marked as
-    made by this cluster's secret, and a record for every node of the inventory. Safe to re-run;
-    an existing layout it did not make (no matching marker) is refused (exit 4), naming it."""
-    return cluster_ops.init_plan(app.session(), insecure_zookeeper=insecure_zookeeper)
+    digest credentials), its certificate authority and the operator's TLS certificate (tls_dir;
+    agents get theirs from `dlctl agent install`), its ZooKeeper layout with the cluster's ACL on
+    every znode, marked as made by this cluster's secret, and a record for every node of the
+    inventory. Safe to re-run; an existing layout it did not make (no matching marker) is
+    refused (exit 4), naming it."""
+    return cluster_ops.init_plan(app.session(), insecure_zookeeper=insecure_zookeeper, tls=tls)
+
+
+@cluster_group.command("certs")
+@command_options
+@pass_app
+def cluster_certs(app: AppContext) -> None:
+    """The cluster's TLS as this operator holds it: the CAs trusted, the one signing, the
+    operator's certificate and its expiry, and whether a CA rotation is under way."""
+    app.render(certs_ops.status(app.session().certdir))
+
+
+@cluster_group.command("rotate-certs")
+@fleet_options(region_serial_default=False, concurrency_default=4)
+@click.option("--new-ca", is_flag=True, help="Also replace the CA (three rounds: trust both, re-issue, trust only the new); resumes an interrupted one.")
+@mutating(confirm=True)
+def cluster_rotate_certs(app: AppContext, node_ids, region, max_concurrency, region_serial, timeout, ssh_accept_new, new_ca: bool) -> Plan:
+    """Issue every agent a new certificate and deliver it (SFTP, 0600); each agent picks it up
+    for its next connections without a restart, and each is checked to present it. Open
+    connections keep working throughout. With --new-ca the CA itself is replaced."""
+    session = app.session()
+    certdir = session.certdir
+    if certdir is None:
+        raise click.UsageError(f"cluster {session.cluster.name!r} has no tls_dir")
+    nodes = agents.select_nodes(session.cluster, node_ids, region)
+    if new_ca and (node_ids or region):
+        raise click.UsageError("--new-ca replaces the CA of every agent: it cannot be limited with --node or --region")
+    fleet = _fleet(app, ssh_accept_new, max_concurrency, region_serial, timeout)
+    return certs_ops.rotate_plan(fleet, certdir, nodes, new_ca=new_ca, progress=_progress(app, len(nodes)))
 
 
 @cluster_group.command("status")

@@ -99,14 +99,14 @@ def gc_command(app: AppContext, force: bool, no_retention: bool, rate: float, ni
     session = app.session()
 
     async def build() -> gc_ops.GcPlan:
-        pool = AgentPool(session.meta, session.secret, request_timeout=timeout)
+        pool = AgentPool(session.meta, session.credentials, request_timeout=timeout)
         try:
             return await gc_ops.plan_gc(session.meta, pool, force=force, retention=not no_retention, timeout=timeout)
         finally:
             await pool.close()
 
     built = asyncio.run(build())
-    plan = gc_ops.as_plan(session.meta, session.secret, session.cluster.name, built, rate=rate or None)
+    plan = gc_ops.as_plan(session.meta, session.credentials, session.cluster.name, built, rate=rate or None)
     if dry_run:
         app.render({**plan.to_dict(), "orphans": gc_ops.orphan_rows(built)})
         return

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .errors import UnauthorizedError
+from .tls import TlsFiles
 
 NONCE_SIZE = 32
 PROOF_SIZE = 32
@@ -155,3 +156,22 @@ def load_secret(path: str | os.PathLike[str]) -> bytes:
     if len(secret) < MIN_SECRET_BYTES:
         raise ConfigError(f"the cluster secret in {p} is shorter than {MIN_SECRET_BYTES} bytes")
     return secret
+
+
+class Credentials:
+    """What a client of a cluster's agents presents: the cluster secret (the HMAC handshake)
+    and, when the cluster runs TLS, its ``TlsFiles`` (mutual TLS, the handshake bound to it)."""
+
+    __slots__ = ("secret", "tls")
+
+    def __init__(self, secret: bytes, tls: TlsFiles | None = None) -> None:
+        self.secret = _check_secret(secret)
+        self.tls = tls
+
+    @classmethod
+    def of(cls, value: Credentials | bytes) -> Credentials:
+        """``value`` as Credentials: bare bytes are a secret without TLS."""
+        return value if isinstance(value, Credentials) else cls(value)
+
+    def __repr__(self) -> str:  # never show the secret
+        return f"Credentials(tls={'on' if self.tls else 'off'})"

@@ -17,10 +17,12 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from ..errors import ConfigError
 from . import protocol as p
 from .auth import DEFAULT_CONTEXT, ClientHandshake
 from .errors import AgentError, AgentIOError, AgentUnavailableError, BadRequestError
 from .format import HEADER_SIZE, CorruptEntry, Entry, crc32c, decode, decode_header
+from .tls import TlsFiles, bound_context, peer_cert_der
 
 
 T = TypeVar("T")
@@ -205,9 +207,10 @@ class _Connection(asyncio.Protocol):
 class AgentClient:
     """An asyncio client of one agent (see the module docstring).
 
-    ``secret`` is the cluster secret (bytes); ``ssl_context`` enables TLS (``server_hostname``
-    defaults to ``host``). ``request_timeout`` bounds every request except long polls, which get
-    their own timeout plus ``request_timeout``.
+    ``secret`` is the cluster secret (bytes); ``tls`` (the cluster's ``TlsFiles``) enables mutual
+    TLS, with the agent's certificate checked against ``server_hostname`` (default ``host``) and
+    the HMAC handshake bound to the session (``dlctl.log.tls``). ``request_timeout`` bounds
+    every request except long polls, which get their own timeout plus ``request_timeout``.
     """
 
     def __init__(
@@ -216,7 +219,7 @@ class AgentClient:
         port: int,
         secret: bytes,
         *,
-        ssl_context: ssl.SSLContext | None = None,
+        tls: TlsFiles | None = None,
         server_hostname: str | None = None,
         connect_timeout: float = 5.0,
         request_timeout: float = 30.0,
@@ -226,7 +229,7 @@ class AgentClient:
         self.host = host
         self.port = port
         self._secret = secret
-        self._ssl = ssl_context
+        self._tls = tls
         self._server_hostname = server_hostname
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
@@ -286,18 +289,22 @@ class AgentClient:
         conn: _Connection | None = None
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(
+                try:
+                    context = self._tls.client() if self._tls is not None else None
+                except ConfigError as exc:  # unreadable TLS files: this agent cannot be reached now
+                    raise AgentUnavailableError(f"cannot connect to agent {where}: {exc.message}") from None
+                transport, conn = await loop.create_connection(
                     lambda: _Connection(loop, where),
                     self.host,
                     self.port,
-                    ssl=self._ssl,
-                    server_hostname=(self._server_hostname or self.host) if self._ssl else None,
+                    ssl=context,
+                    server_hostname=(self._server_hostname or self.host) if context else None,
                 )
                 hello = await conn.hello
                 if hello.opcode != p.Op.HELLO | p.RESPONSE:
                     raise p.ProtocolError(f"the first frame has opcode {hello.opcode}, not HELLO")
                 server_nonce = p.decode_response(hello)
-                handshake = ClientHandshake(self._secret, self._auth_context)
+                handshake = ClientHandshake(self._secret, bound_context(self._auth_context, peer_cert_der(transport)))
                 nonce, proof = handshake.respond(server_nonce)
                 rid = next(self._ids)
                 fut: asyncio.Future[p.Frame] = loop.create_future()
@@ -310,7 +317,12 @@ class AgentClient:
                 conn.abort("handshake timed out")
             raise AgentUnavailableError(f"connecting to agent {where} timed out after {self.connect_timeout:g}s") from None
         except OSError as exc:
-            raise AgentUnavailableError(f"cannot connect to agent {where}: {exc.strerror or exc}") from None
+            if conn is not None:
+                conn.abort(f"connection failed: {exc}")
+            why = exc.strerror or str(exc) or type(exc).__name__
+            if isinstance(exc, ssl.SSLError) or (self._tls is not None and conn is not None):
+                why += " (TLS: does the agent trust this client's certificate, and this client the agent's CA?)"
+            raise AgentUnavailableError(f"cannot connect to agent {where}: {why}") from None
         except BaseException as exc:
             if conn is not None:
                 conn.abort(f"handshake failed: {exc}")
@@ -368,6 +380,14 @@ class AgentClient:
         """Store an encoded entry durably on the agent; ``recovery`` is accepted on a fenced replica.
         ``uncached``: a bulk copy's write, which the agent keeps out of its page cache once durable."""
         await self._call(p.Op.ADD_ENTRY, p.add_entry_request_parts, encoded, recovery, uncached)
+
+    async def add_batch(self, entries: list[p.Buffer], recovery: bool = False, *, uncached: bool = False) -> int:
+        """ADD_BATCH: store several encoded entries of one segment (ids increasing; each buffer
+        one entry or several back to back, e.g. slices of a ``read_range`` answer, sent without
+        a copy) durably, all or nothing; returns how many entries the agent stored. At most
+        ``p.MAX_BATCH_BYTES`` in all (else ``BadRequestError``, nothing sent). An agent that
+        predates ADD_BATCH answers ``BadRequestError`` naming the unknown opcode."""
+        return p.decode_added(await self._call(p.Op.ADD_BATCH, p.add_batch_request_parts, entries, recovery, uncached))
 
     def add_nowait(self, encoded: bytes, on_done: Callable[[BaseException | None], None], *, flush: bool = False) -> bool:
         """``add`` without a task, for the writer's hot path: ``on_done(None)`` once the entry is
@@ -585,7 +605,7 @@ class SyncAgentClient:
 
 _SYNC_METHODS = frozenset(
     {
-        "connect", "add", "read", "read_entry", "read_range", "read_lac", "long_poll",
+        "connect", "add", "add_batch", "read", "read_entry", "read_range", "read_lac", "long_poll",
         "fence", "digest", "list_segments", "delete_segment", "stat",
     }
 )

@@ -8,18 +8,18 @@ re-registers at another address.
 from __future__ import annotations
 
 import asyncio
-import ssl
 
 from ..meta.store import MetaStore
 from .client import AgentClient
 from .errors import AgentUnavailableError
+from .auth import Credentials
 
 
 class AgentPool:
-    def __init__(self, meta: MetaStore, secret: bytes, *, ssl_context: ssl.SSLContext | None = None, request_timeout: float = 10.0) -> None:
+    def __init__(self, meta: MetaStore, credentials: Credentials | bytes, *, request_timeout: float = 10.0) -> None:
+        """``credentials``: the cluster secret and TLS files (bare bytes: a secret, plaintext)."""
         self.meta = meta
-        self._secret = secret
-        self._ssl = ssl_context
+        self.credentials = Credentials.of(credentials)
         self.request_timeout = request_timeout
         self._clients: dict[str, AgentClient] = {}
         self._nodes: dict[str, dict] = {}
@@ -50,7 +50,7 @@ class AgentPool:
             return current
         if current is not None:
             await current.close()
-        client = AgentClient(host, int(port), self._secret, ssl_context=self._ssl, request_timeout=self.request_timeout)
+        client = AgentClient(host, int(port), self.credentials.secret, tls=self.credentials.tls, request_timeout=self.request_timeout)
         self._clients[node_id] = client
         return client
 

@@ -168,7 +168,8 @@ class LogReader:
         self._polls: dict[str, asyncio.Task[tuple[int, bytes | None]]] = {}
         self._poll_backoff: dict[str, tuple[float, float]] = {}  # node -> (retry at, last delay)
         self._polled: dict[int, bytes] = {}  # entry id -> entry carried by a long poll
-        self._poll_timer: asyncio.TimerHandle | None = None  # wakes the fetcher to retry a failed poll
+        self._poll_timer: asyncio.Handle | None = None  # wakes the fetcher to retry a failed poll
+        self._poll_timer_at = 0.0  # when it fires (loop time)
         self._retry_paused = False  # an entry failed; fetch again when the consumer asks
         self._wake = asyncio.Event()
         self._arrived = asyncio.Event()
@@ -562,10 +563,13 @@ class LogReader:
                 continue
             retry_at = self._poll_backoff.get(node, (0.0, 0.0))[0]
             if retry_at > now:
-                if self._poll_timer is None or self._poll_timer.when() > retry_at or self._poll_timer.when() <= now:
+                # The deadline is kept beside the handle: uvloop turns a timer due in under a
+                # millisecond into a plain Handle, which has no when().
+                if self._poll_timer is None or self._poll_timer_at > retry_at or self._poll_timer_at <= now:
                     if self._poll_timer is not None:
                         self._poll_timer.cancel()
                     self._poll_timer = loop.call_at(retry_at, self._wake.set)
+                    self._poll_timer_at = retry_at
                 continue
             previous = self._lac
             task = asyncio.ensure_future(self._long_poll(node, seg.seq, previous))

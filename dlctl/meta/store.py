@@ -7,6 +7,7 @@ nothing is overwritten. Every create passes the cluster's ACL (ZooKeeper does no
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -221,6 +222,19 @@ class MetaStore:
         return True
 
     # -- agents -----------------------------------------------------------------------------
+
+    def cluster_config(self) -> dict:
+        """The cluster's config znode (what ``cluster init`` recorded: id, marker, tls, ...);
+        empty when the cluster was never initialised with ``cluster init``."""
+        try:
+            data, _ = self.client.get(paths.config(self.cluster))
+        except NoNodeError:
+            return {}
+        try:
+            value = json.loads(data or b"{}")
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
 
     def available_nodes(self) -> dict[str, dict]:
         """Live agents (ephemeral ``available/<id>`` records): node id -> region, rack, address, ..."""

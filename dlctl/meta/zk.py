@@ -2,13 +2,26 @@
 
 ACLs are on whenever credentials are configured: ZooKeeper does not inherit ACLs, so every
 create must pass ``acl_for(auth)``. Credentials are read from a 0600 file, never from argv.
+
+With ``ZkTls`` (inventory ``[clusters.<c>.zookeeper_tls]``, agent.toml ``[zookeeper_tls]``) the
+client speaks TLS to the ensemble's ``secureClientPort``: it checks the servers' certificates
+against ``ca_file`` and the host names of the connect string, and presents ``cert_file`` when
+the ensemble asks for client certificates (``ssl.clientAuth=need``). Without TLS, the digest
+credential crosses the network in plain text at every (re)connection: ZooKeeper's digest scheme
+sends ``user:password`` as is.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import ssl
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
@@ -43,8 +56,178 @@ def acl_for(auth: ZkAuth | None) -> list[ACL]:
     return [make_digest_acl(auth.user, auth.password, all=True)]
 
 
-def connect(connect_string: str, auth: ZkAuth | None = None, timeout: float = 10.0, session_timeout: float = 10.0) -> KazooClient:
-    """Start a kazoo client (authenticated when ``auth`` is given) or raise naming the ensemble."""
+ZK_TLS_KEYS = ("ca_file", "cert_file", "key_file")
+
+
+@dataclass(frozen=True)
+class ZkTls:
+    """TLS to a ZooKeeper ensemble: the CA its servers' certificates chain to, and this client's
+    certificate and key (both or neither; an ensemble with ``ssl.clientAuth=need`` wants them)."""
+
+    ca_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("ZkTls: give cert_file and key_file together, or neither")
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {k: (str(getattr(self, k)) if getattr(self, k) is not None else None) for k in ZK_TLS_KEYS}
+
+    def context(self) -> ssl.SSLContext:
+        """The client context kazoo will build from the same files (here: to check them, and to
+        diagnose a failed connection); ConfigError naming the file that is wrong."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.check_hostname = True
+        context.verify_mode = ssl.CERT_REQUIRED
+        try:
+            context.load_verify_locations(cafile=str(self.ca_file))
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"ZooKeeper TLS CA file {self.ca_file} cannot be loaded: {getattr(exc, 'strerror', None) or exc}") from None
+        if self.cert_file is not None and self.key_file is not None:
+            try:
+                mode = os.stat(self.key_file).st_mode
+            except OSError as exc:
+                raise ConfigError(f"ZooKeeper TLS key {self.key_file} cannot be read: {exc.strerror or exc}") from None
+            if mode & 0o077:
+                raise ConfigError(f"ZooKeeper TLS key {self.key_file} is accessible by group or others (mode {mode & 0o777:04o})", hint=f"chmod 600 {self.key_file}")
+            try:
+                context.load_cert_chain(str(self.cert_file), str(self.key_file))
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError(
+                    f"ZooKeeper TLS certificate {self.cert_file} with key {self.key_file} cannot be loaded: {getattr(exc, 'strerror', None) or exc}",
+                    hint="the two must be a pair (the key unencrypted)",
+                ) from None
+        return context
+
+    def kazoo_options(self) -> dict[str, Any]:
+        return {
+            "use_ssl": True,
+            "ca": str(self.ca_file),
+            "certfile": str(self.cert_file) if self.cert_file else None,
+            "keyfile": str(self.key_file) if self.key_file else None,
+            "verify_certs": True,
+            # The servers' certificates must name the hosts of the connect string.
+            "check_hostname": True,
+        }
+
+
+def parse_tls(raw: Mapping[str, Any] | Any, where: str, base: Path, *, prefix: str = "") -> ZkTls | None:
+    """ZooKeeper TLS settings from a configuration table, paths relative to ``base``.
+
+    ``prefix=""``: ``raw`` is the ``zookeeper_tls`` table itself (None when absent), whose keys
+    are exactly ``ca_file`` and optionally ``cert_file`` with ``key_file``. Otherwise ``raw`` is
+    an enclosing table with keys ``<prefix>ca_file`` etc. (the caller checks its other keys).
+    ``where`` names the file and table in errors (``"<file>: [zookeeper_tls]"``)."""
+    if prefix:
+        if not isinstance(raw, Mapping) or not any(prefix + k in raw for k in ZK_TLS_KEYS):
+            return None
+        table = {k: raw[prefix + k] for k in ZK_TLS_KEYS if prefix + k in raw}
+    else:
+        if raw is None:
+            return None
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{where} must be a table (with {', '.join(ZK_TLS_KEYS)})")
+        extra = sorted(set(raw) - set(ZK_TLS_KEYS))
+        if extra:
+            raise ConfigError(f"{where}: unknown key(s): {', '.join(extra)}", hint=f"known keys: {', '.join(ZK_TLS_KEYS)}")
+        table = dict(raw)
+    for key, value in table.items():
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: key '{prefix}{key}' must be a file path, got {value!r}")
+    if "ca_file" not in table:
+        raise ConfigError(f"{where}: key '{prefix}ca_file' is required (the CA the ensemble's certificates chain to)")
+    if ("cert_file" in table) != ("key_file" in table):
+        given, missing = ("cert_file", "key_file") if "cert_file" in table else ("key_file", "cert_file")
+        raise ConfigError(f"{where}: key '{prefix}{given}' without '{prefix}{missing}'", hint="give the client certificate and its key together, or neither")
+
+    def path(key: str) -> Path | None:
+        if key not in table:
+            return None
+        p = Path(table[key]).expanduser()
+        return (p if p.is_absolute() else base / p).absolute()  # a daemon may change directory
+
+    return ZkTls(path("ca_file"), path("cert_file"), path("key_file"))  # type: ignore[arg-type]
+
+
+def _hosts(connect_string: str) -> list[tuple[str, int]]:
+    hosts = connect_string.split("/", 1)[0]
+    out = []
+    for item in hosts.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep:
+            host, port = item.strip(), "2181"
+        if host and port.isdigit():
+            out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def loopback_only(connect_string: str) -> bool:
+    """True when every server of the connect string is on this machine's loopback: a credential
+    sent to it in plain text does not cross a network."""
+    hosts = _hosts(connect_string)
+    return bool(hosts) and all(h == "localhost" or h.startswith("127.") or h == "::1" for h, _ in hosts)
+
+
+def _tls_problem(connect_string: str, tls: ZkTls | None, timeout: float = 3.0) -> str | None:
+    """Why the ensemble's first answering server refuses this client's TLS (or its absence), or
+    None when that is not the trouble. A TLS handshake of our own, with the same files."""
+    deadline = time.monotonic() + timeout
+    for host, port in _hosts(connect_string):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            sock = socket.create_connection((host, port), timeout=left)
+        except OSError:
+            continue  # not listening: not a TLS problem
+        with sock:
+            if tls is None:
+                # Does this port speak TLS? A plaintext ZooKeeper closes on a ClientHello.
+                probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                probe.check_hostname, probe.verify_mode = False, ssl.CERT_NONE
+                try:
+                    with probe.wrap_socket(sock, server_hostname=host):
+                        return f"{host}:{port} speaks TLS (a secureClientPort), and this client is configured without zookeeper_tls"
+                except (OSError, ssl.SSLError):
+                    return None
+            try:
+                conn = tls.context().wrap_socket(sock, server_hostname=host)
+            except ssl.SSLCertVerificationError as exc:
+                return f"the certificate of {host}:{port} is not accepted with CA file {tls.ca_file}: {exc.verify_message}"
+            except (ConnectionError, ssl.SSLEOFError):
+                return f"{host}:{port} closed the connection in the TLS handshake: it does not speak TLS (a plaintext clientPort?)"
+            except ssl.SSLError as exc:
+                if exc.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
+                    return f"{host}:{port} does not speak TLS (a plaintext clientPort?)"
+                return f"the TLS handshake with {host}:{port} failed: {exc.reason or exc}"
+            except OSError:
+                continue  # a timeout: a server too busy to answer, not a TLS problem
+            with conn:
+                # TLS 1.3: the server judges our certificate after the client's handshake ends;
+                # a refusal arrives as an alert on the first read. Silence: it accepted us.
+                conn.settimeout(min(timeout, 1.0))
+                try:
+                    data = conn.recv(1)
+                except ssl.SSLError as exc:
+                    return f"{host}:{port} refused this client's certificate ({exc.reason or exc})" + ("" if tls.cert_file else ": the ensemble requires one (cert_file, key_file)")
+                except (TimeoutError, socket.timeout):
+                    return None
+                except OSError as exc:
+                    return f"{host}:{port} closed the TLS connection ({exc.strerror or exc}): does it accept this client's certificate?"
+                if data == b"":
+                    return f"{host}:{port} closed the TLS connection at once: does it accept this client's certificate?"
+                return None
+    return None
+
+
+def connect(connect_string: str, auth: ZkAuth | None = None, timeout: float = 10.0, session_timeout: float = 10.0, tls: ZkTls | None = None) -> KazooClient:
+    """Start a kazoo client (authenticated when ``auth`` is given, over TLS with ``tls``) or
+    raise naming the ensemble."""
+    if tls is not None:
+        tls.context()  # a missing or mismatched file: a ConfigError naming it, not a timeout
     client = KazooClient(
         hosts=connect_string,
         timeout=session_timeout,
@@ -54,13 +237,23 @@ def connect(connect_string: str, auth: ZkAuth | None = None, timeout: float = 10
         default_acl=acl_for(auth) if auth else None,
         connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2},
         command_retry={"max_tries": 3, "delay": 0.1, "backoff": 2, "max_delay": 1},
+        **(tls.kazoo_options() if tls is not None else {}),
     )
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError as exc:
         client.close()
+        problem = _tls_problem(connect_string, tls)
+        if problem is not None:
+            raise DlctlError(
+                f"cannot connect to ZooKeeper at {connect_string} over TLS: {problem}" if tls is not None
+                else f"cannot connect to ZooKeeper at {connect_string}: {problem}",
+                hint="point zookeeper_tls at the CA that issued the ensemble's certificates, a client certificate it accepts, and the connect string at its secureClientPort"
+                if tls is not None
+                else "add a zookeeper_tls table (ca_file, cert_file, key_file) to the configuration, or use the ensemble's plaintext clientPort",
+            ) from exc
         raise DlctlError(
-            f"cannot reach ZooKeeper at {connect_string} within {timeout:g}s",
+            f"cannot reach ZooKeeper at {connect_string}{' over TLS' if tls is not None else ''} within {timeout:g}s",
             hint="check the connect string in the configuration and that the ensemble is up",
         ) from exc
     return client

@@ -19,13 +19,16 @@ from typing import Any
 
 from .. import __version__
 from .. import tomltext as toml
+from ..certdir import CertDir
 from ..errors import ConfigError, DlctlError
 from ..inventory import Cluster, Node
+from ..meta.zk import ZkTls
 from ..plan import Plan, Step
 from ..remote.fanout import Deadline, FanoutEvent, fan_out, outcome
 from ..remote.local import LocalTransport
 from ..remote.ssh import SshOptions, SshPool
 from ..remote.transport import Transport
+from . import certs
 
 VERB_TIMEOUT = 90.0
 
@@ -168,7 +171,7 @@ def build_wheels(target: Path) -> list[Path]:
     return sorted(target.glob("*.whl"))
 
 
-def agent_config_text(cluster: Cluster, node: Node) -> str:
+def agent_config_text(cluster: Cluster, node: Node, *, tls: bool = False) -> str:
     lines = [
         toml.line("node_id", node.id),
         toml.line("cluster", cluster.name),
@@ -181,7 +184,24 @@ def agent_config_text(cluster: Cluster, node: Node) -> str:
     ]
     if cluster.zk_auth_file is not None:
         lines.append(toml.line("zk_auth_file", node.home + "/zk-auth"))
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if cluster.zookeeper_tls is not None:
+        zk = cluster.zookeeper_tls
+        text += "\n" + toml.table("zookeeper_tls") + "\n" + "".join(
+            toml.line(key, f"{node.home}/{ZK_TLS_DIR}/{name}") + "\n" for key, name in _zk_tls_names(zk)
+        )
+    return text + "\n" + certs.tls_table(node) if tls else text
+
+
+ZK_TLS_DIR = "zk-tls"  # under an agent's home: the ensemble's CA (and the client certificate it wants)
+
+
+def _zk_tls_names(zk: ZkTls) -> list[tuple[str, str]]:
+    """(agent.toml key, file name under ZK_TLS_DIR) for each file the inventory names."""
+    names = [("ca_file", "ca.pem")]
+    if zk.cert_file is not None:
+        names += [("cert_file", "client.pem"), ("key_file", "client.key")]
+    return names
 
 
 def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, progress: Callable[[FanoutEvent], None] | None = None) -> Plan:
@@ -191,6 +211,9 @@ def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, pr
             raise ConfigError(f"{f} does not exist", hint="run `dlctl cluster init` first: it creates the cluster's secrets")
     if cluster.secret_file is None:
         raise ConfigError(f"cluster {cluster.name!r} has no secret_file in the inventory")
+    # TLS when this operator holds the cluster CA (`cluster init` made it; --no-tls did not).
+    certdir = CertDir(cluster.tls_dir, cluster.name) if cluster.tls_dir is not None else None
+    tls = certdir is not None and certdir.exists()
     needs_venv = [n for n in nodes if n.python is None]
     state: dict[str, Any] = {"wheels": sorted(wheel_dir.glob("*.whl")) if wheel_dir else None}
     scratch = tempfile.TemporaryDirectory(prefix="dlctl-install-")
@@ -216,7 +239,7 @@ def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, pr
             t.run(pip, timeout=remaining()).check()
             done["venv"] = f"{node.home}/venv"
         with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as cfg:
-            cfg.write(agent_config_text(cluster, node))
+            cfg.write(agent_config_text(cluster, node, tls=tls))
         try:
             t.put(cfg.name, node.agent_config, 0o600, timeout=remaining())
         finally:
@@ -226,6 +249,15 @@ def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, pr
         t.put(cluster.secret_file, f"{node.home}/secret", 0o600, timeout=remaining())
         if cluster.zk_auth_file is not None:
             t.put(cluster.zk_auth_file, f"{node.home}/zk-auth", 0o600, timeout=remaining())
+        if tls:
+            assert certdir is not None
+            done["tls"] = certs.deliver_certificate(t, node, certdir, remaining)
+        if cluster.zookeeper_tls is not None:
+            # The ensemble's CA and the client certificate the inventory uses for it, 0600.
+            t.run(["mkdir", "-p", "-m", "700", f"{node.home}/{ZK_TLS_DIR}"], timeout=remaining()).check()
+            for key, name in _zk_tls_names(cluster.zookeeper_tls):
+                t.put(getattr(cluster.zookeeper_tls, key), f"{node.home}/{ZK_TLS_DIR}/{name}", 0o600, timeout=remaining())
+            done["zookeeper_tls"] = True
         version = t.run([node.agent_python, "-m", "dlagent", "--version"], timeout=remaining()).check().text.strip()
         return {**done, "agent": version}
 
@@ -245,7 +277,8 @@ def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, pr
             ", ".join(n.id for n in nodes),
             f"on {len(nodes)} node(s): create home dirs, "
             + (f"upload wheels and install into a venv on {len(needs_venv)}, " if needs_venv else "")
-            + "write agent.toml, upload the secrets (0600)",
+            + "write agent.toml, upload the secrets (0600)"
+            + (" and a TLS certificate of the cluster CA" if tls else " (no TLS: the operator holds no cluster CA)"),
             run=install_all,
         )
     )

@@ -37,6 +37,7 @@ from ..errors import ConflictError, DlctlError, NotFoundError, UsageError
 from ..inventory import Cluster
 from ..log.pool import AgentPool
 from ..meta.records import LogConfig
+from ..meta.zk import ZkTls
 from ..names import validate_name
 from .session import ClusterSession
 
@@ -253,7 +254,7 @@ async def bench_write(session: ClusterSession, name: str, spec: WriteSpec, on_pr
     config = session.meta.get_log(name).value.config
     agents = available_agents(session)
     payload = os.urandom(spec.record_size)  # random: no layer may get away with compressing it
-    pool = AgentPool(session.meta, session.secret)
+    pool = AgentPool(session.meta, session.credentials)
     runs: list[dict[str, Any]] = []
     sync: list[float] = []
     written = 0
@@ -310,7 +311,7 @@ async def prefill(session: ClusterSession, name: str, records: int, record_size:
     """Append ``records`` records (pipelined) so that a catch-up read has something to read."""
     from ..log.writer import LogWriter
 
-    pool = AgentPool(session.meta, session.secret)
+    pool = AgentPool(session.meta, session.credentials)
     try:
         writer = await LogWriter.open(session.meta, pool, name)
         try:
@@ -328,7 +329,7 @@ async def prefill(session: ClusterSession, name: str, records: int, record_size:
 async def _catch_up(session: ClusterSession, name: str, expected: int, idle: float, on_progress: Progress, phase: str) -> dict[str, Any]:
     from ..log.reader import LogReader
 
-    pool = AgentPool(session.meta, session.secret)
+    pool = AgentPool(session.meta, session.credentials)
     count = size = 0
     try:
         async with LogReader(session.meta, pool, name) as reader:
@@ -364,7 +365,7 @@ async def _paced_writer(cluster: Cluster, name: str, record_size: int, rate: int
 
     loop = asyncio.get_running_loop()
     with ClusterSession(cluster) as session:
-        pool = AgentPool(session.meta, session.secret)
+        pool = AgentPool(session.meta, session.credentials)
         try:
             writer = await LogWriter.open(session.meta, pool, name)
             try:
@@ -428,7 +429,12 @@ def _paced_writer_main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     params = json.loads(sys.stdin.readline())
     c = params["cluster"]
-    cluster = Cluster(c["name"], c["zookeeper"], Path(c["secret_file"]) if c["secret_file"] else None, Path(c["zk_auth_file"]) if c["zk_auth_file"] else None)
+    zk_tls = c.get("zookeeper_tls")
+    cluster = Cluster(
+        c["name"], c["zookeeper"], Path(c["secret_file"]) if c["secret_file"] else None, Path(c["zk_auth_file"]) if c["zk_auth_file"] else None,
+        tls_dir=Path(c["tls_dir"]) if c.get("tls_dir") else None,
+        zookeeper_tls=ZkTls(**{k: Path(v) if v else None for k, v in zk_tls.items()}) if zk_tls else None,
+    )
 
     def send(event: dict) -> None:
         sys.stdout.write(json.dumps(event) + "\n")
@@ -462,6 +468,8 @@ class _WriterProcess:
                 "zookeeper": cluster.zookeeper,
                 "secret_file": str(cluster.secret_file) if cluster.secret_file else None,
                 "zk_auth_file": str(cluster.zk_auth_file) if cluster.zk_auth_file else None,
+                "tls_dir": str(cluster.tls_dir) if cluster.tls_dir else None,
+                "zookeeper_tls": cluster.zookeeper_tls.to_dict() if cluster.zookeeper_tls else None,
             },
             "log": name,
             "record_size": record_size,
@@ -539,7 +547,7 @@ async def _tail_latency(session: ClusterSession, name: str, record_size: int, ra
     from ..log.reader import LogReader
 
     writer = _WriterProcess(session, name, record_size, rate, seconds + warmup)
-    pool = AgentPool(session.meta, session.secret)
+    pool = AgentPool(session.meta, session.credentials)
     latencies: list[float] = []
     received = out_of_order = 0
     try:

@@ -51,7 +51,7 @@ def measure_rate(source: Any, job: J.JobPlan, sample_bytes: int = 16 * 1024 * 10
     log_id = first.source_log.value.log_id
 
     async def sample() -> float | None:
-        pool = AgentPool(source.meta, source.secret)
+        pool = AgentPool(source.meta, source.credentials)
         reader = EncodedReader(pool)  # type: ignore[arg-type]
         try:
             await pool.refresh()

@@ -15,6 +15,7 @@ from typing import Any
 from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions
 
+from .. import pki
 from ..errors import ConfigError, RefusedError
 from ..inventory import Cluster, Node
 from ..log.pool import AgentPool
@@ -59,7 +60,7 @@ def ensure_secrets(cluster: Cluster) -> dict[str, str]:
     return done
 
 
-def _create_layout(session: ClusterSession) -> dict[str, Any]:
+def _create_layout(session: ClusterSession, tls: bool = True) -> dict[str, Any]:
     client, name = session.meta.client, session.cluster.name
     acl = acl_for(session.zk_auth)
     root_acl = [ROOT_WORLD] + ([] if session.zk_auth is None else acl)
@@ -76,6 +77,8 @@ def _create_layout(session: ClusterSession) -> dict[str, Any]:
     config = {"cluster": name, "cluster_id": cluster_id, "created": time.time(), "marker": cluster_marker(session.secret, name, cluster_id)}
     if session.zk_auth is None:
         config["insecure_zookeeper"] = True
+    # Clients refuse to fall back to plaintext with a cluster recorded as TLS (ClusterSession.tls).
+    config["tls"] = tls
     # Root and config in one transaction: no moment exists where the root is there unmarked.
     tx = client.transaction()
     tx.create(root, b"", acl=acl)
@@ -197,9 +200,20 @@ def _register_nodes(session: ClusterSession) -> dict[str, str]:
     return out
 
 
-def init_plan(session: ClusterSession, *, insecure_zookeeper: bool = False) -> Plan:
+def ensure_tls(session: ClusterSession) -> dict[str, Any]:
+    """The cluster CA and the operator's certificate in the inventory's tls_dir (kept if there)."""
+    certs = session.certdir
+    if certs is None:
+        raise ConfigError(f"cluster {session.cluster.name!r} has no tls_dir (nor a secret_file to put one beside)", hint="set tls_dir in the inventory, or pass --no-tls")
+    done = certs.ensure()
+    return {"tls_dir": done, "ca": pki.describe(certs.ca().cert_pem).fingerprint}
+
+
+def init_plan(session: ClusterSession, *, insecure_zookeeper: bool = False, tls: bool = True) -> Plan:
     """``insecure_zookeeper``: the operator's explicit word that the cluster (its inventory says
-    insecure_zookeeper = true) may have world-writable znodes; refused otherwise."""
+    insecure_zookeeper = true) may have world-writable znodes; refused otherwise. ``tls``: make the
+    cluster CA and the operator's certificate (agents get theirs at ``agent install``); False
+    records a plaintext cluster, warned about by every later command."""
     cluster = session.cluster
     if cluster.insecure_zookeeper and not insecure_zookeeper:
         raise RefusedError(
@@ -212,11 +226,13 @@ def init_plan(session: ClusterSession, *, insecure_zookeeper: bool = False) -> P
             f"--insecure-zookeeper, but cluster {cluster.name!r} has ZooKeeper credentials ({cluster.zk_auth_file}): nothing to opt out of",
             hint="drop --insecure-zookeeper (or set insecure_zookeeper = true in the inventory and remove zk_auth_file)",
         )
+    tls_steps = [Step("ensure-tls", str(cluster.tls_dir), "create the cluster CA and the operator's TLS certificate (0600) if missing", run=lambda: ensure_tls(session))] if tls else []
     return Plan.of(
         "cluster init",
         [
             Step("ensure-secrets", cluster.name, "create the cluster secret and ZooKeeper credentials (0600) if missing", run=lambda: ensure_secrets(cluster)),
-            Step("create-layout", paths.cluster_root(cluster.name), f"create {paths.cluster_root(cluster.name)} and its layout with the cluster ACL", run=lambda: _create_layout(session)),
+            *tls_steps,
+            Step("create-layout", paths.cluster_root(cluster.name), f"create {paths.cluster_root(cluster.name)} and its layout with the cluster ACL", run=lambda: _create_layout(session, tls)),
             Step("register-nodes", paths.nodes(cluster.name), f"register {len(cluster.nodes)} node(s) with region, rack and address", run=lambda: _register_nodes(session)),
         ],
     )
@@ -239,7 +255,7 @@ def status(session: ClusterSession, timeout: float = 3.0) -> list[dict[str, Any]
     available = session.meta.available_nodes()
 
     async def gather() -> dict[str, dict | str]:
-        pool = AgentPool(session.meta, session.secret, request_timeout=timeout)
+        pool = AgentPool(session.meta, session.credentials, request_timeout=timeout)
         try:
             await pool.refresh()
             return await _stats(pool, sorted(available), timeout)

@@ -401,12 +401,12 @@ def _reappend(primary: ClusterSession, returning: ClusterSession, name: str, div
     async def go() -> int:
         from ..log.producer import LogProducer
 
-        pool_r = AgentPool(returning.meta, returning.secret)
+        pool_r = AgentPool(returning.meta, returning.credentials)
         try:
             stamped, _ = await dr.stamped(returning.meta, pool_r, name, returning.cluster.name, end=dr.after(div.records[-1].dlsn))
         finally:
             await pool_r.close()
-        pool = AgentPool(primary.meta, primary.secret)
+        pool = AgentPool(primary.meta, primary.credentials)
         producer = LogProducer(primary.meta, pool, name)
         try:
             futures = []

@@ -140,7 +140,7 @@ def _applied(peer: ClusterSession, location: str, wanted: dict[tuple[str, str], 
     from the end of the peer's log to the checkpoint's sink position."""
 
     async def go() -> dict[tuple[str, str], DLSN]:
-        pool = AgentPool(peer.meta, peer.secret)
+        pool = AgentPool(peer.meta, peer.credentials)
         out = {}
         try:
             for (stream, log), cp in sorted(wanted.items(), key=lambda kv: kv[0]):

@@ -42,7 +42,7 @@ async def read_records(
     """Yield records from the start position; stop after ``limit`` records or, when
     ``idle_timeout`` is set, once no record arrived for that long (caught up). ``None`` follows
     the tail forever."""
-    pool = AgentPool(session.meta, session.secret)
+    pool = AgentPool(session.meta, session.credentials)
     try:
         async with LogReader(session.meta, pool, name, start_dlsn=start_dlsn, start_txid=start_txid, region=region) as reader:
             count = 0
@@ -94,7 +94,7 @@ async def append_records(
     By default through the write proxies (the agent owning the log, DESIGN.md §5), so this may
     run while other producers write; ``direct`` opens the library writer instead, which takes
     ownership of the log (fencing whoever owned it) and releases it at the end."""
-    pool = AgentPool(session.meta, session.secret)
+    pool = AgentPool(session.meta, session.credentials)
     started = time.monotonic()
     try:
         if direct:

@@ -229,7 +229,7 @@ def _release(session: ClusterSession, name: str, address: str) -> dict[str, Any]
     host, _, port = address.rpartition(":")
 
     async def go() -> bool:
-        async with AgentClient(host, int(port), session.secret) as client:
+        async with AgentClient(host, int(port), session.secret, tls=session.tls) as client:
             return await client.release(name)
 
     released = asyncio.run(go())

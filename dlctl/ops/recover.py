@@ -29,7 +29,7 @@ def _guard_owner(session: ClusterSession, name: str, force: bool, verb: str) -> 
 
 
 async def _with_pool(session: ClusterSession, func, name: str, timeout: float, **options: Any) -> Any:
-    pool = AgentPool(session.meta, session.secret)
+    pool = AgentPool(session.meta, session.credentials)
     try:
         return await func(session.meta, pool, name, timeout=timeout, **options)
     finally:

@@ -92,7 +92,7 @@ def _records_held(session: ClusterSession, name: str) -> tuple[int, DLSN | None]
         return sum(s.records for s in segments), first
 
     async def count() -> int:
-        pool = AgentPool(session.meta, session.secret)
+        pool = AgentPool(session.meta, session.credentials)
         try:
             return (await positions.log_end(session.meta, pool, name)).records
         finally:
@@ -392,7 +392,7 @@ def _age(epoch: float, now: float) -> float | None:
 
 
 async def _lags(source: ClusterSession, checkpoints: dict[str, Checkpoint], region: str | None) -> dict[str, tuple[int, int] | str]:
-    pool = AgentPool(source.meta, source.secret)
+    pool = AgentPool(source.meta, source.credentials)
     out: dict[str, tuple[int, int] | str] = {}
     try:
         for name, cp in checkpoints.items():
@@ -588,7 +588,7 @@ def wait_drain(sink: ClusterSession, source: ClusterSession, stream_id: str, *, 
     started = time.monotonic()
 
     async def ends() -> dict[str, DLSN | None]:
-        pool = AgentPool(source.meta, source.secret)
+        pool = AgentPool(source.meta, source.credentials)
         try:
             return {name: (await positions.log_end(source.meta, pool, name)).next for name in config.logs}
         finally:

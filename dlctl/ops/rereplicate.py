@@ -479,7 +479,7 @@ def run(session: Any, plan_: RereplicationPlan, *, parallel: int = 4, window: in
     from ..log.pool import AgentPool
 
     async def go() -> dict[str, Any]:
-        pool = AgentPool(session.meta, session.secret)
+        pool = AgentPool(session.meta, session.credentials)
         try:
             return await execute(session.meta, pool, plan_, parallel=parallel, window=window, only=only, on_progress=on_progress)
         finally:

@@ -10,9 +10,12 @@ from types import TracebackType
 from typing import Any
 
 from ..errors import ConfigError
+from ..certdir import CertDir
 from ..inventory import Cluster
+from ..log.auth import Credentials
+from ..log.tls import TlsFiles
 from ..meta.store import MetaStore
-from ..meta.zk import ZkAuth, connect
+from ..meta.zk import ZkAuth, connect, loopback_only
 from ..secrets import read_secret_file
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,9 @@ class ClusterSession:
 
     @cached_property
     def meta(self) -> MetaStore:
-        self._client = connect(self.cluster.zookeeper, self.zk_auth, timeout=self.zk_timeout)
+        if self.zk_auth is not None and self.cluster.zookeeper_tls is None and not loopback_only(self.cluster.zookeeper):
+            log.warning("cluster %s: no zookeeper_tls: the ZooKeeper password crosses the network in plain text", self.cluster.name)
+        self._client = connect(self.cluster.zookeeper, self.zk_auth, timeout=self.zk_timeout, tls=self.cluster.zookeeper_tls)
         return MetaStore(self._client, self.cluster.name, self.zk_auth)
 
     @cached_property
@@ -52,13 +57,39 @@ class ClusterSession:
             raise ConfigError(f"cluster {self.cluster.name!r} has no secret_file; it is needed to talk to agents")
         return read_secret_file(self.cluster.secret_file)
 
+    @cached_property
+    def credentials(self) -> Credentials:
+        """The secret and, when this cluster runs TLS, the operator's certificate (tls_dir)."""
+        return Credentials(self.secret, self.tls)
+
+    @cached_property
+    def tls(self) -> TlsFiles | None:
+        """The operator's TLS files; None for a cluster initialised with --no-tls (warned about).
+        A cluster whose config says TLS but whose files are missing here is refused: falling
+        back to plaintext would only fail later, less clearly."""
+        certs = self.certdir
+        config = self.meta.cluster_config()
+        if config.get("tls") is not False and certs is not None and certs.exists():
+            return certs.client_files()
+        if config.get("tls", False):
+            raise ConfigError(
+                f"cluster {self.cluster.name!r} runs TLS, but this host has no certificate for it in {certs.path if certs else 'tls_dir'}",
+                hint="copy the cluster's tls_dir from the host that ran `dlctl cluster init` (or set tls_dir in the inventory)",
+            )
+        log.warning("cluster %s: agent traffic is not encrypted (no TLS certificates in %s)", self.cluster.name, certs.path if certs else "tls_dir")
+        return None
+
+    @property
+    def certdir(self) -> CertDir | None:
+        return CertDir(self.cluster.tls_dir, self.cluster.name) if self.cluster.tls_dir is not None else None
+
     def with_pool(self, fn: Callable[[Any], Awaitable[Any]]) -> Any:
         """Run ``fn(pool)`` (a coroutine function) to completion with a fresh agent pool of this
         cluster, closed afterwards; for synchronous callers."""
         from ..log.pool import AgentPool
 
         async def go() -> Any:
-            pool = AgentPool(self.meta, self.secret)
+            pool = AgentPool(self.meta, self.credentials)
             try:
                 return await fn(pool)
             finally:

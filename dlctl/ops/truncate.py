@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, ConflictError, NotFoundError, RefusedError, UsageError
+from ..log.auth import Credentials
 from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
 from ..log.readpolicy import (
@@ -159,7 +160,7 @@ def resolve_target(
     log_id = session.meta.get_log(name).value.log_id
 
     async def locate() -> DLSN | None:
-        pool = AgentPool(session.meta, session.secret)
+        pool = AgentPool(session.meta, session.credentials)
         try:
             return await _point_for_txid(pool, log_id, segments, before_txid)
         finally:
@@ -396,11 +397,11 @@ def truncate_plan(
     )
 
 
-def _secret(session: ClusterSession) -> bytes | None:
-    """The cluster secret when configured (reading a replicated log's records needs it; the
-    truncation refuses with a clear error when it does and there is none)."""
+def _secret(session: ClusterSession) -> Credentials | None:
+    """The cluster's credentials when configured (reading a replicated log's records needs
+    them; the truncation refuses with a clear error when it does and there are none)."""
     try:
-        return session.secret
+        return session.credentials
     except ConfigError:
         return None
 

@@ -11,9 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..log.auth import Credentials
 from ..log.pool import AgentPool
+from ..log.tls import TlsFiles
 from ..meta.store import MetaStore
-from ..meta.zk import ZkAuth, connect
+from ..meta.zk import ZkAuth, ZkTls, connect
 from ..secrets import read_secret_file
 
 
@@ -41,23 +43,31 @@ class SourceSettings:
     zk_auth_file: Path | None = None  # None: the agent's own ZooKeeper credentials
     region: str | None = None  # the source region nearest to this agent (None: the agent's own)
     addresses: Mapping[str, str] = field(default_factory=dict)
+    tls: TlsFiles | None = None  # None: the agent's own [tls] (clusters sharing one CA)
+    zookeeper_tls: ZkTls | None = None  # None: the agent's own [zookeeper_tls] (None there: plaintext)
 
 
 class SourceLink:
     """An open connection to a source cluster, shared by every worker reading from it."""
 
-    def __init__(self, settings: SourceSettings, connect_string: str, secret: bytes, auth: ZkAuth | None, session_timeout: float = 10.0) -> None:
+    def __init__(
+        self, settings: SourceSettings, connect_string: str, secret: Credentials | bytes, auth: ZkAuth | None, session_timeout: float = 10.0,
+        zookeeper_tls: ZkTls | None = None,
+    ) -> None:
         self.settings = settings
-        self.client = connect(settings.zookeeper or connect_string, auth, session_timeout=session_timeout)
+        self.client = connect(settings.zookeeper or connect_string, auth, session_timeout=session_timeout, tls=zookeeper_tls or settings.zookeeper_tls)
         self.meta = MetaStore(self.client, settings.cluster, auth)
         self.pool = RoutedAgentPool(self.meta, secret, addresses=settings.addresses)
 
     @classmethod
-    def open(cls, settings: SourceSettings, connect_string: str, *, default_secret_file: Path, default_zk_auth_file: Path | None, session_timeout: float = 10.0) -> SourceLink:
-        secret = read_secret_file(settings.secret_file or default_secret_file)
+    def open(
+        cls, settings: SourceSettings, connect_string: str, *, default_secret_file: Path, default_zk_auth_file: Path | None,
+        default_tls: TlsFiles | None = None, default_zookeeper_tls: ZkTls | None = None, session_timeout: float = 10.0,
+    ) -> SourceLink:
+        secret = Credentials(read_secret_file(settings.secret_file or default_secret_file), settings.tls or default_tls)
         auth_file = settings.zk_auth_file or default_zk_auth_file
         auth = ZkAuth.from_file(auth_file) if auth_file else None
-        return cls(settings, connect_string, secret, auth, session_timeout)
+        return cls(settings, connect_string, secret, auth, session_timeout, zookeeper_tls=settings.zookeeper_tls or default_zookeeper_tls)
 
     async def close(self) -> None:
         await self.pool.close()

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DlctlError, NotFoundError, RefusedError
+from ..log.auth import Credentials
 from ..log.dlsn import DLSN, INITIAL
 from ..log.pool import AgentPool
 from ..log.records import CorruptRecords, decode_records
@@ -341,7 +342,7 @@ def describe(meta: MetaStore, name: str, point: DLSN, segments: Sequence[Segment
             f"segment(s) {todo[0].seq}..{todo[-1].seq} are read once from the agents ({ev.describe()})")
 
 
-def _need(secret: bytes | None, name: str) -> bytes:
+def _need(secret: Credentials | bytes | None, name: str) -> Credentials | bytes:
     if secret is None:
         raise RefusedError(
             f"refused: log {name!r} is replicated, and its clock base at the truncation point must be read from the agents, "

@@ -5,6 +5,10 @@ One ZooKeeper (from the pyspark jars) serves every sandbox cluster; each node is
 regions are address ranges, exactly as on a fleet. ``up`` writes an inventory
 (``<dir>/config.toml``) that every other command uses unchanged; ``down`` stops what ``up``
 started, by pid, and can remove the data.
+
+ZooKeeper serves TLS (client certificates required) on its secure port, and the inventory and
+every agent.toml point there with a ``zookeeper_tls`` table: the sandbox's own CA and client
+certificate, in ``<dir>/zookeeper/tls``. Its plain port stays on loopback for the health check.
 """
 
 from __future__ import annotations
@@ -22,14 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from .. import tomltext as toml
+from ..certdir import AGENT_CA, AGENT_CERT, AGENT_DIR, AGENT_KEY, CA_CERT, CLIENT_CERT, CLIENT_KEY, CertDir
 from ..errors import DlctlError, PartialFailure
+from ..meta.zk import ZkTls
 from ..plan import Plan, Step
+from ..secrets import write_secret_file
 from . import zookeeper
 
 STATE_FILE = "sandbox.json"
 CLUSTER_NAMES = ("east", "west", "north", "south", "central")
 AGENT_PORT = 3181
 ZK_PORT = 2181
+ZK_TLS_PORT = 2281
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,10 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def _pick_port(host: str, preferred: int) -> int:
-    if _port_free(host, preferred):
-        return preferred
+    return preferred if _port_free(host, preferred) else _any_port(host)
+
+
+def _any_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -103,7 +113,13 @@ def _node_plan(directory: Path, layout: Layout) -> list[dict[str, Any]]:
     return nodes
 
 
-def _replication_sources(node: dict[str, Any], zk: str, cluster_dir: Path, clusters: list[str]) -> str:
+def _zookeeper_tls_lines(zk_tls: ZkTls | None, prefix: str = "") -> list[str]:
+    if zk_tls is None:
+        return []
+    return [toml.line(f"{prefix}{key}", value) for key, value in zk_tls.to_dict().items() if value is not None]
+
+
+def _replication_sources(node: dict[str, Any], zk: str, cluster_dir: Path, clusters: list[str], zk_tls: ZkTls | None = None) -> str:
     """Every other sandbox cluster as a replication source: its secret files (0600, made by
     `cluster init`) so this agent's workers can read it (dlagent.replication_config)."""
     lines = []
@@ -115,11 +131,34 @@ def _replication_sources(node: dict[str, Any], zk: str, cluster_dir: Path, clust
                 toml.line("zookeeper", zk),
                 toml.line("secret_file", other_dir / "secret"),
                 toml.line("zk_auth_file", other_dir / "zk-auth"),
+                # The source's CA, and a certificate it issued (the sandbox operator's: one user).
+                toml.line("tls_ca_file", _tls_dir(other_dir, other) / CA_CERT),
+                toml.line("tls_cert_file", _tls_dir(other_dir, other) / CLIENT_CERT),
+                toml.line("tls_key_file", _tls_dir(other_dir, other) / CLIENT_KEY),
+                # One ZooKeeper serves every sandbox cluster: the agent's own [zookeeper_tls].
+                *_zookeeper_tls_lines(zk_tls, "zookeeper_tls_"),
             ]
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path, clusters: list[str] = ()) -> None:
+def _tls_dir(cluster_dir: Path, cluster: str) -> Path:
+    """Where `cluster init` keeps the sandbox cluster's CA (the inventory's default tls_dir)."""
+    return cluster_dir / f"{cluster}.tls"
+
+
+def _issue_certs(directory: Path, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each agent's certificate from its cluster's CA, as `agent install` delivers it."""
+    for node in nodes:
+        certs = CertDir(_tls_dir(directory / node["cluster"], node["cluster"]), node["cluster"])
+        issued = certs.issue_agent(node["node_id"], [node["host"]])
+        tls = Path(node["dir"]) / AGENT_DIR
+        tls.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for name, data in ((AGENT_CA, certs.bundle()), (AGENT_KEY, issued.key_pem), (AGENT_CERT, issued.cert_pem)):
+            write_secret_file(tls / name, data)
+    return {"certificates": len(nodes)}
+
+
+def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path, clusters: list[str] = (), zk_tls: ZkTls | None = None) -> None:
     node_dir = Path(node["dir"])
     node_dir.mkdir(parents=True, exist_ok=True)
     (node_dir / "agent.toml").write_text(
@@ -136,13 +175,19 @@ def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path, cluste
                 toml.line("zk_auth_file", cluster_dir / "zk-auth"),
                 toml.line("session_timeout", 4.0),
                 "",
+                toml.table("tls"),  # delivered by the issue-certs step, from the cluster CA
+                toml.line("ca_file", node_dir / AGENT_DIR / AGENT_CA),
+                toml.line("cert_file", node_dir / AGENT_DIR / AGENT_CERT),
+                toml.line("key_file", node_dir / AGENT_DIR / AGENT_KEY),
+                "",
+                *([toml.table("zookeeper_tls"), *_zookeeper_tls_lines(zk_tls), ""] if zk_tls else []),
             ]
         )
-        + _replication_sources(node, zk, cluster_dir, list(clusters))
+        + _replication_sources(node, zk, cluster_dir, list(clusters), zk_tls)
     )
 
 
-def _inventory(directory: Path, layout: Layout, zk: str, nodes: list[dict[str, Any]]) -> str:
+def _inventory(directory: Path, layout: Layout, zk: str, nodes: list[dict[str, Any]], zk_tls: ZkTls | None = None) -> str:
     lines = [toml.line("default_cluster", layout.cluster_names()[0]), ""]
     for cluster in layout.cluster_names():
         lines += [
@@ -151,6 +196,7 @@ def _inventory(directory: Path, layout: Layout, zk: str, nodes: list[dict[str, A
             toml.line("secret_file", directory / cluster / "secret"),
             toml.line("zk_auth_file", directory / cluster / "zk-auth"),
             "",
+            *([toml.table("clusters", cluster, "zookeeper_tls"), *_zookeeper_tls_lines(zk_tls), ""] if zk_tls else []),
             toml.table("clusters", cluster, "defaults"),
             toml.line("python", sys.executable),
             toml.line("transport", "local"),
@@ -207,24 +253,39 @@ def up_plan(directory: Path, layout: Layout, init_cluster) -> Plan:
     nodes = _node_plan(directory, layout)
     zk_host = "127.0.0.1"
     zk_port = _pick_port(zk_host, ZK_PORT)
-    zk = f"{zk_host}:{zk_port}"
+    zk_tls_port = _pick_port(zk_host, ZK_TLS_PORT)
+    while zk_tls_port == zk_port:  # both were drawn at random, and the same
+        zk_tls_port = _any_port(zk_host)
+    # Clients use the TLS port; the plain one (loopback) is for the `srvr` health check.
+    zk = f"{zk_host}:{zk_tls_port}"
+    zk_dir = directory / "zookeeper"
+    zk_files = zookeeper.TlsFiles.under(zk_dir / "tls")
+    zk_tls = zk_files.client()
     inventory_path = directory / "config.toml"
-    new_state: dict[str, Any] = {"created": time.time(), "layout": layout.__dict__, "zookeeper": {"address": zk, "pid": None}, "nodes": nodes, "inventory": str(inventory_path)}
+    new_state: dict[str, Any] = {
+        "created": time.time(),
+        "layout": layout.__dict__,
+        "zookeeper": {"address": zk, "plain_address": f"{zk_host}:{zk_port}", "tls": zk_tls.to_dict(), "pid": None},
+        "nodes": nodes,
+        "inventory": str(inventory_path),
+    }
 
     def prepare() -> dict[str, Any]:
         for node in nodes:
             node["port"] = _pick_port(node["host"], AGENT_PORT)
+        zookeeper.write_tls(zk_dir / "tls", [zk_host, "localhost"])
         inventory_path.parent.mkdir(parents=True, exist_ok=True)
-        inventory_path.write_text(_inventory(directory, layout, zk, nodes))
+        inventory_path.write_text(_inventory(directory, layout, zk, nodes, zk_tls))
         for node in nodes:
-            _write_agent_config(node, zk, directory / node["cluster"], layout.cluster_names())
-        return {"inventory": str(inventory_path), "nodes": len(nodes)}
+            _write_agent_config(node, zk, directory / node["cluster"], layout.cluster_names(), zk_tls)
+        return {"inventory": str(inventory_path), "nodes": len(nodes), "zookeeper_tls": str(zk_dir / "tls")}
 
     def start_zookeeper() -> dict[str, Any]:
-        pid = zookeeper.start(zookeeper.ZooKeeperConfig(directory / "zookeeper", zk_host, zk_port))
+        config = zookeeper.ZooKeeperConfig(zk_dir, zk_host, zk_port, tls=zookeeper.ServerTls.of(zk_files, zk_tls_port))
+        pid = zookeeper.start(config)
         new_state["zookeeper"]["pid"] = pid
         (directory / STATE_FILE).write_text(json.dumps(new_state, indent=2))
-        return {"pid": pid, "address": zk}
+        return {"pid": pid, "address": zk, "plain_address": f"{zk_host}:{zk_port}"}
 
     def start_agents() -> list[dict[str, Any]]:
         results = _fan_out("start", nodes)
@@ -233,10 +294,11 @@ def up_plan(directory: Path, layout: Layout, init_cluster) -> Plan:
 
     steps = [
         Step("write-configs", str(directory), f"write the inventory and {len(nodes)} agent configs under {directory}", run=prepare),
-        Step("start-zookeeper", zk, f"start ZooKeeper on {zk}", run=start_zookeeper),
+        Step("start-zookeeper", zk, f"start ZooKeeper: TLS with client certificates on {zk}, plain on {zk_host}:{zk_port} (health checks)", run=start_zookeeper),
     ]
     for cluster in layout.cluster_names():
         steps.append(Step("cluster-init", cluster, f"initialise cluster {cluster} (secrets, ZooKeeper layout, node records)", run=lambda c=cluster: init_cluster(inventory_path, c)))
+    steps.append(Step("issue-certs", f"{len(nodes)} nodes", "issue each agent a TLS certificate of its cluster's CA", run=lambda: _issue_certs(directory, nodes)))
     steps.append(
         Step(
             "start-agents",
@@ -263,7 +325,13 @@ def status(directory: Path) -> dict[str, Any]:
         "dir": str(directory),
         "up": is_up(state),
         "inventory": state["inventory"],
-        "zookeeper": {"address": state["zookeeper"]["address"], "pid": state["zookeeper"]["pid"], "running": is_up(state)},
+        "zookeeper": {
+            "address": state["zookeeper"]["address"],
+            "plain_address": state["zookeeper"].get("plain_address"),
+            "tls": bool(state["zookeeper"].get("tls")),
+            "pid": state["zookeeper"]["pid"],
+            "running": is_up(state),
+        },
         "nodes": nodes,
     }
 

@@ -3,6 +3,10 @@
 The sandbox needs a real ZooKeeper without an extra download: pyspark carries the server
 jars, and the machine's Java runs them. The process is detached (its own session) so it
 outlives the ``dlctl sandbox up`` that started it; its pid is kept in the sandbox state.
+
+With ``ServerTls`` it also serves TLS on a ``secureClientPort`` (Netty, PEM key and trust stores,
+client certificates required): clients use that port, while the plain ``clientPort`` stays on
+loopback for the ``srvr`` health check. ``write_tls`` makes the CA and certificates for it.
 """
 
 from __future__ import annotations
@@ -16,8 +20,12 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import DlctlError
+
+if TYPE_CHECKING:
+    from ..meta.zk import ZkTls
 
 _LOG4J2 = """\
 status = error
@@ -72,6 +80,66 @@ def serving(host: str, port: int) -> bool:
         return False
 
 
+def _listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A ZooKeeper's TLS material: its CA, its key and certificate in one PEM file (the form
+    ZooKeeper's PEM key store reads), and one client certificate with its key."""
+
+    ca_file: Path
+    server_pem: Path
+    client_cert: Path
+    client_key: Path
+
+    @classmethod
+    def under(cls, directory: Path) -> TlsFiles:
+        return cls(directory / "ca.pem", directory / "server.pem", directory / "client.pem", directory / "client.key")
+
+    def client(self) -> ZkTls:
+        from ..meta.zk import ZkTls
+
+        return ZkTls(self.ca_file, self.client_cert, self.client_key)
+
+
+def write_tls(directory: Path, hosts: list[str], *, name: str = "sandbox ZooKeeper") -> TlsFiles:
+    """A new CA for a ZooKeeper, its server certificate (valid for ``hosts``) and a client
+    certificate, written 0600 into ``directory``."""
+    from .. import pki
+    from ..secrets import write_secret_file
+
+    files = TlsFiles.under(directory)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ca = pki.new_ca(name)
+    server = pki.issue(ca, f"{name} server", hosts, server=True)
+    client = pki.issue(ca, f"{name} client", [], server=False)
+    write_secret_file(files.ca_file, ca.cert_pem)
+    write_secret_file(files.server_pem, server.key_pem + server.cert_pem)
+    write_secret_file(files.client_cert, client.cert_pem)
+    write_secret_file(files.client_key, client.key_pem)
+    return files
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """The server side of TLS: a secureClientPort on the server's host."""
+
+    port: int
+    keystore: Path  # PEM: the server's private key and certificate (chain), in one file
+    truststore: Path  # PEM: the CA certificate(s) client certificates must chain to
+    client_auth: str = "need"  # "need": no client certificate, no connection; "want"; "none"
+
+    @classmethod
+    def of(cls, files: TlsFiles, port: int, client_auth: str = "need") -> ServerTls:
+        return cls(port, files.server_pem, files.ca_file, client_auth)
+
+
 @dataclass(frozen=True)
 class ZooKeeperConfig:
     workdir: Path
@@ -79,6 +147,7 @@ class ZooKeeperConfig:
     port: int
     tick_ms: int = 500
     heap: str = "256m"
+    tls: ServerTls | None = None
 
     @property
     def config_path(self) -> Path:
@@ -101,6 +170,20 @@ class ZooKeeperConfig:
             "4lw.commands.whitelist": "ruok,srvr,stat",
             "admin.enableServer": "false",
         }
+        if self.tls is not None:
+            lines.update(
+                {
+                    "secureClientPort": self.tls.port,
+                    "secureClientPortAddress": self.host,
+                    # Only the Netty connection factory speaks TLS; it serves the plain port too.
+                    "serverCnxnFactory": "org.apache.zookeeper.server.NettyServerCnxnFactory",
+                    "ssl.keyStore.location": self.tls.keystore,
+                    "ssl.keyStore.type": "PEM",
+                    "ssl.trustStore.location": self.tls.truststore,
+                    "ssl.trustStore.type": "PEM",
+                    "ssl.clientAuth": self.tls.client_auth,
+                }
+            )
         self.config_path.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
         (self.workdir / "log4j2.properties").write_text(_LOG4J2)
 
@@ -134,7 +217,7 @@ def start(config: ZooKeeperConfig, timeout: float = 60.0) -> int:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise DlctlError(f"ZooKeeper exited with code {proc.returncode} while starting", hint=f"see {config.log_path} and {config.workdir / 'zookeeper.out'}")
-        if serving(config.host, config.port):
+        if serving(config.host, config.port) and (config.tls is None or _listening(config.host, config.tls.port)):
             return proc.pid
         time.sleep(0.1)
     proc.kill()

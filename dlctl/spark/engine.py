@@ -5,8 +5,9 @@
   the same stages to a real cluster; the dlctl package is then zipped and shipped to the
   executors with ``addPyFile`` (its dependencies — kazoo is not needed there, ``crc32c`` is —
   must be installed on the executors).
-* **Secrets.** See ``credentials``: a 0600 file path in local mode, a broadcast (refused unless
-  Spark authentication and encryption are on) on a cluster. Never in argv or the conf.
+* **Secrets.** See ``credentials``: the cluster secret and the operator's TLS files (for a
+  cluster that runs TLS) go as file paths in local mode, as broadcasts (refused unless Spark
+  authentication and encryption are on) on a cluster. Never in argv or the conf.
 * **Noise.** Unless ``verbose``, the JVM's stdout and stderr (Spark's log4j output, its console
   progress bar, Python workers' stderr) go to a log file whose path ``log_path`` names, and
   log4j is set to WARN; the user's terminal shows only dlctl's own progress and messages.
@@ -33,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DlctlError, Interrupted, RefusedError, UsageError
+from ..log.tls import TlsFiles
 from ..secrets import read_secret_file
-from .credentials import SecretRef, secret_like, secure_spark_conf_problems
+from .credentials import SecretRef, TlsRef, secret_like, secure_spark_conf_problems
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +158,7 @@ class SparkEngine:
             problems = secure_spark_conf_problems(conf_values)
             if problems:
                 raise RefusedError(
-                    f"refusing to send the cluster secrets to Spark at {opts.master} without authentication and encryption ({', '.join(problems)} missing)",
+                    f"refusing to send the cluster secrets and TLS keys to Spark at {opts.master} without authentication and encryption ({', '.join(problems)} missing)",
                     hint="pass --conf " + " --conf ".join(problems) + " and set spark.authenticate.secret in spark-defaults.conf (see README: Bootstrap)",
                 )
         self.log_path = _log_dir(opts.log_dir) / f"{opts.app_name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
@@ -251,6 +253,18 @@ class SparkEngine:
         broadcast = self.sc.broadcast(read_secret_file(path))
         self._broadcasts.append(broadcast)
         return SecretRef(broadcast=broadcast, label=label)
+
+    def tls(self, files: TlsFiles | None, label: str) -> TlsRef | None:
+        """The operator's TLS files for executors (``ClusterSession.tls``); None: plaintext."""
+        if files is None:
+            return None
+        files.client()  # fail here, clearly (a missing file, a key readable by others), not in every task
+        if self.options.local:
+            return TlsRef(paths=files.paths, label=label)
+        # The gate in ``start`` already refused a cluster without Spark authentication and encryption.
+        broadcast = self.sc.broadcast(tuple(path.read_bytes() for path in files.paths))
+        self._broadcasts.append(broadcast)
+        return TlsRef(broadcast=broadcast, label=label)
 
     # -- stages -------------------------------------------------------------------------------
 

@@ -262,7 +262,7 @@ def _sink_source_position(sink: Any, name: str, seg: SegmentRecord) -> tuple[str
     """``dl.src`` of the sink log's last data record (where its records came from), if any."""
 
     async def read() -> tuple[str, DLSN] | None:
-        pool = AgentPool(sink.meta, sink.secret)
+        pool = AgentPool(sink.meta, sink.credentials)
         try:
             await pool.refresh()
             entry = await ReplicaReader(pool).read(sink.meta.get_log(name).value.log_id, seg, seg.last_entry_id)
@@ -556,6 +556,8 @@ def _endpoints(engine: SparkEngine, source: Any, sink: Any, throttle: float | No
         sink_nodes=sink.meta.available_nodes(),
         sink_secret=engine.secret(sink.cluster.secret_file, sink.cluster.name),
         throttle=(throttle / slots) if throttle else None,  # the limit is the job's: split over the tasks running at once
+        source_tls=engine.tls(source.tls, source.cluster.name),
+        sink_tls=engine.tls(sink.tls, sink.cluster.name),
     )
 
 
@@ -620,7 +622,7 @@ def _still_verified(sink: Any, prog: P.LogProgress, tasks: list[P.SegmentTask]) 
         return set()
 
     async def check() -> set[int]:
-        pool = AgentPool(sink.meta, sink.secret)
+        pool = AgentPool(sink.meta, sink.credentials)
         try:
             await pool.refresh()
 
@@ -724,7 +726,7 @@ def _sweep_orphans(sink: Any, progresses: dict[str, P.LogProgress], tasks: dict[
         return any(a <= seq <= b for a, b in ranges.get(log_id, []))
 
     async def sweep() -> int:
-        pool = AgentPool(sink.meta, sink.secret)
+        pool = AgentPool(sink.meta, sink.credentials)
         deleted = 0
         try:
             nodes = await pool.refresh()

@@ -2,7 +2,8 @@
 
 ``copy_segment(task, endpoints)`` (and ``scan_clock`` for the clock pre-pass) are plain
 functions of picklable values. They talk to agents only — no ZooKeeper — with the cluster
-secrets from ``SecretRef`` and the agents' addresses as the driver saw them.
+secrets from ``SecretRef``, the operator's TLS certificate from ``TlsRef`` (for a cluster that
+runs TLS) and the agents' addresses as the driver saw them.
 
 The copy, for one segment:
 
@@ -45,6 +46,7 @@ from typing import Any
 
 from ..allocator import keep_large_buffers
 from ..errors import DlctlError, RefusedError
+from ..log.auth import Credentials
 from ..log.client import AgentClient
 from ..log.errors import AgentError, BadRequestError, NoSuchSegmentError
 from ..log import format as fmt
@@ -55,7 +57,7 @@ from ..log.speculative import EntryReadError, ReplicaReader
 from ..meta.records import SegmentRecord
 from ..placement import choose_ensemble
 from ..ratelimit import TokenBucket
-from .credentials import SecretRef
+from .credentials import SecretRef, TlsRef
 from .plan import SegmentTask
 from .transform import Clock, ClockScanner, ContentDigest, EntryCopier
 
@@ -64,7 +66,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Endpoints:
-    """The two clusters as an executor needs them: agents' availability records and secrets."""
+    """The two clusters as an executor needs them: agents' availability records, secrets and
+    TLS files (None: the cluster's agents speak plaintext)."""
 
     source_cluster: str
     source_nodes: dict[str, dict]
@@ -76,14 +79,22 @@ class Endpoints:
     max_outstanding_bytes: int = 32 * 1024 * 1024  # sink bytes sent but not yet acknowledged
     request_timeout: float = 30.0
     throttle: float | None = None  # bytes per second for this task (None: unlimited)
+    source_tls: TlsRef | None = None
+    sink_tls: TlsRef | None = None
+
+    def source_credentials(self) -> Credentials:
+        return Credentials(self.source_secret.get(), self.source_tls.get() if self.source_tls else None)
+
+    def sink_credentials(self) -> Credentials:
+        return Credentials(self.sink_secret.get(), self.sink_tls.get() if self.sink_tls else None)
 
 
 class StaticPool:
     """An ``AgentPool`` over a fixed set of availability records (executors have no ZooKeeper)."""
 
-    def __init__(self, nodes: Mapping[str, Mapping[str, Any]], secret: bytes, request_timeout: float) -> None:
+    def __init__(self, nodes: Mapping[str, Mapping[str, Any]], credentials: Credentials | bytes, request_timeout: float) -> None:
         self._nodes = {n: dict(i) for n, i in nodes.items()}
-        self._secret = secret
+        self._credentials = Credentials.of(credentials)  # bare bytes: a secret, plaintext
         self._timeout = request_timeout
         self._clients: dict[str, AgentClient] = {}
 
@@ -106,7 +117,7 @@ class StaticPool:
 
                 raise AgentUnavailableError(f"agent {node_id!r} was not available when the job started")
             host, _, port = str(info["address"]).rpartition(":")
-            client = self._clients[node_id] = AgentClient(host, int(port), self._secret, request_timeout=self._timeout)
+            client = self._clients[node_id] = AgentClient(host, int(port), self._credentials.secret, tls=self._credentials.tls, request_timeout=self._timeout)
         return client
 
     async def close(self) -> None:
@@ -168,8 +179,8 @@ def copy_segments(tasks: list[SegmentTask], endpoints: Endpoints) -> list[dict[s
 
 
 async def _copy_segments(tasks: list[SegmentTask], endpoints: Endpoints, attempt: int = 0, overlap: int = 2) -> list[dict[str, Any]]:
-    source = StaticPool(endpoints.source_nodes, endpoints.source_secret.get(), endpoints.request_timeout)
-    sink = StaticPool(endpoints.sink_nodes, endpoints.sink_secret.get(), endpoints.request_timeout)
+    source = StaticPool(endpoints.source_nodes, endpoints.source_credentials(), endpoints.request_timeout)
+    sink = StaticPool(endpoints.sink_nodes, endpoints.sink_credentials(), endpoints.request_timeout)
     bucket = TokenBucket(endpoints.throttle) if endpoints.throttle else None  # the task's rate, whatever overlaps
     gate = asyncio.Semaphore(overlap)  # FIFO: segments start in order
 
@@ -358,7 +369,7 @@ async def _read_ranges(task: SegmentTask, pool: StaticPool, window: int, stats: 
 
 
 async def _scan(task: SegmentTask, endpoints: Endpoints) -> tuple[dict, int]:
-    pool = StaticPool(endpoints.source_nodes, endpoints.source_secret.get(), endpoints.request_timeout)
+    pool = StaticPool(endpoints.source_nodes, endpoints.source_credentials(), endpoints.request_timeout)
     scanner = ClockScanner(task.source_cluster)
     try:
         async for buf, start, _end in _read_entries(task, pool, endpoints.window, {}):

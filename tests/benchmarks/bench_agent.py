@@ -16,8 +16,9 @@ decide a target. Printed figures and targets (issue 3):
   * sequential read of what was written vs the write rate (>= 2 x)
   * agent RSS after writing --gib GiB (<= 150 MiB)
 
-ZooKeeper is not involved: registration is not on the data path. Exit code 0 always unless
---strict, which exits 1 when a target is missed.
+ZooKeeper is not involved: registration is not on the data path. The agent serves mutual TLS
+with a certificate of the test harness CA, as production does (``--plaintext``: without TLS).
+Exit code 0 always unless --strict, which exits 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from pathlib import Path
 
 from dlctl.log import format as fmt
 from dlctl.log.client import AgentClient
+from dlctl.log.tls import TlsFiles
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harness's CA
+from harness import tls as harness_tls  # noqa: E402
 
 SECRET = b"benchmark-secret-0123456789abcdef"
 KIB = 1024
@@ -52,12 +57,28 @@ def serve(data_dir: Path, port_file: Path) -> None:
     async def main() -> None:
         store = SegmentStore(data_dir, SyncPolicy())
         await store.open()
-        server = AgentServer(store, SECRET, "127.0.0.1", 0)
+        server = AgentServer(store, SECRET, "127.0.0.1", 0, tls=harness_tls.from_env())  # start_agent passes it
         await server.start()
         port_file.write_text(str(server.address[1]))
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    try:
+        import uvloop  # the agent's own event loop when installed (agent.toml event_loop = "auto")
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
+
+
+def start_agent(script: str, work: Path, port_file: Path, *, plaintext: bool = False) -> tuple[subprocess.Popen, TlsFiles | None]:
+    """``script --serve`` in a child: mutual TLS with a harness certificate (its files passed in
+    the environment), or plaintext. Returns the child and what its clients present."""
+    env = dict(os.environ)
+    client = None
+    if not plaintext:
+        env.update(harness_tls.child_env(harness_tls.agent_tls(work / "tls", "127.0.0.1")))
+        client = harness_tls.client_tls()
+    return subprocess.Popen([sys.executable, script, "--serve", str(work / "agent"), str(port_file)], env=env), client
 
 
 def rss_bytes(pid: int) -> int:
@@ -193,7 +214,7 @@ async def measure(port: int, agent_pid: int, args: argparse.Namespace) -> list[d
     disk and machine state; ratios are taken per round, then their median."""
     rows: list[dict] = []
     rounds = args.rounds
-    clients = [AgentClient("127.0.0.1", port, SECRET, request_timeout=60) for _ in range(2)]
+    clients = [AgentClient("127.0.0.1", port, SECRET, tls=args.client_tls, request_timeout=60) for _ in range(2)]
     for c in clients:
         await c.connect()
     stat = clients[0].stat
@@ -289,6 +310,7 @@ def main() -> int:
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
     parser.add_argument("--rounds", type=int, default=None, help="measure each figure this many times and report the median (default 3, 1 with --quick)")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.add_argument("--plaintext", action="store_true", help="run the agent without TLS (the default is mutual TLS)")
     parser.add_argument("--serve", nargs=2, metavar=("DATA_DIR", "PORT_FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -310,7 +332,7 @@ def main() -> int:
     try:
         args.work = work
         port_file = work / "port"
-        agent = subprocess.Popen([sys.executable, __file__, "--serve", str(work / "agent"), str(port_file)])
+        agent, args.client_tls = start_agent(__file__, work, port_file, plaintext=args.plaintext)
         deadline = time.monotonic() + 30
         while not port_file.exists() or not port_file.read_text():
             if agent.poll() is not None or time.monotonic() > deadline:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harness
 
-from harness.agents import DEFAULT_SECRET
+from harness.agents import harness_credentials
 from harness.faultproxy import FaultNetwork
 from harness.procs import ProcessRegistry
 from harness.twoclusters import read_all, replication_sites
@@ -61,7 +61,7 @@ class Load:
         batch = max(1, int(self.rate / 50))
         for cluster in self.clusters:
             meta = self.sites[cluster].meta()
-            pool = AgentPool(meta, DEFAULT_SECRET)
+            pool = AgentPool(meta, harness_credentials())
             producer = LogProducer(meta, pool, LOG)
             try:
                 while not self.stop.is_set():
@@ -143,7 +143,7 @@ async def recover(sites, records: int) -> dict:
         apply(ops.init_plan(sites[source].session(), sites[sink].session(), patterns=(LOG,), causal=True).plan)
 
     async def write(n: str) -> None:
-        pool = AgentPool(sites[n].meta(), DEFAULT_SECRET)
+        pool = AgentPool(sites[n].meta(), harness_credentials())
         producer = LogProducer(sites[n].meta(), pool, LOG)
         try:
             for i in range(records):

@@ -64,7 +64,7 @@ def percentile(values: list[float], q: float) -> float:
 
 async def _produce(config: str, log: str, producers: int, records: int, size: int, window: int) -> list[float]:
     session = session_for(config)
-    pool = AgentPool(session.meta, session.secret, request_timeout=30)
+    pool = AgentPool(session.meta, session.credentials, request_timeout=30)
     router = ProxyRouter(pool)
     latencies: list[float] = []
     payload = b"x" * size
@@ -128,7 +128,7 @@ def run_proxy(config: str, log: str, args: argparse.Namespace) -> dict[str, Any]
 
 async def _writer_run(config: str, log: str, records: int, size: int) -> dict[str, Any]:
     session = session_for(config)
-    pool = AgentPool(session.meta, session.secret)
+    pool = AgentPool(session.meta, session.credentials)
     writer = await LogWriter.open(session.meta, pool, log)
     payload = b"x" * size
     latencies: list[float] = []

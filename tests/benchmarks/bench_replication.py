@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harness
 
-from harness.agents import DEFAULT_SECRET
+from harness.agents import harness_credentials
 from harness.faultproxy import FaultNetwork
 from harness.procs import ProcessRegistry
 from harness.twoclusters import replication_sites
@@ -49,7 +49,7 @@ _STAMP = struct.Struct(">d")
 
 
 async def fill(meta, name: str, count: int, *, headers: dict | None = None) -> float:
-    pool = AgentPool(meta, DEFAULT_SECRET)
+    pool = AgentPool(meta, harness_credentials())
     payload = b"x" * PAYLOAD
     started = time.perf_counter()
     try:
@@ -71,7 +71,7 @@ async def fill(meta, name: str, count: int, *, headers: dict | None = None) -> f
 
 
 async def read_rate(meta, name: str, count: int) -> float:
-    pool = AgentPool(meta, DEFAULT_SECRET)
+    pool = AgentPool(meta, harness_credentials())
     started = time.perf_counter()
     try:
         async with LogReader(meta, pool, name) as reader:
@@ -125,7 +125,7 @@ async def steady(sites, rate: int, seconds: float, delay: float, *, replicated: 
     total = int(rate * seconds)
 
     async def produce() -> None:
-        pool = AgentPool(a.meta(), DEFAULT_SECRET)
+        pool = AgentPool(a.meta(), harness_credentials())
         writer = await LogWriter.open(a.meta(), pool, name)
         try:
             started = time.perf_counter()
@@ -145,7 +145,7 @@ async def steady(sites, rate: int, seconds: float, delay: float, *, replicated: 
         meta = watch.meta()
         while name not in meta.list_logs():
             await asyncio.sleep(0.05)
-        pool = AgentPool(meta, DEFAULT_SECRET)
+        pool = AgentPool(meta, harness_credentials())
         try:
             async with LogReader(meta, pool, name) as reader:
                 while len(seen) < total:

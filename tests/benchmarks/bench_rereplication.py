@@ -31,7 +31,7 @@ from pathlib import Path
 
 # The agent launcher and the disk baseline are the agent benchmark's (this folder is on the
 # script's path), so both benchmarks compare against the very same plain write+fdatasync loop.
-from bench_agent import KIB, MIB, SECRET, baseline_sequential_bandwidth, serve
+from bench_agent import KIB, MIB, SECRET, baseline_sequential_bandwidth, harness_tls, serve
 
 from dlctl.log import format as fmt
 from dlctl.log.client import AgentClient
@@ -39,9 +39,14 @@ from dlctl.log.rereplication import copy_replica
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 
 
-def start_agent(work: Path, name: str) -> tuple[subprocess.Popen, int]:
+def start_agent(work: Path, name: str, *, plaintext: bool) -> tuple[subprocess.Popen, int]:
+    """An agent in a child process: mutual TLS with a harness certificate, as production runs
+    (the files passed in the environment), or plaintext."""
     port_file = work / f"{name}.port"
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(work / name), str(port_file)])
+    env = dict(os.environ)
+    if not plaintext:
+        env.update(harness_tls.child_env(harness_tls.agent_tls(work / f"{name}-tls", "127.0.0.1")))
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(work / name), str(port_file)], env=env)
     deadline = time.monotonic() + 30
     while not (port_file.exists() and port_file.read_text()):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -78,8 +83,9 @@ async def fill(client: AgentClient, log_id: int, seq: int, count: int, payload: 
 
 
 async def measure(src_port: int, dst_port: int, args: argparse.Namespace, directory: Path) -> list[tuple[float, float]]:
-    src = AgentClient("127.0.0.1", src_port, SECRET, request_timeout=60)
-    dst = AgentClient("127.0.0.1", dst_port, SECRET, request_timeout=60)
+    tls = None if args.plaintext else harness_tls.client_tls()
+    src = AgentClient("127.0.0.1", src_port, SECRET, request_timeout=60, tls=tls)
+    dst = AgentClient("127.0.0.1", dst_port, SECRET, request_timeout=60, tls=tls)
     payload = os.urandom(args.entry_kib * KIB)
     count = max(1, args.mib * MIB // len(payload))
     rounds = []
@@ -113,6 +119,7 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--strict", action="store_true")
+    parser.add_argument("--plaintext", action="store_true", help="agents without TLS (default: mutual TLS, as production)")
     parser.add_argument("--in-place", action="store_true", help="refill a member in place (repair) instead of copying to a replacement")
     args = parser.parse_args()
     if args.serve:
@@ -121,8 +128,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-rerepl-", dir=args.dir))
     procs = []
     try:
-        src, src_port = start_agent(work, "source")
-        dst, dst_port = start_agent(work, "target")
+        src, src_port = start_agent(work, "source", plaintext=args.plaintext)
+        dst, dst_port = start_agent(work, "target", plaintext=args.plaintext)
         procs = [src, dst]
         rounds = asyncio.run(measure(src_port, dst_port, args, work))
     finally:
@@ -133,7 +140,7 @@ def main() -> int:
     ratio = statistics.median(rate / base for rate, base in rounds)
     rate = statistics.median(rate for rate, _ in rounds)
     verdict = "PASS" if ratio >= 0.5 else "MISS"
-    what = "repair (in place)" if args.in_place else "re-replication"
+    what = ("repair (in place)" if args.in_place else "re-replication") + (", plaintext" if args.plaintext else ", TLS")
     print(f"{what} copy rate: {rate / MIB:.1f} MiB/s = {ratio:.0%} of sequential write+fdatasync bandwidth (target >= 50 %): {verdict}")
     return 1 if args.strict and ratio < 0.5 else 0
 

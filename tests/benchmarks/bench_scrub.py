@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_agent import SECRET, Writer  # noqa: E402 - the same client-side writer
+from bench_agent import SECRET, Writer, harness_tls, start_agent  # noqa: E402 - the same client-side writer and agent start
 
 from dlctl.log.client import AgentClient  # noqa: E402
 
@@ -64,7 +64,7 @@ def serve(data_dir: Path, port_file: Path) -> None:
     async def main() -> None:
         store = SegmentStore(data_dir, SyncPolicy())
         await store.open()
-        server = AgentServer(store, SECRET, "127.0.0.1", 0)
+        server = AgentServer(store, SECRET, "127.0.0.1", 0, tls=harness_tls.from_env())  # start_agent passes it
         await server.start()
         loop = asyncio.get_running_loop()
         scrubber: Scrubber | None = None
@@ -113,13 +113,13 @@ def drop_page_cache(root: Path) -> int:
 
 
 class Agent:
-    def __init__(self, proc: subprocess.Popen, port: int) -> None:
-        self.proc, self.port = proc, port
+    def __init__(self, proc: subprocess.Popen, port: int, tls=None) -> None:  # noqa: ANN001 - TlsFiles | None
+        self.proc, self.port, self.tls = proc, port, tls
         self.clients: list[AgentClient] = []
         self.next_seg = 1
 
     async def connect(self) -> None:
-        self.clients = [AgentClient("127.0.0.1", self.port, SECRET, request_timeout=120) for _ in range(2)]
+        self.clients = [AgentClient("127.0.0.1", self.port, SECRET, tls=self.tls, request_timeout=120) for _ in range(2)]
         for c in self.clients:
             await c.connect()
 
@@ -244,7 +244,7 @@ def main() -> int:
     proc = None
     try:
         port_file = work / "port"
-        proc = subprocess.Popen([sys.executable, __file__, "--serve", str(work / "agent"), str(port_file)])
+        proc, client_tls = start_agent(__file__, work, port_file)
         deadline = time.monotonic() + 30
         while not port_file.exists() or not port_file.read_text():
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -252,7 +252,7 @@ def main() -> int:
             time.sleep(0.05)
 
         async def run() -> dict:
-            agent = Agent(proc, int(port_file.read_text()))
+            agent = Agent(proc, int(port_file.read_text()), client_tls)
             await agent.connect()
             try:
                 print(f"prefilling the agent with {args.prefill_mib} MiB of 1 KiB entries in {work} ...", file=sys.stderr)

@@ -41,8 +41,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harness
 
-from harness.agents import DEFAULT_SECRET, AgentNode
+from harness.agents import DEFAULT_SECRET, AgentNode, harness_credentials
 from harness.procs import ProcessRegistry
+from harness.tls import tls_dir_for
 from harness.zk import ZkNamespace, ZooKeeperServer, close_client, make_client, write_harness_zk_auth
 
 from dlctl import inventory
@@ -91,6 +92,7 @@ def start(work: Path) -> tuple[ProcessRegistry, ZooKeeperServer, ZkNamespace, di
     for agent in agents.values():
         agent.wait_ready(admin)
     write_secret_file(work / "c1.secret", DEFAULT_SECRET)
+    tls_dir_for(work / "c1.secret", "c1")  # the inventory's default tls_dir: the harness CA
     nodes = "".join(f'[[clusters.c1.regions.r1.racks.rack1.nodes]]\nid = "{n}"\nhost = "{a.host}"\nlisten = "{a.address}"\n' for n, a in agents.items())
     config = work / "config.toml"
     zk_auth = write_harness_zk_auth(work / "c1.zk-auth")
@@ -121,7 +123,7 @@ def create_segments_directly(meta: MetaStore, agents: dict[str, AgentNode], name
 
     async def files() -> None:
         async def on(agent: AgentNode) -> None:
-            client = AgentClient(agent.host, agent.port, DEFAULT_SECRET, request_timeout=60)
+            client = AgentClient(agent.host, agent.port, DEFAULT_SECRET, tls=agent.client_tls, request_timeout=60)
             gate = asyncio.Semaphore(256)
 
             async def one(seq: int) -> None:
@@ -183,7 +185,7 @@ async def throughput(config: Path, meta: MetaStore, args: argparse.Namespace) ->
     background load, so the comparison is fair on a shared machine. Between pairs GC runs on
     unmeasured and the appender rests. Windows before and after GC are reported too."""
     meta.create_log("appends", LogConfig(3, 3, 2))
-    pool = AgentPool(meta, DEFAULT_SECRET)
+    pool = AgentPool(meta, harness_credentials())
     writer = await LogWriter.open(meta, pool, "appends")
     appender = Appender(writer)
     appender.task = asyncio.ensure_future(appender.run())

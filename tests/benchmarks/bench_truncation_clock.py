@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the truncation benchmark's setup
 
 from bench_truncation import CLUSTER, start
-from harness.agents import DEFAULT_SECRET
+from harness.agents import harness_credentials
 from harness.zk import close_client, make_client
 
 from dlctl import inventory
@@ -51,7 +51,7 @@ def say(text: str) -> None:
 
 
 async def fill(meta: MetaStore, name: str, segments: int, records: int, size: int) -> None:
-    pool = AgentPool(meta, DEFAULT_SECRET)
+    pool = AgentPool(meta, harness_credentials())
     payload = b"x" * size
     try:
         for _ in range(segments):

@@ -118,6 +118,11 @@ class _InProcessEngine:
 
         return SecretRef(path=path, label=label)
 
+    def tls(self, files, label: str):
+        from dlctl.spark.credentials import TlsRef
+
+        return TlsRef(paths=files.paths, label=label) if files else None
+
     def run(self, fn, items, *, on_result=None, **_ignored):
         out = []
         for item in items:

@@ -3,6 +3,10 @@
 Each ``AgentNode`` has its own config file, 0600 secret file and data dir, listens on its own
 loopback address, and registers in the test's ZooKeeper chroot. Readiness means both: the
 protocol port accepts connections and the availability znode exists.
+
+TLS is on by default, as in production: each node serves mutual TLS with a certificate of the
+harness CA (``harness.tls``) issued for its host, and ``node.client()`` presents the harness
+client certificate. ``AgentNode(tls=False)`` runs a plaintext agent (tests of that path).
 """
 
 from __future__ import annotations
@@ -15,14 +19,23 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 
 from dlctl import tomltext as toml
+from dlctl.log.auth import Credentials
 from dlctl.log.client import SyncAgentClient
+from dlctl.log.tls import TlsFiles
 from dlctl.meta import paths
 from dlctl.secrets import write_secret_file
 
+from . import tls as harness_tls
 from .procs import ManagedProcess, ProcessRegistry, free_port, tcp_connectable, wait_until
 from .zk import write_harness_zk_auth
 
 DEFAULT_SECRET = b"test-cluster-secret-0123456789abcdef"
+
+
+def harness_credentials(secret: bytes = DEFAULT_SECRET) -> Credentials:
+    """What a test's ``AgentPool`` presents to harness agents: ``secret`` and the harness client
+    certificate (``AgentPool(meta, harness_credentials())``)."""
+    return harness_tls.credentials(secret)
 
 
 class AgentNode:
@@ -41,6 +54,7 @@ class AgentNode:
         session_timeout: float = 2.0,
         sync: str = "always",
         extra_config: str = "",
+        tls: bool = True,
     ) -> None:
         self.procs = procs
         self.dir = base_dir / node_id
@@ -53,6 +67,8 @@ class AgentNode:
         self.secret_file = self.dir / "secret"
         write_secret_file(self.secret_file, secret)
         self.zk_auth_file = write_harness_zk_auth(self.dir / "zk-auth")  # ZooKeeper ACLs on, as in production
+        # The agent's own certificate (server and client of other agents); None: plaintext.
+        self.tls: TlsFiles | None = harness_tls.agent_tls(self.dir / "tls", host, node_id) if tls else None
         self.config_path = self.dir / "agent.toml"
         self.config_path.write_text(
             "\n".join(
@@ -67,6 +83,7 @@ class AgentNode:
                     toml.line("secret_file", self.secret_file),
                     toml.line("zk_auth_file", self.zk_auth_file),
                     toml.line("session_timeout", session_timeout),
+                    harness_tls.tls_table(self.tls) if self.tls is not None else "",
                     "[storage]",
                     toml.line("sync", sync),
                     "",
@@ -116,7 +133,19 @@ class AgentNode:
             return None
         return json.loads(data)
 
+    @property
+    def client_tls(self) -> TlsFiles | None:
+        """What a client of this node presents: the harness client certificate under TLS."""
+        return harness_tls.client_tls() if self.tls is not None else None
+
+    @property
+    def credentials(self) -> Credentials:
+        """This node's secret and, under TLS, the harness client certificate (for an AgentPool)."""
+        return Credentials(self.secret, self.client_tls)
+
     def client(self, **options) -> SyncAgentClient:
+        """A client of this node; ``tls=`` defaults to the node's mode (``tls=None``: plaintext)."""
+        options.setdefault("tls", self.client_tls)
         return SyncAgentClient(self.host, self.port, self.secret, **options)
 
     def segment_files(self) -> list[Path]:

@@ -27,7 +27,7 @@ from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig, SegmentRecord, SegmentState
 from dlctl.meta.store import MetaStore
 
-from .agents import DEFAULT_SECRET, AgentNode
+from .agents import AgentNode, harness_credentials
 from .procs import ProcessRegistry
 from .zk import ZkNamespace, ZooKeeperServer, make_client
 
@@ -94,7 +94,7 @@ class LogEnv:
         return MetaStore(client, CLUSTER)
 
     def pool(self, meta: MetaStore, request_timeout: float = 5.0) -> AgentPool:
-        return AgentPool(meta, DEFAULT_SECRET, request_timeout=request_timeout)
+        return AgentPool(meta, harness_credentials(), request_timeout=request_timeout)
 
     def create_log(self, config: LogConfig | None = None) -> int:
         return self.meta().create_log(self.name, config or LogConfig()).log_id

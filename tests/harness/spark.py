@@ -6,6 +6,7 @@ encryption on (the secret in a 0600 properties file, never in argv).
 ``applications()`` reads what the master says about running and completed applications.
 ``client_conf_dir()`` writes a ``spark-defaults.conf`` (0600) for drivers: the same secret and
 security settings, for ``SPARK_CONF_DIR`` of a ``dlctl bootstrap --spark-master`` run.
+Executors keep their scratch files under ``local_dir``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ class SparkStandalone:
         self.worker: ManagedProcess | None = None
 
     @property
+    def local_dir(self) -> Path:
+        return self.workdir / "local"
+
+    @property
     def url(self) -> str:
         return f"spark://127.0.0.1:{self.port}"
 
@@ -111,6 +116,9 @@ class SparkStandalone:
             "SPARK_SCALA_VERSION": _scala_version(),
             "SPARK_LOG_DIR": str(self.workdir / "logs"),
             "SPARK_WORKER_DIR": str(self.workdir / "work"),
+            # Executors' scratch (block manager dirs, SPARK_LOCAL_DIRS of their Python workers)
+            # under the workdir: the worker deletes an application's part when it finishes.
+            "SPARK_LOCAL_DIRS": str(self.local_dir),
         }
 
     def _java(self, main: str, *args: str) -> list[str]:
@@ -132,6 +140,7 @@ class SparkStandalone:
     def start(self, timeout: float = START_TIMEOUT) -> SparkStandalone:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "work").mkdir(exist_ok=True)
+        self.local_dir.mkdir(exist_ok=True)
         props = self._server_properties()
         self.master = self.registry.start(
             self._java(

@@ -27,8 +27,9 @@ from dlctl.log.reader import LogReader, ReadRecord
 from dlctl.meta.store import MetaStore
 from dlctl.ops.session import ClusterSession
 
-from .agents import DEFAULT_SECRET, AgentNode
+from .agents import DEFAULT_SECRET, AgentNode, harness_credentials
 from .faultproxy import FaultNetwork
+from .tls import tls_dir_for
 from .procs import ProcessRegistry
 from .zk import ZkNamespace, ZooKeeperServer
 
@@ -47,9 +48,17 @@ class Site:
     def session(self) -> ClusterSession:
         """A ``ClusterSession`` as the CLI would open it (closed at teardown)."""
         first = next(iter(self.agents.values()))
-        session = ClusterSession(Cluster(self.name, self.ns.connect_string, first.secret_file, first.zk_auth_file))
+        session = ClusterSession(
+            Cluster(self.name, self.ns.connect_string, first.secret_file, first.zk_auth_file, tls_dir=self.tls_dir())
+        )
         self._sessions.append(session)
         return session
+
+    def tls_dir(self) -> Path:
+        """The operator's tls_dir of this site (the inventory's default: beside its secret_file),
+        holding the harness CA."""
+        first = next(iter(self.agents.values()))
+        return tls_dir_for(first.secret_file, self.name)
 
     def start_agents(self) -> None:
         for node in self.agents.values():
@@ -90,6 +99,7 @@ class Sites:
         lines = [f'default_cluster = "{default}"']
         for name, site in self.sites.items():
             first = next(iter(site.agents.values()))
+            site.tls_dir()  # the default tls_dir (beside secret_file), with the harness CA
             lines += [
                 f"[clusters.{name}]", f'zookeeper = "{site.ns.connect_string}"', f'secret_file = "{first.secret_file}"',
                 f'zk_auth_file = "{first.zk_auth_file}"', "",
@@ -178,7 +188,7 @@ def replication_sites(
 async def read_all(meta: MetaStore, name: str, *, until: int | None = None, timeout: float = 60.0, idle: float = 1.0) -> list[ReadRecord]:
     """Every record of log ``name`` through the log reader: until ``until`` records were read
     (waiting up to ``timeout``), or until nothing came for ``idle`` seconds."""
-    pool = AgentPool(meta, DEFAULT_SECRET)
+    pool = AgentPool(meta, harness_credentials())
     out: list[ReadRecord] = []
     try:
         async with LogReader(meta, pool, name) as reader:

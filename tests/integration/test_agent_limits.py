@@ -4,6 +4,11 @@ corruption (issue 19 items 3 and 4), against real ``dlagent serve`` processes.
 Attacks come from raw sockets bound to other loopback addresses (127.0.0.2, ...), so the agent
 sees them as other peers than the legitimate clients on 127.0.0.1. Some agents run under a low
 open-files limit (``prlimit``, soft below hard: the agent raises its soft limit itself).
+
+Agents serve mutual TLS (the harness default). Floods come from plain TCP sockets, attackers
+without a cluster certificate: each connection is admitted as an unauthenticated one and stalls
+in the TLS handshake. Attacks that need the protocol (a HELLO, a frame) come from holders of a
+cluster certificate (``Raw(..., tls=node.client_tls)``): with mutual TLS nobody else reaches it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import re
 import shutil
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -21,14 +27,16 @@ import pytest
 
 from dlctl.log import format as fmt
 from dlctl.log import protocol as p
-from dlctl.log.auth import ClientHandshake
+from dlctl.log.auth import DEFAULT_CONTEXT, ClientHandshake
 from dlctl.log.client import AgentClient, SyncAgentClient
 from dlctl.log.errors import AgentResourceError, AgentUnavailableError
+from dlctl.log.tls import TlsFiles, bound_context
 
 from dlagent.server import AgentServer, ServerLimits
 from dlagent.storage import SegmentStore
 from harness.agents import AgentNode
 from harness.procs import wait_until
+from harness.tls import agent_tls, client_tls
 
 pytestmark = pytest.mark.agent  # (tests using the zk fixture are marked zk by conftest)
 
@@ -48,15 +56,26 @@ class ClosedByAgent(Exception):
 
 
 class Raw:
-    """A raw protocol connection from ``source`` (an attacker, or a client that never reads)."""
+    """A raw protocol connection from ``source`` (an attacker, or a client that never reads):
+    plain TCP, or with ``tls`` inside a TLS session with that certificate (its HMAC handshake
+    bound to the session, as a real client's)."""
 
-    def __init__(self, port: int, source: str = "127.0.0.1", timeout: float = 5.0, rcvbuf: int | None = None) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    def __init__(self, port: int, source: str = "127.0.0.1", timeout: float = 5.0, rcvbuf: int | None = None, tls: TlsFiles | None = None) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.settimeout(timeout)
-        self.sock.bind((source, 0))
-        self.sock.connect(("127.0.0.1", port))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.settimeout(timeout)
+        sock.bind((source, 0))
+        sock.connect(("127.0.0.1", port))
+        self.sock = sock
+        self.context = DEFAULT_CONTEXT
+        if tls is not None:
+            try:
+                self.sock = tls.client().wrap_socket(sock, server_hostname="127.0.0.1")
+            except BaseException:
+                sock.close()
+                raise
+            self.context = bound_context(DEFAULT_CONTEXT, self.sock.getpeercert(binary_form=True))
         self.decoder = p.FrameDecoder()
 
     def close(self) -> None:
@@ -67,7 +86,10 @@ class Raw:
             frame = self.decoder.next_frame()
             if frame is not None:
                 return frame
-            data = self.sock.recv(1 << 20)
+            try:
+                data = self.sock.recv(1 << 20)
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return None  # the TLS session ended
             if not data:
                 return None
             self.decoder.feed(data)
@@ -79,7 +101,7 @@ class Raw:
         return p.decode_response(frame)  # raises the refusal, if it is one
 
     def authenticate(self, secret: bytes) -> None:
-        hs = ClientHandshake(secret)
+        hs = ClientHandshake(secret, self.context)
         self.sock.sendall(p.auth_request(1, *hs.respond(self.hello())))
         reply = self.frame()
         if reply is None:
@@ -90,7 +112,7 @@ class Raw:
         try:
             while self.frame() is not None:
                 pass
-        except (ConnectionResetError, p.ProtocolError):
+        except (ConnectionResetError, p.ProtocolError, ssl.SSLError):
             pass
         return True
 
@@ -142,10 +164,11 @@ def test_a_new_unauthenticated_connection_closes_the_oldest_of_its_own_address_o
         store = SegmentStore(tmp_path / "data")
         await store.open()
         limits = ServerLimits(max_unauthenticated=4, max_unauthenticated_per_peer=2, handshake_timeout=30)
-        server = AgentServer(store, secret, "127.0.0.1", 0, limits=limits)
+        server = AgentServer(store, secret, "127.0.0.1", 0, tls=agent_tls(tmp_path / "tls", "127.0.0.1"), limits=limits)
         await server.start()
         port = server.address[1]
         conns: dict[str, tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]] = {}
+        client_files = client_tls()
 
         async def frame(reader: asyncio.StreamReader) -> p.Frame:
             decoder = p.FrameDecoder()
@@ -154,7 +177,9 @@ def test_a_new_unauthenticated_connection_closes_the_oldest_of_its_own_address_o
             return decoder.next_frame()  # type: ignore[return-value]
 
         async def connect(name: str, source: str) -> None:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, local_addr=(source, 0), ssl=client_files.client(), server_hostname="127.0.0.1"
+            )
             hello = await frame(reader)  # taken in (admission happens before HELLO is sent)
             conns[name] = (reader, writer, p.decode_response(hello))
 
@@ -163,20 +188,21 @@ def test_a_new_unauthenticated_connection_closes_the_oldest_of_its_own_address_o
             try:
                 async with asyncio.timeout(5):
                     await reader.read()  # returns at EOF only (after the agent's error frame)
-            except ConnectionResetError:
+            except (ConnectionResetError, ssl.SSLError):
                 pass
             return True
 
         async def authenticates(name: str) -> bool:
             reader, writer, challenge = conns[name]
-            hs = ClientHandshake(secret)
+            peer_cert = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+            hs = ClientHandshake(secret, bound_context(DEFAULT_CONTEXT, peer_cert))
             writer.write(p.auth_request(1, *hs.respond(challenge)))
             async with asyncio.timeout(5):
                 hs.verify_server(p.decode_response(await frame(reader)))
             return True
 
         try:
-            authed = AgentClient("127.0.0.1", port, secret)
+            authed = AgentClient("127.0.0.1", port, secret, tls=client_files)
             await authed.connect()  # an authenticated connection from 127.0.0.1, all along
             await connect("a1", "127.0.0.2")
             await connect("a2", "127.0.0.2")
@@ -307,7 +333,7 @@ def test_a_16_mib_frame_before_authentication_is_refused_unread(procs, tmp_path,
         rss_before = rss_mib(node.proc.pid)
         sent: list[int] = []
         for i in range(48):
-            raw = Raw(node.port, source=f"127.0.0.{2 + i % 4}", timeout=10)
+            raw = Raw(node.port, source=f"127.0.0.{2 + i % 4}", timeout=10, tls=node.client_tls)
             try:
                 raw.hello()
                 header = p.FRAME_HEADER.pack(16 * MiB + p.FRAME_HEADER_SIZE - 4, p.PROTOCOL_VERSION, p.Op.ADD_ENTRY, 0, 1)
@@ -317,8 +343,8 @@ def test_a_16_mib_frame_before_authentication_is_refused_unread(procs, tmp_path,
                     view = memoryview(body)
                     while n < len(body):
                         n += raw.sock.send(view[n : n + MiB])
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # closed by the agent mid-send: the point
+                except (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError):
+                    pass  # closed by the agent mid-send (under TLS, seen as an EOF): the point
                 sent.append(n)
                 assert raw.closed_by_agent()
             finally:
@@ -352,7 +378,7 @@ def test_pipelined_large_reads_that_are_never_taken_are_bounded_by_max_response_
     answer = 8 * MiB + 1024  # 8 entries of 1 MiB (the range's byte cap) and a response header
     limit = 16 * MiB
     rss_before = rss_mib(node.proc.pid)
-    raw = Raw(node.port, rcvbuf=64 * 1024, timeout=30)
+    raw = Raw(node.port, rcvbuf=64 * 1024, timeout=30, tls=node.client_tls)
     try:
         raw.authenticate(node.secret)
         requests = b"".join(p.read_range_request(10 + k, LOG_ID, SEG, 0, 8, 8 * MiB) for k in range(64))
@@ -390,7 +416,7 @@ def test_long_polls_and_fencing_reads_that_wait_read_their_entry_only_when_there
             c.add(entry(i, payload))  # LAC 7: a long poll from previous < 7 answers at once, with an entry
     limit, answer = 16 * MiB, MiB + 1024
     for kind in ("long poll", "fencing read"):
-        raw = Raw(node.port, rcvbuf=64 * 1024, timeout=30)
+        raw = Raw(node.port, rcvbuf=64 * 1024, timeout=30, tls=node.client_tls)
         try:
             raw.authenticate(node.secret)
             if kind == "long poll":
@@ -433,8 +459,8 @@ def test_descriptor_exhaustion_fails_reads_retryably_and_never_puts_a_replica_in
         assert server_stat(reader)["fds_limit"] == 160
         for _ in range(300):
             try:
-                raw = Raw(node.port, timeout=2)
-            except OSError:
+                raw = Raw(node.port, timeout=2, tls=node.client_tls)
+            except OSError:  # (ssl.SSLError is one)
                 break
             hogs.append(raw)
             try:
@@ -479,7 +505,7 @@ def test_a_flood_of_rejected_connections_logs_a_bounded_number_of_lines(procs, t
     offset = log_path.stat().st_size
     started = time.monotonic()
     for i in range(2000):
-        raw = Raw(node.port, source=f"127.0.0.{2 + i % 8}")
+        raw = Raw(node.port, source=f"127.0.0.{2 + i % 8}", tls=node.client_tls)
         try:
             raw.hello()
             raw.sock.sendall(p.stat_request(7))

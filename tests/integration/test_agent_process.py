@@ -78,7 +78,7 @@ def test_agent_refuses_another_clusters_data_dir(procs, tmp_path, zk, admin):
 
 
 def test_wrong_secret_is_unauthorized_and_serves_nothing(node):
-    with SyncAgentClient(node.host, node.port, b"not-the-cluster-secret-0123456789") as c:
+    with SyncAgentClient(node.host, node.port, b"not-the-cluster-secret-0123456789", tls=node.client_tls) as c:
         with pytest.raises(UnauthorizedError):
             c.stat()
     with node.client() as c:  # the right secret still works: the agent survived the attempt
@@ -95,7 +95,7 @@ class AddStream:
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
-        client = AgentClient(self.node.host, self.node.port, self.node.secret, request_timeout=5)
+        client = AgentClient(self.node.host, self.node.port, self.node.secret, tls=self.node.client_tls, request_timeout=5)
         next_id = 0
         lock = asyncio.Lock()
 

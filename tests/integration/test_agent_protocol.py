@@ -3,6 +3,11 @@ by the real AgentClient and by raw sockets speaking (and mangling) the wire prot
 
 Run as a script (``python test_agent_protocol.py serve ...``) this module is the child: it
 serves a data directory until its stdin closes and prints its port on stdout.
+
+Agents serve mutual TLS with a certificate of the harness CA (``harness.tls``), as production
+does; ``Agent(..., tls=False)`` serves plaintext for the tests of that path. ``Raw`` speaks the
+wire protocol by hand inside the same TLS session a real client would have (its HMAC handshake
+bound to the agent's certificate).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlctl.log import protocol as p
-from dlctl.log.auth import ClientHandshake, generate_secret, load_secret
+from dlctl.log.auth import DEFAULT_CONTEXT, ClientHandshake, generate_secret, load_secret
 from dlctl.log.client import AgentClient, SyncAgentClient
 from dlctl.log.errors import (
     AgentUnavailableError,
@@ -37,6 +42,7 @@ from dlctl.log.errors import (
     UnauthorizedError,
 )
 from dlctl.log.format import Entry, encode
+from dlctl.log.tls import TlsFiles, bound_context
 
 from dlagent.storage import SegmentStore
 
@@ -49,22 +55,19 @@ START_TIMEOUT = 30.0
 
 
 def _serve(argv: list[str]) -> None:
-    """serve DATA_DIR SECRET_FILE LIMITS_JSON [CERT KEY]"""
+    """serve DATA_DIR SECRET_FILE LIMITS_JSON [CA CERT KEY]"""
     import logging
 
     from dlagent.server import AgentServer, ServerLimits
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     data_dir, secret_file, limits = Path(argv[0]), argv[1], ServerLimits(**json.loads(argv[2]))
-    ctx = None
-    if len(argv) > 3:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(argv[3], argv[4])
+    tls = TlsFiles(Path(argv[3]), Path(argv[4]), Path(argv[5])) if len(argv) > 3 else None
 
     async def main() -> int:
         store = SegmentStore(data_dir)
         await store.open()
-        server = AgentServer(store, load_secret(secret_file), "127.0.0.1", 0, ssl_context=ctx, limits=limits)
+        server = AgentServer(store, load_secret(secret_file), "127.0.0.1", 0, tls=tls, limits=limits)
         await server.start()
         loop = asyncio.get_running_loop()
         stdin_closed = loop.create_future()
@@ -84,10 +87,17 @@ def _serve(argv: list[str]) -> None:
 # Harness -----------------------------------------------------------------------------------------
 
 
-class Agent:
-    """One agent child process serving ``data_dir`` on 127.0.0.1."""
+def _harness_tls():  # noqa: ANN202 - the child runs this file without tests/ on its path
+    from harness import tls
 
-    def __init__(self, root: Path, secret: bytes, *, tls: tuple[Path, Path] | None = None, **limits: float) -> None:
+    return tls
+
+
+class Agent:
+    """One agent child process serving ``data_dir`` on 127.0.0.1: mutual TLS with a certificate
+    of the harness CA (``tls=True``, the default), or given ``TlsFiles``, or plaintext (``False``)."""
+
+    def __init__(self, root: Path, secret: bytes, *, tls: bool | TlsFiles = True, **limits: float) -> None:
         self.root = root
         self.data_dir = root / "data"
         self.secret = secret
@@ -96,8 +106,11 @@ class Agent:
         secret_file.chmod(0o600)
         self.log_path = root / "agent.log"
         args = [sys.executable, __file__, "serve", str(self.data_dir), str(secret_file), json.dumps(limits)]
-        if tls:
-            args += [str(tls[0]), str(tls[1])]
+        if tls is True:
+            tls = _harness_tls().agent_tls(root / "tls", "127.0.0.1")
+        self.tls: TlsFiles | None = tls or None
+        if self.tls is not None:
+            args += [str(path) for path in self.tls.paths]
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, start_new_session=True
@@ -117,11 +130,18 @@ class Agent:
             raise AssertionError(f"agent did not start; log:\n{self.log_path.read_text(errors='replace')[-4000:]}")
         return result[0]
 
-    def client(self, secret: bytes | None = None, **options: float) -> SyncAgentClient:
-        return SyncAgentClient("127.0.0.1", self.port, self.secret if secret is None else secret, **options)
+    @property
+    def client_tls(self) -> TlsFiles | None:
+        """What a client of this agent presents: the harness client certificate under TLS."""
+        return _harness_tls().client_tls() if self.tls is not None else None
 
-    def aclient(self, **options: float) -> AgentClient:
-        return AgentClient("127.0.0.1", self.port, self.secret, **options)
+    def client(self, secret: bytes | None = None, **options: object) -> SyncAgentClient:
+        options.setdefault("tls", self.client_tls)
+        return SyncAgentClient("127.0.0.1", self.port, self.secret if secret is None else secret, **options)  # type: ignore[arg-type]
+
+    def aclient(self, **options: object) -> AgentClient:
+        options.setdefault("tls", self.client_tls)
+        return AgentClient("127.0.0.1", self.port, self.secret, **options)  # type: ignore[arg-type]
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -154,14 +174,39 @@ def entry(log_id: int, seg: int, entry_id: int, payload: bytes = b"", lac: int |
 
 
 class Raw:
-    """A raw protocol connection for hostile-client tests."""
+    """A raw protocol connection for hostile-client tests: inside a TLS session with the
+    harness client certificate when the agent serves TLS (a hostile client that holds a cluster
+    certificate, the only kind that reaches the protocol), plain TCP otherwise."""
 
-    def __init__(self, port: int, timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, agent: Agent, timeout: float = 10.0) -> None:
+        sock = socket.create_connection(("127.0.0.1", agent.port), timeout=timeout)
+        self.tls = agent.tls is not None
+        self.context = DEFAULT_CONTEXT
+        if self.tls:
+            assert agent.client_tls is not None
+            sock = agent.client_tls.client().wrap_socket(sock, server_hostname="127.0.0.1")
+            # The HMAC proofs are bound to the certificate the agent presented (dlctl.log.tls).
+            self.context = bound_context(DEFAULT_CONTEXT, sock.getpeercert(binary_form=True))
+        self.sock = sock
         self.decoder = p.FrameDecoder()
 
     def close(self) -> None:
         self.sock.close()
+
+    def handshake(self, secret: bytes) -> ClientHandshake:
+        """A client handshake with ``secret`` for this connection (bound to its TLS session)."""
+        return ClientHandshake(secret, self.context)
+
+    def shutdown_write(self) -> None:
+        """Tell the agent no more bytes come: a TCP half-close, or under TLS a close_notify
+        (the agent then ends the session: TLS has no half-close it could keep)."""
+        if not self.tls:
+            self.sock.shutdown(socket.SHUT_WR)
+            return
+        try:
+            self.sock = self.sock.unwrap()  # type: ignore[attr-defined]
+        except (ssl.SSLError, OSError):
+            pass  # the agent closed first, or answered before its close_notify: ended either way
 
     def frame(self) -> p.Frame | None:
         """The next frame, or None at EOF."""
@@ -169,7 +214,10 @@ class Raw:
             frame = self.decoder.next_frame()
             if frame is not None:
                 return frame
-            data = self.sock.recv(65536)
+            try:
+                data = self.sock.recv(65536)
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return None  # the TLS session ended (with or without close_notify)
             if not data:
                 return None
             self.decoder.feed(data)
@@ -180,7 +228,7 @@ class Raw:
         return p.decode_response(frame)
 
     def authenticate(self, secret: bytes) -> None:
-        hs = ClientHandshake(secret)
+        hs = self.handshake(secret)
         self.sock.sendall(p.auth_request(1, *hs.respond(self.hello())))
         reply = self.frame()
         assert reply is not None
@@ -201,14 +249,25 @@ def secret() -> bytes:
     return generate_secret()
 
 
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory, secret: bytes) -> Iterator[Agent]:
-    a = Agent(tmp_path_factory.mktemp("agent"), secret, handshake_timeout=2.0, frame_timeout=2.0)
+def _module_agent(root: Path, secret: bytes, *, tls: bool) -> Iterator[Agent]:
+    a = Agent(root, secret, tls=tls, handshake_timeout=2.0, frame_timeout=2.0)
     yield a
     assert a.alive(), f"the agent died; log:\n{a.log_path.read_text(errors='replace')[-4000:]}"
     assert a.stop() == 0
     log = a.log_path.read_text(errors="replace")
     assert "Traceback" not in log and "internal error" not in log, log[-4000:]
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory, secret: bytes) -> Iterator[Agent]:
+    """The module's agent: mutual TLS, as production runs it."""
+    yield from _module_agent(tmp_path_factory.mktemp("agent"), secret, tls=True)
+
+
+@pytest.fixture(scope="module")
+def plain_agent(tmp_path_factory: pytest.TempPathFactory, secret: bytes) -> Iterator[Agent]:
+    """A plaintext agent (no [tls]), for what only plain TCP has: a half-close."""
+    yield from _module_agent(tmp_path_factory.mktemp("plain-agent"), secret, tls=False)
 
 
 @pytest.fixture()
@@ -311,25 +370,36 @@ def test_pipelined_adds_complete_out_of_order(agent: Agent, log_id: int) -> None
     asyncio.run(main())
 
 
-def test_raw_pipelining_matches_request_ids(agent: Agent, log_id: int) -> None:
-    raw = Raw(agent.port)
+def _raw_pipelining(agent: Agent, log_id: int, *, half_close: bool) -> None:
+    raw = Raw(agent)
     try:
         raw.authenticate(agent.secret)
         frames = [p.add_entry_request(100 + i, entry(log_id, 1, i)) for i in range(20)]
         frames.append(p.read_lac_request(500, log_id + 10**9, 1))  # no such segment
         raw.sock.sendall(b"".join(frames))
-        raw.sock.shutdown(socket.SHUT_WR)  # a half-close still gets every answer, then EOF
+        if half_close:
+            raw.sock.shutdown(socket.SHUT_WR)  # a half-close still gets every answer, then EOF
         replies = {}
         while len(replies) < 21:
             f = raw.frame()
             assert f is not None
             replies[f.request_id] = f
-        assert raw.eof()
+        if half_close:
+            assert raw.eof()
         assert all(p.decode_response(replies[100 + i]) == b"" for i in range(20))
         with pytest.raises(NoSuchSegmentError):
             p.decode_response(replies[500])
     finally:
         raw.close()
+
+
+def test_raw_pipelining_matches_request_ids(agent: Agent, log_id: int) -> None:
+    _raw_pipelining(agent, log_id, half_close=False)
+
+
+def test_plaintext_half_close_still_gets_every_answer(plain_agent: Agent, log_id: int) -> None:
+    """TCP half-close (TLS has none the agent could keep: a close_notify ends the session)."""
+    _raw_pipelining(plain_agent, log_id, half_close=True)
 
 
 # Fencing -----------------------------------------------------------------------------------------
@@ -418,9 +488,9 @@ def test_wrong_secret_is_unauthorized(agent: Agent) -> None:
 
 
 def test_nothing_is_served_after_a_failed_authentication(agent: Agent, client: SyncAgentClient, log_id: int) -> None:
-    raw = Raw(agent.port)
+    raw = Raw(agent)
     try:
-        hs = ClientHandshake(b"not the cluster secret at all!!")
+        hs = raw.handshake(b"not the cluster secret at all!!")
         nonce, proof = hs.respond(raw.hello())
         # AUTH with a wrong proof, immediately followed by a pipelined add.
         raw.sock.sendall(p.auth_request(1, nonce, proof) + p.add_entry_request(2, entry(log_id, 1, 0)))
@@ -436,7 +506,7 @@ def test_nothing_is_served_after_a_failed_authentication(agent: Agent, client: S
 
 
 def test_request_before_authentication_is_rejected_and_closed(agent: Agent, client: SyncAgentClient, log_id: int) -> None:
-    raw = Raw(agent.port)
+    raw = Raw(agent)
     try:
         raw.hello()
         raw.sock.sendall(p.add_entry_request(7, entry(log_id, 1, 0)) + p.stat_request(8))
@@ -452,13 +522,13 @@ def test_request_before_authentication_is_rejected_and_closed(agent: Agent, clie
 
 
 def test_replayed_auth_response_is_refused(agent: Agent) -> None:
-    first = Raw(agent.port)
-    hs = ClientHandshake(agent.secret)
+    first = Raw(agent)
+    hs = first.handshake(agent.secret)
     recorded = p.auth_request(1, *hs.respond(first.hello()))
     first.sock.sendall(recorded)
     assert first.frame() is not None
     first.close()
-    second = Raw(agent.port)
+    second = Raw(agent)
     try:
         second.hello()
         second.sock.sendall(recorded)
@@ -472,7 +542,7 @@ def test_replayed_auth_response_is_refused(agent: Agent) -> None:
 
 
 def test_silent_client_is_dropped_after_the_handshake_timeout(agent: Agent) -> None:
-    raw = Raw(agent.port)
+    raw = Raw(agent)
     try:
         raw.hello()
         start = time.monotonic()
@@ -483,7 +553,7 @@ def test_silent_client_is_dropped_after_the_handshake_timeout(agent: Agent) -> N
 
 
 def test_slowloris_partial_frame_is_dropped(agent: Agent) -> None:
-    raw = Raw(agent.port)
+    raw = Raw(agent)
     try:
         raw.authenticate(agent.secret)
         frame = p.stat_request(2)
@@ -526,7 +596,7 @@ def test_out_of_range_ids_are_bad_requests_and_touch_nothing(agent: Agent, clien
         with pytest.raises(BadRequestError):
             call()
     # Raw bodies that look like paths never become paths: they are the wrong size or not an entry.
-    raw = Raw(agent.port)
+    raw = Raw(agent)
     try:
         raw.authenticate(agent.secret)
         hostile = [
@@ -561,7 +631,7 @@ def test_oversize_and_garbage_frames_close_the_connection(agent: Agent, client: 
         struct.pack(">IBBHQ", 12, 99, 1, 0, 1),
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
     ):
-        raw = Raw(agent.port)
+        raw = Raw(agent)
         try:
             raw.authenticate(agent.secret)
             raw.sock.sendall(junk)
@@ -574,7 +644,7 @@ def test_oversize_and_garbage_frames_close_the_connection(agent: Agent, client: 
 
 
 def test_bad_request_keeps_the_connection_usable(agent: Agent, log_id: int) -> None:
-    raw = Raw(agent.port)
+    raw = Raw(agent)
     try:
         raw.authenticate(agent.secret)
         raw.sock.sendall(p.encode_frame(77, 0, 5, b"?") + p.encode_frame(p.Op.READ_LAC, 0, 6, b"short"))
@@ -645,14 +715,14 @@ def reference(agent: Agent) -> list[bytes]:
 @given(case=fuzz_input())
 def test_fuzzed_frames_never_crash_hang_or_damage(agent: Agent, reference: list[bytes], case: tuple[bool, bytes]) -> None:
     authenticate, data = case
-    raw = Raw(agent.port, timeout=5)
+    raw = Raw(agent, timeout=5)
     try:
         if authenticate:
             raw.authenticate(agent.secret)
         else:
             raw.hello()
         raw.sock.sendall(data)
-        raw.sock.shutdown(socket.SHUT_WR)  # the agent sees EOF and must end the connection
+        raw.shutdown_write()  # the agent sees EOF (or close_notify) and must end the connection
         assert raw.eof()
     except (ConnectionResetError, BrokenPipeError):
         pass
@@ -728,48 +798,37 @@ def test_request_timeout_is_agent_unavailable(agent: Agent, log_id: int) -> None
     asyncio.run(main())
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    import datetime
+def _cluster_pki(tmp: Path) -> tuple[TlsFiles, TlsFiles]:
+    """A CA of this test's own (not the harness's), an agent certificate for ``localhost`` and a
+    client certificate, as TlsFiles (agent, client)."""
+    from dlctl import pki
+    from dlctl.secrets import write_secret_file
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    key_path.chmod(0o600)
-    return cert_path, key_path
+    ca = pki.new_ca("test-tls")
+    out = []
+    for name, names, server in (("agent", ["localhost"], True), ("client", [], False)):
+        issued = pki.issue(ca, name, names, server=server)
+        d = tmp / f"{name}-tls"
+        for fname, data in (("ca.pem", ca.cert_pem), ("cert.pem", issued.cert_pem), ("key.pem", issued.key_pem)):
+            write_secret_file(d / fname, data)
+        out.append(TlsFiles(d / "ca.pem", d / "cert.pem", d / "key.pem"))
+    return out[0], out[1]
 
 
 def test_tls(tmp_path: Path, secret: bytes) -> None:
-    cert, key = _self_signed(tmp_path)
-    agent = Agent(tmp_path, secret, tls=(cert, key))
+    agent_files, client_files = _cluster_pki(tmp_path)
+    agent = Agent(tmp_path, secret, tls=agent_files)
     try:
-        ctx = ssl.create_default_context(cafile=str(cert))
-        with agent.client(ssl_context=ctx, server_hostname="localhost") as c:  # type: ignore[arg-type]
+        with agent.client(tls=client_files, server_hostname="localhost") as c:  # type: ignore[arg-type]
             c.add(entry(1, 1, 0, os.urandom(200_000)))
             assert len(c.read(1, 1, 0)) == 200_048
-        with agent.client(connect_timeout=1) as plain:  # TLS-only agent: plaintext fails, never hangs
+        with agent.client(tls=None, connect_timeout=1) as plain:  # TLS-only agent: plaintext fails, never hangs
             with pytest.raises(AgentUnavailableError):
                 plain.stat()
+        # A certificate of another CA (the harness's) is refused in the TLS handshake.
+        with agent.client(tls=_harness_tls().client_tls(), server_hostname="localhost", connect_timeout=2) as foreign:  # type: ignore[arg-type]
+            with pytest.raises(AgentUnavailableError):
+                foreign.stat()
     finally:
         assert agent.stop() == 0
 
@@ -780,10 +839,11 @@ def test_store_failure_stops_the_server(tmp_path: Path, secret: bytes) -> None:
     async def main() -> None:
         store = SegmentStore(tmp_path / "data")
         await store.open()
-        server = AgentServer(store, secret, "127.0.0.1", 0)
+        tls = _harness_tls()
+        server = AgentServer(store, secret, "127.0.0.1", 0, tls=tls.agent_tls(tmp_path / "tls", "127.0.0.1"))
         await server.start()
         host, port = server.address
-        c = AgentClient(host, port, secret)
+        c = AgentClient(host, port, secret, tls=tls.client_tls())
         await c.add(entry(1, 1, 0))
         poll = asyncio.ensure_future(c.long_poll(1, 1, 5, timeout=60))
         await asyncio.sleep(0.05)
@@ -807,10 +867,13 @@ def test_connection_and_in_flight_limits(tmp_path: Path, secret: bytes) -> None:
     async def main() -> None:
         store = SegmentStore(tmp_path / "data")
         await store.open()
-        server = AgentServer(store, secret, "127.0.0.1", 0, limits=ServerLimits(max_connections=2, max_in_flight=2))
+        tls = _harness_tls()
+        server = AgentServer(
+            store, secret, "127.0.0.1", 0, tls=tls.agent_tls(tmp_path / "tls", "127.0.0.1"), limits=ServerLimits(max_connections=2, max_in_flight=2)
+        )
         await server.start()
         host, port = server.address
-        a, b, c = (AgentClient(host, port, secret) for _ in range(3))
+        a, b, c = (AgentClient(host, port, secret, tls=tls.client_tls()) for _ in range(3))
         try:
             await a.connect()
             await b.connect()

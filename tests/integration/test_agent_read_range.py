@@ -5,11 +5,11 @@ fatal; a flipped bit on disk is never served."""
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterator
+import struct
 
 import pytest
-from test_agent_protocol import Agent, Raw, entry
+from test_agent_protocol import Agent, Raw, _module_agent, entry
 
 from dlctl.log import protocol as p
 from dlctl.log.auth import generate_secret
@@ -22,12 +22,7 @@ pytestmark = pytest.mark.agent
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    a = Agent(tmp_path_factory.mktemp("agent"), generate_secret())
-    yield a
-    assert a.alive(), f"the agent died; log:\n{a.log_path.read_text(errors='replace')[-4000:]}"
-    assert a.stop() == 0
-    log = a.log_path.read_text(errors="replace")
-    assert "Traceback" not in log and "internal error" not in log, log[-4000:]
+    yield from _module_agent(tmp_path_factory.mktemp("agent"), generate_secret(), tls=True)
 
 
 @pytest.fixture()
@@ -62,7 +57,7 @@ def test_the_agent_caps_an_answer_whatever_the_client_asks(client: SyncAgentClie
 
 def test_a_malformed_range_request_is_answered_and_the_connection_stays_usable(agent: Agent, client: SyncAgentClient) -> None:
     client.add(entry(13, 1, 0))
-    raw = Raw(agent.port)
+    raw = Raw(agent)
     try:
         raw.authenticate(agent.secret)
         for rid, body, what in (

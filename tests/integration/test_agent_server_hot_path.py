@@ -1,5 +1,6 @@
 """The agent server's add hot path (store callbacks, no task per add), draining on stop, and
-long polls on a half-closed connection. In-process server over real TCP, fdatasync injected."""
+long polls on a half-closed connection. In-process server over real TCP, fdatasync injected.
+Servers run mutual TLS with the harness CA, except where plain TCP is the subject (a half-close)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dlctl.log.auth import ClientHandshake, generate_secret
 from dlctl.log.client import AgentClient
 from dlctl.log.errors import AgentIOError, AgentUnavailableError, FencedError
 from dlctl.log.format import Entry, encode
+from harness.tls import agent_tls, client_tls
 
 pytestmark = pytest.mark.agent
 
@@ -38,12 +40,17 @@ class GatedSync:
         os.fdatasync(fd)
 
 
-async def serve(tmp_path, sync):
+def server_tls(tmp_path):
+    """An agent certificate of the harness CA for 127.0.0.1, beside (not in) the data dir."""
+    return agent_tls(tmp_path.with_name(tmp_path.name + "-tls"), "127.0.0.1")
+
+
+async def serve(tmp_path, sync, *, tls: bool = True):
     secret = generate_secret()
     # A held fdatasync must be the sync thread's: inline, it would block this loop (the client's too).
     store = SegmentStore(tmp_path, SyncPolicy(inline_bytes=0), fdatasync=sync)
     await store.open()
-    server = AgentServer(store, secret, "127.0.0.1", 0)
+    server = AgentServer(store, secret, "127.0.0.1", 0, tls=server_tls(tmp_path) if tls else None)
     await server.start()
     return store, server, secret
 
@@ -53,7 +60,7 @@ def test_adds_are_answered_only_once_durable(tmp_path):
 
     async def body():
         store, server, secret = await serve(tmp_path, sync)
-        async with AgentClient("127.0.0.1", server.address[1], secret) as c:
+        async with AgentClient("127.0.0.1", server.address[1], secret, tls=client_tls()) as c:
             await c.add(entry(1, 0))  # a new segment: the task path
             sync.gate.clear()
             sync.entered.clear()
@@ -72,12 +79,38 @@ def test_adds_are_answered_only_once_durable(tmp_path):
     asyncio.run(body())
 
 
+def test_a_batch_is_answered_only_once_durable_and_counts_as_one_request_in_flight(tmp_path):
+    sync = GatedSync()
+
+    async def body():
+        store, server, secret = await serve(tmp_path, sync)
+        async with AgentClient("127.0.0.1", server.address[1], secret, tls=client_tls()) as c:
+            await c.stat()
+            (conn,) = server._conns
+            for what, batch in (("a new segment: the task path", [entry(1, i) for i in range(5)]), ("the hot path", [entry(1, i) for i in range(5, 60)])):
+                sync.gate.clear()
+                sync.entered.clear()
+                pending = asyncio.ensure_future(c.add_batch(batch, True, uncached=True))
+                assert await asyncio.to_thread(sync.entered.wait, 10), what
+                await asyncio.sleep(0.05)
+                assert not pending.done(), f"{what}: answered before its fdatasync"
+                assert (conn.in_flight, conn.in_flight_bytes) == (1, sum(map(len, batch))), what
+                sync.gate.set()
+                assert await pending == len(batch)
+                assert (conn.in_flight, conn.in_flight_bytes) == (0, 0)
+            assert [s.entries for s in await c.list_segments()] == [60]
+        await server.stop()
+        await store.close()
+
+    asyncio.run(body())
+
+
 def test_stop_waits_for_adds_in_flight(tmp_path):
     sync = GatedSync()
 
     async def body():
         store, server, secret = await serve(tmp_path, sync)
-        c = AgentClient("127.0.0.1", server.address[1], secret)
+        c = AgentClient("127.0.0.1", server.address[1], secret, tls=client_tls())
         await c.add(entry(1, 0))
         sync.gate.clear()
         sync.entered.clear()
@@ -97,7 +130,7 @@ def test_stop_waits_for_adds_in_flight(tmp_path):
 
 def test_half_closed_connection_gets_its_long_polls_answered_at_once(tmp_path):
     async def body():
-        store, server, secret = await serve(tmp_path, os.fdatasync)
+        store, server, secret = await serve(tmp_path, os.fdatasync, tls=False)  # TCP half-close: TLS has none
         port = server.address[1]
 
         def client() -> list[p.Frame]:
@@ -154,10 +187,10 @@ def test_client_read_verifies_crc_and_ids_without_decoding(tmp_path):
         secret = generate_secret()
         store = Tampering(tmp_path)
         await store.open()
-        server = AgentServer(store, secret, "127.0.0.1", 0)
+        server = AgentServer(store, secret, "127.0.0.1", 0, tls=server_tls(tmp_path))
         await server.start()
         e0, e1 = entry(1, 0), entry(1, 1)
-        async with AgentClient("127.0.0.1", server.address[1], secret) as c:
+        async with AgentClient("127.0.0.1", server.address[1], secret, tls=client_tls()) as c:
             await c.add(e0)
             await c.add(e1)
             assert await c.read(7, 1, 0) == e0
@@ -183,7 +216,7 @@ def test_client_add_nowait_calls_back_once_durable(tmp_path):
 
     async def body():
         store, server, secret = await serve(tmp_path, sync)
-        async with AgentClient("127.0.0.1", server.address[1], secret) as c:
+        async with AgentClient("127.0.0.1", server.address[1], secret, tls=client_tls()) as c:
             await c.add(entry(1, 0))
             sync.gate.clear()
             sync.entered.clear()
@@ -208,7 +241,7 @@ def test_client_add_nowait_reports_the_agents_error_and_timeouts(tmp_path):
 
     async def body():
         store, server, secret = await serve(tmp_path, sync)
-        async with AgentClient("127.0.0.1", server.address[1], secret, request_timeout=0.3) as c:
+        async with AgentClient("127.0.0.1", server.address[1], secret, tls=client_tls(), request_timeout=0.3) as c:
             await c.add(entry(1, 0))
             await c.fence(7, 1)
             error = await _nowait(c, entry(1, 1))
@@ -230,7 +263,7 @@ def test_client_add_nowait_refuses_without_a_ready_connection_and_fails_on_loss(
 
     async def body():
         store, server, secret = await serve(tmp_path, sync)
-        c = AgentClient("127.0.0.1", server.address[1], secret)
+        c = AgentClient("127.0.0.1", server.address[1], secret, tls=client_tls())
         assert not c.add_nowait(entry(1, 0), lambda exc: None), "sent without a connection"
         await c.add(entry(1, 0))
         sync.gate.clear()

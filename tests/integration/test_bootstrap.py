@@ -81,7 +81,7 @@ def wait_for(predicate, timeout: float, message: str):
 async def fill(src: ClusterSession, name: str, segments: int, per_segment: int, size: int, first: int = 0) -> None:
     """``segments`` completed segments of ``per_segment`` records each (one writer per segment:
     closing a writer completes its segment)."""
-    pool = AgentPool(src.meta, src.secret)
+    pool = AgentPool(src.meta, src.credentials)
     try:
         i = first
         for _ in range(segments):
@@ -102,15 +102,7 @@ def create_source_log(env: dict[str, str], name: str, segments: int, per_segment
 
 def records_of(env: dict[str, str], cluster: str, name: str) -> list:
     with session(env, cluster) as s:
-
-        async def go():
-            pool = AgentPool(s.meta, s.secret)
-            try:
-                return await read_back(s.meta, pool, name)
-            finally:
-                await pool.close()
-
-        return asyncio.run(go())
+        return s.with_pool(lambda pool: read_back(s.meta, pool, name))
 
 
 def assert_sink_holds_source(source: list, sink: list, *, origin: str = SOURCE) -> None:
@@ -157,7 +149,7 @@ class SourceWriter(threading.Thread):
             self.error = exc
 
     async def _write(self, src: ClusterSession) -> None:
-        pool = AgentPool(src.meta, src.secret)
+        pool = AgentPool(src.meta, src.credentials)
         writer = await LogWriter.open(src.meta, pool, self.name, roll_bytes=16 * 1024)
         try:
             i = self.first
@@ -174,7 +166,7 @@ class SourceWriter(threading.Thread):
 async def stream_from(src: ClusterSession, dst: ClusterSession, name: str, snapshot: DLSN, source_vv: dict, count: int) -> int:
     """A stand-in for the replication worker (issue 8): read the source from the snapshot
     point and append each record to the sink with its origin, as a stream would."""
-    src_pool, dst_pool = AgentPool(src.meta, src.secret), AgentPool(dst.meta, dst.secret)
+    src_pool, dst_pool = AgentPool(src.meta, src.credentials), AgentPool(dst.meta, dst.credentials)
     clock = SourceClock(SOURCE, source_vv)
     writer = await LogWriter.open(dst.meta, dst_pool, name)
     appended = 0
@@ -242,10 +234,10 @@ def test_bootstrap_of_200_segments_then_streaming_under_concurrent_writes_gives_
 def sink_adds(env: dict[str, str]) -> int:
     with session(env, SINK) as s:
         total = 0
-        secret = s.secret
+        secret, tls = s.secret, s.tls
         for info in s.meta.available_nodes().values():
             host, _, port = info["address"].rpartition(":")
-            with SyncAgentClient(host, int(port), secret) as client:
+            with SyncAgentClient(host, int(port), secret, tls=tls) as client:
                 total += int(client.stat()["adds"])
         return total
 
@@ -321,7 +313,7 @@ def segment_info(env: dict[str, str], name: str, seq: int):
 def limbo_replicas(env: dict[str, str], node_id: str) -> int:
     with session(env, SOURCE) as s:
         host, _, port = s.meta.available_nodes()[node_id]["address"].rpartition(":")
-        with SyncAgentClient(host, int(port), s.secret) as client:
+        with SyncAgentClient(host, int(port), s.secret, tls=s.tls) as client:
             return int(client.stat()["limbo"])
 
 
@@ -417,7 +409,7 @@ def test_a_live_writer_on_the_sink_log_refuses_the_bootstrap_and_the_commit(sand
         dst.meta.create_log(name, LogConfig())
 
         async def hold_and_try() -> subprocess.CompletedProcess[str]:
-            pool = AgentPool(dst.meta, dst.secret)
+            pool = AgentPool(dst.meta, dst.credentials)
             writer = await LogWriter.open(dst.meta, pool, name)
             try:
                 return await asyncio.get_running_loop().run_in_executor(None, lambda: bootstrap(sandbox, name))

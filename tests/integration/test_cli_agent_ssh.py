@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from harness.procs import free_port, wait_until
+from harness.tls import tls_dir_for
 from harness.zk import write_harness_zk_auth
 
 from dlctl.errors import ExitCode
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.ssh, pytest.mark.zk, pytest.mark.agent, pytest.mark.sl
 def write_inventory(path: Path, cluster, zk_connect: str, *, python_for: dict[str, str | None], known_hosts: Path) -> None:
     base = path.parent
     write_secret_file(base / "secret", b"ssh-test-cluster-secret-0123456789")
+    tls_dir_for(base / "secret", "c1")  # the inventory's default tls_dir: the harness CA
     lines = [
         "[clusters.c1]",
         f'zookeeper = "{zk_connect}"',

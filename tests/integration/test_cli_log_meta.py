@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from harness.tls import tls_dir_for
 from harness.zk import close_client, make_client
 from kazoo.exceptions import NoAuthError
 
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.zk
 @pytest.fixture
 def config(tmp_path, zk, monkeypatch):
     write_secret_file(tmp_path / "c1.secret", b"cluster-secret-for-cli-tests-0123")
+    tls_dir_for(tmp_path / "c1.secret", "c1")  # the inventory's default tls_dir: the harness CA
     write_secret_file(tmp_path / "c1.zk-auth", b"dlctl:zk-password-for-cli-tests")
     path = tmp_path / "config.toml"
     path.write_text(

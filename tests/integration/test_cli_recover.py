@@ -44,7 +44,7 @@ def test_recover_closes_an_abandoned_segment_with_every_acknowledged_record(sand
     session = session_for(sandbox)
 
     async def write_and_abandon() -> int:
-        pool = AgentPool(session.meta, session.secret)
+        pool = AgentPool(session.meta, session.credentials)
         writer = await LogWriter.open(session.meta, pool, "abandoned")
         for i in range(250):
             writer.submit(f"r{i}".encode())
@@ -78,7 +78,7 @@ def test_fence_refuses_a_live_writer_without_force_and_deposes_it_with_force(san
     session = session_for(sandbox)
 
     async def scenario() -> tuple[int, str, int, str]:
-        pool = AgentPool(session.meta, session.secret)
+        pool = AgentPool(session.meta, session.credentials)
         writer = await LogWriter.open(session.meta, pool, "live")
         await writer.append(b"before the fence")
         loop = asyncio.get_running_loop()

@@ -65,7 +65,7 @@ def _double_fault(env, tmp_path, seed: int, *, disguise: bool) -> tuple[list[tup
     child = env.cluster.procs.start(
         [sys.executable, owner_child.SCRIPT, env.cluster.ns.connect_string, env.name, x.secret_file, x.zk_auth_file, acked_path,
          "c1", json.dumps({"ensemble_retry": 3600.0, "stall_timeout": 120.0})],
-        name=f"owner-{seed}",
+        name=f"owner-{seed}", env=owner_child.env(x),
     )
 
     def acked_at_least(n: int) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.agents import DEFAULT_SECRET
+from harness.agents import harness_credentials
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
@@ -99,7 +99,7 @@ class Load:
     async def _run(self) -> None:
         for cluster in self.clusters:
             meta = self.sites[cluster].meta()
-            pool = AgentPool(meta, DEFAULT_SECRET)
+            pool = AgentPool(meta, harness_credentials())
             producer = LogProducer(meta, pool, self.name, options=ProducerOptions(retry_timeout=120))
             try:
                 while not self._stop.is_set():
@@ -183,7 +183,7 @@ def test_a_standby_refuses_application_writes_at_once_until_promoted(sites: Site
     assert AccessStore(b.meta()).get(LOG).value.mode is AccessMode.REPLICA
 
     async def try_writes() -> tuple[BaseException | None, BaseException | None, float]:
-        pool = AgentPool(b.meta(), DEFAULT_SECRET)
+        pool = AgentPool(b.meta(), harness_credentials())
         try:
             try:
                 writer = await LogWriter.open(b.meta(), pool, LOG)
@@ -246,7 +246,7 @@ def _failover_under_load(sites: Sites, inv: Path) -> tuple[Load, dict]:
 
 def _writes_at(site, payloads: list[bytes]) -> list[DLSN]:
     async def go() -> list[DLSN]:
-        pool = AgentPool(site.meta(), DEFAULT_SECRET)
+        pool = AgentPool(site.meta(), harness_credentials())
         producer = LogProducer(site.meta(), pool, LOG)
         try:
             return list(await asyncio.gather(*(producer.submit(p) for p in payloads)))
@@ -273,7 +273,7 @@ def test_failover_after_killing_every_process_of_a_reports_exactly_the_missing_r
     run(eventually(lambda: StreamStore(b.meta()).claims("a-to-b") == {}, timeout=5, message="no worker runs the failed-over stream"))
 
     async def recover() -> None:  # read a's log to its true end (its owner died mid-segment)
-        pool = AgentPool(a.meta(), DEFAULT_SECRET)
+        pool = AgentPool(a.meta(), harness_credentials())
         try:
             await recover_log(a.meta(), pool, LOG)
         finally:
@@ -374,7 +374,7 @@ def cycle(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator
 
 
 async def write_rounds(site, name: str, prefix: str, rounds: int, per_round: int) -> None:
-    pool = AgentPool(site.meta(), DEFAULT_SECRET)
+    pool = AgentPool(site.meta(), harness_credentials())
     producer = LogProducer(site.meta(), pool, name)
     try:
         for r in range(rounds):

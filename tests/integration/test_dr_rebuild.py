@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.agents import DEFAULT_SECRET
+from harness.agents import harness_credentials
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
@@ -77,7 +77,7 @@ def dlctl(inv: Path, *argv: str) -> tuple[int, dict | list | str]:
 
 
 async def write(site: Site, name: str, prefix: str, rounds: int, per_round: int) -> None:
-    pool = AgentPool(site.meta(), DEFAULT_SECRET)
+    pool = AgentPool(site.meta(), harness_credentials())
     producer = LogProducer(site.meta(), pool, name)
     try:
         for r in range(rounds):

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.agents import DEFAULT_SECRET
+from harness.agents import harness_credentials
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
@@ -54,7 +54,7 @@ def dlctl(inv: Path, *argv: str) -> tuple[int, dict | list | str]:
 
 
 async def write_rounds(site, prefix: str, rounds: int, per_round: int) -> None:
-    pool = AgentPool(site.meta(), DEFAULT_SECRET)
+    pool = AgentPool(site.meta(), harness_credentials())
     producer = LogProducer(site.meta(), pool, LOG)
     try:
         for r in range(rounds):
@@ -162,7 +162,7 @@ def test_dr_recover_of_a_wiped_location_whose_peer_truncated_bootstraps_what_the
 
 
 async def _end(site) -> DLSN:
-    pool = AgentPool(site.meta(), DEFAULT_SECRET)
+    pool = AgentPool(site.meta(), harness_credentials())
     try:
         return (await log_end(site.meta(), pool, LOG)).next
     finally:

@@ -54,9 +54,10 @@ from dlctl.log.records import decode_records
 from dlctl.log.writer import LogWriter, WriterClosedError, WriterDeposedError, WriterError
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
-from harness.agents import DEFAULT_SECRET, AgentNode
+from harness.agents import AgentNode, harness_credentials
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry, wait_until
+from harness.tls import child_env
 from harness.zk import ZkNamespace, close_client, make_client
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
@@ -355,7 +356,7 @@ class LogModel(RuleBasedStateMachine):
             self.cluster.heal()
             self.reader_meta = MetaStore(self._zk_client(), CLUSTER)
             self.reader_meta.create_log(self.name, MODEL_CONFIG)
-            self.reader_pool = AgentPool(self.reader_meta, DEFAULT_SECRET, request_timeout=2.0)
+            self.reader_pool = AgentPool(self.reader_meta, harness_credentials(), request_timeout=2.0)
             # One reader tails the log for the whole example, across every crash and hand-over.
             self.tailed: list[tuple[DLSN, int, bytes]] = []
             self.tail_failure: BaseException | None = None
@@ -389,7 +390,7 @@ class LogModel(RuleBasedStateMachine):
         client = self._zk_client()
         loop = LoopThread(f"{self.name}-owner-{generation}")
         meta = MetaStore(client, CLUSTER)
-        pool = AgentPool(meta, DEFAULT_SECRET, request_timeout=REQUEST_TIMEOUT)
+        pool = AgentPool(meta, harness_credentials(), request_timeout=REQUEST_TIMEOUT)
         try:
             writer = loop.run(LogWriter.open(meta, pool, self.name, owner_id=f"owner-{generation}", **WRITER_OPTIONS))
         except BaseException:
@@ -885,10 +886,10 @@ def test_reader_never_observes_an_entry_beyond_lac_that_later_disappears(cluster
     async def scenario() -> None:
         reader_meta = MetaStore(zk_client(), CLUSTER)
         await asyncio.to_thread(reader_meta.create_log, name, LogConfig(3, 3, 2))
-        reader_pool = AgentPool(reader_meta, DEFAULT_SECRET, request_timeout=2.0)
+        reader_pool = AgentPool(reader_meta, harness_credentials(), request_timeout=2.0)
         first_client = zk_client()
         first_meta = MetaStore(first_client, CLUSTER)
-        first = await LogWriter.open(first_meta, AgentPool(first_meta, DEFAULT_SECRET, request_timeout=2.0), name, owner_id="first")
+        first = await LogWriter.open(first_meta, AgentPool(first_meta, harness_credentials(), request_timeout=2.0), name, owner_id="first")
         seen: list[ReadRecord] = []
         reader = await LogReader(reader_meta, reader_pool, name, region="r1", long_poll_timeout=0.5).open()
 
@@ -945,7 +946,7 @@ def test_reader_never_observes_an_entry_beyond_lac_that_later_disappears(cluster
                 await asyncio.to_thread(cluster.agents[node].wait_ready, cluster.admin)
             second_meta = MetaStore(zk_client(), CLUSTER)
             second = await LogWriter.open(
-                second_meta, AgentPool(second_meta, DEFAULT_SECRET, request_timeout=2.0), name, owner_id="second", ownership_wait=10
+                second_meta, AgentPool(second_meta, harness_credentials(), request_timeout=2.0), name, owner_id="second", ownership_wait=10
             )
             (result,) = second.recovered
             if lone_replica == "dead-during-recovery":
@@ -1013,9 +1014,11 @@ async def _all_have(pool: AgentPool, log_id: int, seq: int, entry_id: int) -> bo
 
 _OWNER = textwrap.dedent(
     """
-    import asyncio, sys
+    import asyncio, os, sys
     from pathlib import Path
+    from dlctl.log.auth import Credentials
     from dlctl.log.pool import AgentPool
+    from dlctl.log.tls import TlsFiles
     from dlctl.log.writer import LogWriter
     from dlctl.meta.store import MetaStore
     from dlctl.meta.zk import ZkAuth, connect
@@ -1025,7 +1028,9 @@ _OWNER = textwrap.dedent(
         # A short session: after SIGKILL the next owner waits about a second for the znode to go.
         auth = ZkAuth.from_file(Path(zk_auth_file))
         meta = MetaStore(connect(zk, auth, session_timeout=1.0), "c1", auth)
-        pool = AgentPool(meta, read_secret_file(Path(secret_file)))
+        tls_paths = os.environ.get("HARNESS_CLIENT_TLS")  # harness.tls.child_env: the agents run TLS
+        tls = TlsFiles(*(Path(p) for p in tls_paths.split(os.pathsep))) if tls_paths else None
+        pool = AgentPool(meta, Credentials(read_secret_file(Path(secret_file)), tls))
         writer = await LogWriter.open(meta, pool, name, owner_id="child", batch_bytes=2048)
         out = open(acked_path, "w", buffering=1)  # line-buffered: a line is in the file once acknowledged
 
@@ -1073,7 +1078,7 @@ def test_tailing_reader_continues_without_gaps_when_the_owner_is_sigkilled(clust
     async def scenario() -> None:
         meta = MetaStore(zk_client(), CLUSTER)
         await asyncio.to_thread(meta.create_log, name, LogConfig(3, 3, 2, roll_bytes=64 * 1024))
-        pool = AgentPool(meta, DEFAULT_SECRET, request_timeout=2.0)
+        pool = AgentPool(meta, harness_credentials(), request_timeout=2.0)
         seen: list[ReadRecord] = []
         reader = await LogReader(meta, pool, name, long_poll_timeout=1.0).open()
 
@@ -1083,7 +1088,8 @@ def test_tailing_reader_continues_without_gaps_when_the_owner_is_sigkilled(clust
 
         consumer = asyncio.ensure_future(consume())
         child = cluster.procs.start(
-            [sys.executable, script, cluster.ns.connect_string, name, cluster.agents["n1"].secret_file, cluster.agents["n1"].zk_auth_file, acked_path], name="owner-child"
+            [sys.executable, script, cluster.ns.connect_string, name, cluster.agents["n1"].secret_file, cluster.agents["n1"].zk_auth_file, acked_path], name="owner-child",
+            env=child_env(cluster.agents["n1"].client_tls),
         )
         try:
             # Kill it mid-stream, with the reader live behind it (it has delivered some already).
@@ -1096,7 +1102,7 @@ def test_tailing_reader_continues_without_gaps_when_the_owner_is_sigkilled(clust
             # The next owner waits for the dead one's session to expire, then recovers.
             second_meta = MetaStore(zk_client(), CLUSTER)
             second = await LogWriter.open(
-                second_meta, AgentPool(second_meta, DEFAULT_SECRET), name, owner_id="second", ownership_wait=20
+                second_meta, AgentPool(second_meta, harness_credentials()), name, owner_id="second", ownership_wait=20
             )
             survived = second.last_txid + 1  # the child's txids are 0, 1, ...: this many of its records are in the log
             assert survived >= len(acked), f"the log ends at txid {second.last_txid} but the child had {len(acked)} acknowledged"
@@ -1196,7 +1202,7 @@ def test_a_deposed_writer_never_creates_a_segment_after_the_next_owner_took_over
         await asyncio.to_thread(admin.create_log, name, LogConfig(3, 3, 2))
         first_client = zk_client()
         first_meta = _AnswerLostOnFirstCreate(first_client, CLUSTER)
-        first = await LogWriter.open(first_meta, AgentPool(first_meta, DEFAULT_SECRET), name, owner_id="first")
+        first = await LogWriter.open(first_meta, AgentPool(first_meta, harness_credentials()), name, owner_id="first")
         pending = first.submit(b"from the first owner")  # no segment yet: the writer creates one
         assert await asyncio.to_thread(first_meta.creating.wait, 10), "the first writer never started a segment"
         await asyncio.to_thread(expire, cluster.ns, first_client)
@@ -1204,7 +1210,7 @@ def test_a_deposed_writer_never_creates_a_segment_after_the_next_owner_took_over
             await pending
         second_meta = MetaStore(zk_client(), CLUSTER)
         second = await LogWriter.open(
-            second_meta, AgentPool(second_meta, DEFAULT_SECRET), name, owner_id="second", ownership_wait=10
+            second_meta, AgentPool(second_meta, harness_credentials()), name, owner_id="second", ownership_wait=10
         )
         try:
             first_meta.drop.set()  # the create in flight fails with the connection
@@ -1277,7 +1283,7 @@ def test_a_zookeeper_blip_while_a_writer_chooses_its_first_ensemble_does_not_kil
         await asyncio.to_thread(admin.create_log, name, LogConfig(3, 3, 2))
         flaky = _PolicyReadLostOnce(zk_client(), placement_path(CLUSTER))
         meta = MetaStore(flaky, CLUSTER)  # type: ignore[arg-type]
-        writer = await LogWriter.open(meta, AgentPool(meta, DEFAULT_SECRET), name, owner_id="blipped")
+        writer = await LogWriter.open(meta, AgentPool(meta, harness_credentials()), name, owner_id="blipped")
         try:
             dlsn = await writer.append(b"through a blip")
             assert flaky.blips == 1, "the placement policy was never read: the blip did not happen"

@@ -22,10 +22,11 @@ from dlctl.log.errors import AgentError, NotOwnerError, OrderBarrierError
 from dlctl.log.ownership import owner_info
 from dlctl.log.producer import LogProducer, ProducerOptions, ProxyRouter
 from dlctl.log.records import encode_record
-from harness.agents import DEFAULT_SECRET, AgentNode
+from harness.agents import DEFAULT_SECRET, AgentNode, harness_credentials
 from harness.zk import write_harness_zk_auth
 from harness.logcluster import CLUSTER, AgentCluster, LogEnv, eventually, healed_env, read_back, run
 from harness.procs import ProcessRegistry
+from harness.tls import tls_dir_for
 from harness.zk import ZkNamespace
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
@@ -228,7 +229,7 @@ def test_paused_owner_loses_the_log_and_its_pending_writes_fail_fenced_and_stay_
         owner = owner_node(env)
         node = cluster.agents[owner]
         # A raw connection to the owner, opened while it runs: appends on it reach the old owner.
-        raw = AgentClient(node.host, node.port, DEFAULT_SECRET, request_timeout=30)
+        raw = AgentClient(node.host, node.port, DEFAULT_SECRET, tls=node.client_tls, request_timeout=30)
         await raw.connect()
         node.proc.pause()
         stale = [
@@ -267,7 +268,7 @@ def test_not_owner_answer_names_the_owner_and_a_failed_append_holds_back_later_o
         owner = owner_node(env)
         other = next(n for n in cluster.agents if n != owner)
         node = cluster.agents[other]
-        async with AgentClient(node.host, node.port, DEFAULT_SECRET) as client:
+        async with AgentClient(node.host, node.port, DEFAULT_SECRET, tls=node.client_tls) as client:
             with pytest.raises(NotOwnerError) as refused:
                 await client.append(env.name, 5, 1, encode_record(b"x"))
             # The same producer's next append on this connection is held back until it resets.
@@ -297,7 +298,7 @@ def test_release_moves_the_log_to_another_agent_without_losing_records(env, clus
             await producer.append(payload(0, i))
         owner = owner_node(env)
         node = cluster.agents[owner]
-        async with AgentClient(node.host, node.port, DEFAULT_SECRET) as client:
+        async with AgentClient(node.host, node.port, DEFAULT_SECRET, tls=node.client_tls) as client:
             released = await client.release(env.name)
             again = await client.release(env.name)
         assert owner_node(env) is None
@@ -332,7 +333,7 @@ def test_owner_holds_producers_back_when_a_log_cannot_drain_and_loses_nothing(en
             cluster.agents[n].proc.pause()
         futures = [p.submit(record) for p in producers for _ in range(4000)]  # 12 MB, six times the bound
         node = cluster.agents[owner]
-        async with AgentClient(node.host, node.port, DEFAULT_SECRET) as stat_client:
+        async with AgentClient(node.host, node.port, DEFAULT_SECRET, tls=node.client_tls) as stat_client:
             async def held_back() -> bool:
                 stat = (await stat_client.stat())["proxy"]["logs"].get(env.name, {})
                 return stat.get("held_connections", 0) > 0
@@ -370,7 +371,7 @@ def test_malformed_append_is_refused_and_the_agent_keeps_serving(env, cluster):
 
     async def scenario():
         node = cluster.agents["n1"]
-        async with AgentClient(node.host, node.port, DEFAULT_SECRET) as client:
+        async with AgentClient(node.host, node.port, DEFAULT_SECRET, tls=node.client_tls) as client:
             with pytest.raises(AgentError, match="record"):
                 await client.append(env.name, 1, 2, encode_record(b"only one"))
             with pytest.raises(AgentError, match="log name|invalid"):
@@ -391,6 +392,7 @@ def cli_env(cluster, tmp_path):
     from dlctl.secrets import write_secret_file
 
     write_secret_file(tmp_path / "c1.secret", DEFAULT_SECRET)
+    tls_dir_for(tmp_path / "c1.secret", "c1")  # the inventory's default tls_dir: the harness CA
     nodes = "\n".join(
         f'[[clusters.c1.regions.{node.region}.racks.a.nodes]]\nid = "{name}"\nhost = "{node.host}"\nlisten = "{node.address}"\n' for name, node in cluster.agents.items()
     )
@@ -465,7 +467,7 @@ def test_an_idle_log_is_released_and_claimed_again_on_the_next_append(zk, procs,
     meta.create_log("idle", LogConfig(1, 1, 1))
 
     async def scenario():
-        pool = AgentPool(meta, DEFAULT_SECRET)
+        pool = AgentPool(meta, harness_credentials())
         producer = LogProducer(meta, pool, "idle")
         await producer.append(b"one")
         assert meta.owner_of("idle") is not None
@@ -499,7 +501,7 @@ def test_resent_stream_records_are_applied_once_by_the_owner(env, cluster):
 
     async def scenario():
         node = cluster.agents["n2"]
-        async with AgentClient(node.host, node.port, DEFAULT_SECRET) as client:
+        async with AgentClient(node.host, node.port, DEFAULT_SECRET, tls=node.client_tls) as client:
             first = await client.append(env.name, 11, 10, stream_records(1, 10))
             again = await client.append(env.name, 11, 11, stream_records(5, 15))
         return first, again
@@ -520,14 +522,14 @@ def test_a_new_owner_drops_stream_records_its_dead_predecessor_already_wrote(env
         await producer.append(b"claim")  # some agent owns the log now
         owner = owner_node(env)
         node = cluster.agents[owner]
-        async with AgentClient(node.host, node.port, DEFAULT_SECRET) as client:
+        async with AgentClient(node.host, node.port, DEFAULT_SECRET, tls=node.client_tls) as client:
             await client.append(env.name, 12, 10, stream_records(1, 10))
         node.proc.kill()  # as if the acknowledgement of 1..10 had been lost with it
         other = next(n for n in cluster.agents if n != owner)
         peer = cluster.agents[other]
 
         async def resend() -> list:
-            async with AgentClient(peer.host, peer.port, DEFAULT_SECRET, request_timeout=30) as client:
+            async with AgentClient(peer.host, peer.port, DEFAULT_SECRET, tls=peer.client_tls, request_timeout=30) as client:
                 try:
                     return await client.append(env.name, 12, 15, stream_records(1, 15))
                 except NotOwnerError:

@@ -25,7 +25,7 @@ from dlctl.log.readpolicy import AdaptiveTimeout
 from dlctl.log.records import Record, control_record, encode_records
 from dlctl.meta.records import EnsembleChange, LogConfig, SegmentRecord, SegmentState, Versioned
 from dlctl.meta.store import MetaStore
-from harness.agents import DEFAULT_SECRET, AgentNode
+from harness.agents import AgentNode, harness_credentials
 from harness.procs import ProcessRegistry
 from harness.zk import ZkNamespace, close_client, make_client
 
@@ -182,7 +182,7 @@ class Feeder:
 
 async def setup(zkc: KazooClient, name: str, **pool_options) -> tuple[MetaStore, AgentPool, Feeder]:
     meta = MetaStore(zkc, CLUSTER)
-    pool = AgentPool(meta, DEFAULT_SECRET, **pool_options)
+    pool = AgentPool(meta, harness_credentials(), **pool_options)
     await pool.refresh()
     feeder = await Feeder(meta, pool, name).create()
     return meta, pool, feeder
@@ -360,7 +360,7 @@ def test_a_replica_in_limbo_from_a_flipped_bit_is_survived(cluster, zkc):
         return meta, feeder
 
     async def read(meta: MetaStore, feeder: Feeder):
-        pool = AgentPool(meta, DEFAULT_SECRET)
+        pool = AgentPool(meta, harness_credentials())
         try:
             async with LogReader(meta, pool, "limbo", region="r1", read_ahead=ReadAhead(max_entries=1)) as reader:
                 got = await read_all(reader, 40)
@@ -614,7 +614,7 @@ def test_read_ahead_is_bounded_by_count_and_bytes(cluster, zkc):
 def test_striped_ensemble_reads_each_entry_from_its_write_set_and_tails(cluster, zkc):
     async def main():
         meta = MetaStore(zkc, CLUSTER)
-        pool = AgentPool(meta, DEFAULT_SECRET)
+        pool = AgentPool(meta, harness_credentials())
         await pool.refresh()
         feeder = await Feeder(meta, pool, "striped", w=2).create()  # E=3, W=2: no node has every entry
         await feeder.new_segment()
@@ -666,7 +666,7 @@ def test_tailing_reader_follows_the_real_writer_across_owners(cluster, zkc):
 
     async def main():
         meta = MetaStore(zkc, CLUSTER)
-        pool = AgentPool(meta, DEFAULT_SECRET)
+        pool = AgentPool(meta, harness_credentials())
         await pool.refresh()
         await asyncio.to_thread(meta.create_log, "written", LogConfig(3, 3, 2))
         try:

@@ -463,7 +463,7 @@ def test_owner_sigkilled_mid_stream_next_owner_recovers_every_acknowledged_recor
     acked_path = tmp_path / "acked.txt"
     node = env.cluster.agents["n1"]
     child = env.cluster.procs.start(
-        [sys.executable, owner_child.SCRIPT, env.cluster.ns.connect_string, env.name, node.secret_file, node.zk_auth_file, acked_path], name="owner-child"
+        [sys.executable, owner_child.SCRIPT, env.cluster.ns.connect_string, env.name, node.secret_file, node.zk_auth_file, acked_path], name="owner-child", env=owner_child.env(node)
     )
 
     wait_until(lambda: len(owner_child.acked_records(acked_path)) >= 3000, 30, message="3000 acknowledged records", watch=child)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.agents import DEFAULT_SECRET
+from harness.agents import harness_credentials
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
@@ -40,7 +40,7 @@ def sites(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator
 
 
 async def write(meta, name: str, payloads: list[bytes]) -> list[DLSN]:
-    pool = AgentPool(meta, DEFAULT_SECRET)
+    pool = AgentPool(meta, harness_credentials())
     try:
         writer = await LogWriter.open(meta, pool, name)
         try:
@@ -117,7 +117,7 @@ class Load:
         return self
 
     async def _run(self) -> None:
-        pool = AgentPool(self.meta, DEFAULT_SECRET)
+        pool = AgentPool(self.meta, harness_credentials())
         writer = await LogWriter.open(self.meta, pool, self.name)
         try:
             i = 0
@@ -427,7 +427,7 @@ async def local_writer(site, name: str, rounds: int, per_round: int, others: tup
     from dlctl.log.producer import LogProducer
 
     meta = site.meta()
-    pool = AgentPool(meta, DEFAULT_SECRET)
+    pool = AgentPool(meta, harness_credentials())
     producer = LogProducer(meta, pool, name)
     try:
         for r in range(rounds):

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from dlctl.log.auth import Credentials
 from dlctl.log.pool import AgentPool
 from dlctl.log.reader import LogReader
 from dlctl.log.rereplication import digest_of, entries_on, members
@@ -25,7 +26,7 @@ from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
 from dlctl.ops import rereplicate as rr
-from harness.agents import DEFAULT_SECRET, AgentNode
+from harness.agents import AgentNode, harness_credentials
 from harness.procs import ProcessRegistry, wait_until
 from harness.zk import ZkNamespace
 
@@ -93,8 +94,8 @@ def run(coro: Awaitable[T], timeout: float = 120.0) -> T:
     return asyncio.run(bounded())
 
 
-async def write(meta: MetaStore, name: str, count: int, *, roll_bytes: int = 40_000, close: bool = True, secret: bytes = DEFAULT_SECRET) -> tuple[LogWriter, AgentPool]:
-    pool = AgentPool(meta, secret, request_timeout=5.0)
+async def write(meta: MetaStore, name: str, count: int, *, roll_bytes: int = 40_000, close: bool = True, secret: Credentials | None = None) -> tuple[LogWriter, AgentPool]:
+    pool = AgentPool(meta, secret or harness_credentials(), request_timeout=5.0)
     writer = await LogWriter.open(meta, pool, name, roll_bytes=roll_bytes, batch_bytes=4096)
     for i in range(count):
         writer.submit(f"{name}-{i:06d}".encode() * 20)
@@ -105,7 +106,7 @@ async def write(meta: MetaStore, name: str, count: int, *, roll_bytes: int = 40_
 
 
 async def read_back(meta: MetaStore, name: str, count: int) -> list[bytes]:
-    pool = AgentPool(meta, DEFAULT_SECRET, request_timeout=5.0)
+    pool = AgentPool(meta, harness_credentials(), request_timeout=5.0)
     try:
         async with LogReader(meta, pool, name, start_txid=0) as reader:
             out = []
@@ -122,7 +123,7 @@ async def read_back(meta: MetaStore, name: str, count: int) -> list[bytes]:
 async def assert_fully_replicated(meta: MetaStore, name: str, lost: set[str]) -> None:
     """Every member of every completed segment holds exactly its entries, with the same CRCs as
     every other holder (the digest of (id, CRC) pairs recomputed from another member's copy)."""
-    pool = AgentPool(meta, DEFAULT_SECRET, request_timeout=5.0)
+    pool = AgentPool(meta, harness_credentials(), request_timeout=5.0)
     await pool.refresh()
     log_id = meta.get_log(name).value.log_id
     try:
@@ -180,7 +181,7 @@ def test_recover_node_copies_verifies_and_replaces_the_member_in_place(env):
 
 
 async def _execute(meta: MetaStore, plan: rr.RereplicationPlan, **kw: Any) -> dict[str, Any]:
-    pool = AgentPool(meta, DEFAULT_SECRET, request_timeout=5.0)
+    pool = AgentPool(meta, harness_credentials(), request_timeout=5.0)
     try:
         return await rr.execute(meta, pool, plan, **kw)
     finally:
@@ -201,7 +202,7 @@ def test_an_interrupted_operation_is_continued_by_the_next_run(env):
 
     async def interrupted() -> None:
         # Cancel the run once the first segment is committed and another copy is under way.
-        pool = AgentPool(meta, DEFAULT_SECRET, request_timeout=5.0)
+        pool = AgentPool(meta, harness_credentials(), request_timeout=5.0)
         stop = asyncio.Event()
 
         def watch(p: rr.Progress) -> None:
@@ -260,7 +261,7 @@ def test_region_loss_with_a_running_writer_then_recover_region(env, cluster):
     killed_at: list[int] = []  # the writer's segment when the region died
 
     async def scenario() -> tuple[list[bytes], list[bytes]]:
-        pool = AgentPool(meta, DEFAULT_SECRET, request_timeout=3.0)
+        pool = AgentPool(meta, harness_credentials(), request_timeout=3.0)
         writer = await LogWriter.open(meta, pool, "regional", batch_bytes=4096, stall_timeout=60.0)
         acked: list[bytes] = []
         for i in range(400):
@@ -384,7 +385,7 @@ def test_cli_recover_node_dry_run_then_apply_on_a_sandbox(tmp_path):
         created = dlctl("--yes", "log", "create", "cli", "-e", "4", "-w", "4", "-a", "3")
         assert created.returncode == 0, created.stderr
         session = ClusterSession(inventory.load(ConfigLocation(Path(env["DLCTL_CONFIG"]), "test")).cluster(None))
-        _, pool = run(write(session.meta, "cli", 300, secret=session.secret))
+        _, pool = run(write(session.meta, "cli", 300, secret=session.credentials))
         run(pool.close())
         (seg,) = [s.value for s in session.meta.segments("cli")][:1]
         lost = sorted(members(seg))[0]

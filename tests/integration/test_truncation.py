@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from harness.agents import DEFAULT_SECRET, AgentNode
+from harness.agents import DEFAULT_SECRET, AgentNode, harness_credentials
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
+from harness.tls import tls_dir_for
 from harness.zk import ZkNamespace, close_client, make_client, write_harness_zk_auth
 from kazoo.client import KazooClient
 
@@ -75,6 +76,7 @@ class Cluster:
 
 def write_inventory(path: Path, zk_connect: str, agents: dict[str, AgentNode]) -> Path:
     write_secret_file(path.parent / "c1.secret", DEFAULT_SECRET)
+    tls_dir_for(path.parent / "c1.secret", "c1")  # the inventory's default tls_dir: the harness CA
     nodes = "".join(f'[[clusters.c1.regions.r1.racks.rack1.nodes]]\nid = "{n}"\nhost = "{a.host}"\nlisten = "{a.address}"\n' for n, a in agents.items())
     zk_auth = write_harness_zk_auth(path.parent / "c1.zk-auth")
     path.write_text(f'default_cluster = "c1"\n[clusters.c1]\nzookeeper = "{zk_connect}"\nsecret_file = "c1.secret"\nzk_auth_file = "{zk_auth}"\n{nodes}')
@@ -117,7 +119,7 @@ class Env:
         return MetaStore(client, CLUSTER)
 
     def pool(self, meta: MetaStore | None = None) -> AgentPool:
-        return AgentPool(meta or self.meta, DEFAULT_SECRET, request_timeout=5.0)
+        return AgentPool(meta or self.meta, harness_credentials(), request_timeout=5.0)
 
     def session(self) -> ClusterSession:
         cluster = inventory.load(ConfigLocation(self.cluster.config, "test")).cluster(None)
@@ -167,7 +169,7 @@ def gc_now(env: Env, *, force: bool = False) -> dict:
             await pool.close()
 
     built = asyncio.run(build())
-    result = apply(gc_ops.as_plan(session.meta, DEFAULT_SECRET, CLUSTER, built))
+    result = apply(gc_ops.as_plan(session.meta, harness_credentials(), CLUSTER, built))
     return gc_ops.report(built, result.outcomes)
 
 

@@ -20,7 +20,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from harness.agents import DEFAULT_SECRET
+from harness.agents import DEFAULT_SECRET, harness_credentials
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
@@ -74,7 +74,7 @@ def dlctl(inv: Path, *argv: str) -> tuple[int, dict]:
 
 async def segment(meta, name: str, payloads: list[bytes]) -> list[DLSN]:
     """One completed segment holding ``payloads`` (a writer per call: closing it completes it)."""
-    pool = AgentPool(meta, DEFAULT_SECRET)
+    pool = AgentPool(meta, harness_credentials())
     try:
         writer = await LogWriter.open(meta, pool, name)
         try:
@@ -89,7 +89,7 @@ async def segment(meta, name: str, payloads: list[bytes]) -> list[DLSN]:
 
 async def grouped(meta, name: str, groups: list[list[bytes]]) -> list[DLSN]:
     """One completed segment holding ``groups``, each flushed on its own."""
-    pool = AgentPool(meta, DEFAULT_SECRET)
+    pool = AgentPool(meta, harness_credentials())
     try:
         writer = await LogWriter.open(meta, pool, name)
         try:
@@ -153,7 +153,7 @@ def test_a_sink_bootstrapped_after_truncate_gets_the_timestamps_a_sink_streaming
     code, out = dlctl(inventory, "truncate", name, "--to", str(point), "--dry-run")
     assert code == 0 and any(n.startswith(f"the clock base at {point} is recorded first") and "a-to-b" in n for n in out["notes"]), out
     # A truncation cut short after it recorded the base (point not moved) changes no timestamp.
-    prepare(a.meta(), name, point, secret=DEFAULT_SECRET)
+    prepare(a.meta(), name, point, secret=harness_credentials())
     assert TruncationStore(a.meta()).get(name) is None
     early, _ = run(_stamped(a, name))
     assert {(("a", r.dlsn)): vt for r, vt in early} == at_b
@@ -186,7 +186,7 @@ def test_a_sink_bootstrapped_after_truncate_gets_the_timestamps_a_sink_streaming
 
 
 async def _stamped(site, name: str):
-    pool = AgentPool(site.meta(), DEFAULT_SECRET)
+    pool = AgentPool(site.meta(), harness_credentials())
     try:
         return await dr.stamped(site.meta(), pool, name, site.name)
     finally:
@@ -233,7 +233,7 @@ def test_unreadable_segments_refuse_the_truncation_and_change_nothing(sites: Sit
 
     async def wipe() -> None:
         for node in a.agents.values():
-            client = AgentClient(node.host, node.port, DEFAULT_SECRET)
+            client = AgentClient(node.host, node.port, DEFAULT_SECRET, tls=node.client_tls)
             try:
                 await client.delete_segment(log_id, second)
             finally:
@@ -298,7 +298,7 @@ def test_the_point_of_a_replicated_log_never_moves_past_its_recorded_base(sites:
     with pytest.raises(RefusedError, match="clock base"):
         store.advance(name, end, reason="retention", by="test")
     assert store.get(name) is None
-    prepare(a.meta(), name, end, secret=DEFAULT_SECRET)
+    prepare(a.meta(), name, end, secret=harness_credentials())
     _, moved = store.advance(name, end, reason="retention", by="test")
     assert moved and ClockStore(a.meta()).truncation_base(name) == (end, {"a": 20})
 

@@ -49,7 +49,7 @@ def _pids(env: dict[str, str]) -> dict[str, int]:
 
 
 async def _digests(session: ClusterSession, log_id: int, seg) -> set[tuple[int, str]]:
-    pool = AgentPool(session.meta, session.secret)
+    pool = AgentPool(session.meta, session.credentials)
     try:
         return {
             (d.entries, d.digest)
@@ -66,7 +66,7 @@ def test_a_member_dropped_mid_segment_is_reported_short_then_refilled_and_the_ch
     pids = _pids(sandbox)
 
     async def write_past_a_stopped_member() -> str:
-        pool = AgentPool(session.meta, session.secret, request_timeout=1.0)
+        pool = AgentPool(session.meta, session.credentials, request_timeout=1.0)
         writer = await LogWriter.open(session.meta, pool, "sagging", ensemble_retry=0.2)
         for i in range(300):
             writer.submit(f"r{i}".encode())

@@ -16,6 +16,7 @@ from dlctl.errors import ExitCode
 from dlctl.meta import paths
 from dlctl.meta.zk import ZkAuth, acl_for, connect
 from dlctl.secrets import write_secret_file
+from harness.tls import tls_dir_for
 from harness.zk import close_client, make_client
 
 pytestmark = pytest.mark.zk
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.zk
 
 def inventory(tmp_path, zk, monkeypatch, *, extra: str = "") -> None:
     write_secret_file(tmp_path / "c1.secret", b"cluster-secret-for-security-tests-01")
+    tls_dir_for(tmp_path / "c1.secret", "c1")  # the inventory's default tls_dir: the harness CA
     path = tmp_path / "config.toml"
     # No zk_auth_file: credentials are the default (c1.zk-auth beside the secret).
     path.write_text(
@@ -84,9 +86,14 @@ def test_init_makes_credentials_and_every_znode_refuses_an_anonymous_client(tmp_
         close_client(anonymous)
         close_client(admin)
     # Re-running is safe: the layout is recognised as this cluster's, same id.
-    first_id = result["steps"][1]["result"]["cluster_id"]
+    def layout(out: dict) -> dict:
+        return next(s for s in out["steps"] if s["action"] == "create-layout")["result"]
+
+    first_id = layout(result)["cluster_id"]
     code, again, err = dlctl(capsys, "--yes", "cluster", "init")
-    assert code == 0 and again["steps"][1]["result"]["cluster_id"] == first_id and again["steps"][1]["result"]["adopted"], err
+    assert code == 0 and layout(again)["cluster_id"] == first_id and layout(again)["adopted"], err
+    # The inventory's tls_dir held the harness CA: init kept it (and recorded a TLS cluster).
+    assert next(s for s in again["steps"] if s["action"] == "ensure-tls")["result"]["tls_dir"] == "kept"
 
 
 def test_init_refuses_a_layout_an_attacker_created_first(tmp_path, zk, monkeypatch, capsys):

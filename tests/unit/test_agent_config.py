@@ -135,3 +135,48 @@ def test_secret_files_must_be_private(tmp_path):
         read_secret_file(path)
     with pytest.raises(ConfigError, match="does not exist"):
         read_secret_file(tmp_path / "missing")
+
+
+# -- [tls] ---------------------------------------------------------------------------------------
+
+TLS = '[tls]\nca_file = "tls/ca.pem"\ncert_file = "tls/agent.pem"\nkey_file = "/etc/dlagent/tls/agent.key"\n'
+
+
+def test_without_a_tls_table_the_agent_serves_plaintext(tmp_path):
+    assert agent_config.load(write(tmp_path, GOOD)).tls is None
+
+
+def test_the_tls_table_gives_the_agents_files_relative_to_the_config_file(tmp_path):
+    # [tls] before [storage]: the top-level keys end at the first table either way.
+    cfg = agent_config.load(write(tmp_path, GOOD.replace("[storage]", TLS + "[storage]")))
+    assert cfg.tls is not None
+    assert cfg.tls.ca_file == (tmp_path / "tls" / "ca.pem").resolve()
+    assert cfg.tls.cert_file == (tmp_path / "tls" / "agent.pem").resolve()
+    assert cfg.tls.key_file == Path("/etc/dlagent/tls/agent.key")  # absolute stays as written
+    # Only paths are parsed: the files are read (and their modes checked) when the agent serves.
+    assert not (tmp_path / "tls").exists()
+
+
+@pytest.mark.parametrize(
+    "table,message",
+    [
+        ('[tls]\ncert_file = "a.pem"\nkey_file = "a.key"\n', "[tls] has missing key(s) ca_file"),
+        ('[tls]\nca_file = "ca.pem"\nkey_file = "a.key"\n', "[tls] has missing key(s) cert_file"),
+        ('[tls]\nca_file = "ca.pem"\ncert_file = "a.pem"\n', "[tls] has missing key(s) key_file"),
+        ("[tls]\n", "[tls] has missing key(s) ca_file, cert_file, key_file"),
+        (TLS + 'verify = "none"\n', "[tls] has unknown key(s) verify"),
+        ('[tls]\nca_file = "ca.pem"\ncert_file = 7\nkey_file = "a.key"\n', "[tls] key 'cert_file' must be a file path"),
+        ('[tls]\nca_file = ""\ncert_file = "a.pem"\nkey_file = "a.key"\n', "[tls] key 'ca_file' must be a file path"),
+    ],
+)
+def test_a_bad_tls_table_is_refused_naming_the_file_and_key(tmp_path, table, message):
+    path = write(tmp_path, GOOD.replace("[storage]", table + "[storage]"))
+    with pytest.raises(ConfigError) as info:
+        agent_config.load(path)
+    assert message in info.value.message and str(path) in info.value.message
+
+
+def test_tls_must_be_a_table(tmp_path):
+    path = write(tmp_path, 'tls = "on"\n' + GOOD)
+    with pytest.raises(ConfigError, match="key 'tls' must be a table"):
+        agent_config.load(path)

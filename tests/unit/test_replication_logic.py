@@ -230,3 +230,27 @@ def test_replication_table_of_the_agent_config(tmp_path: Path):
     ]:
         with pytest.raises(ConfigError, match=message):
             parse_replication(bad, tmp_path / "agent.toml")
+
+
+def test_replication_sources_take_tls_files_all_or_none(tmp_path: Path):
+    """A source cluster with a CA of its own: its CA bundle and a certificate it issued to this
+    agent, relative to the config file. Without them the source is reached with the agent's own
+    [tls] (clusters sharing one CA), so the source settings carry none."""
+    from dlagent.replication_config import parse_replication
+
+    keys = {"tls_ca_file": "east-tls/ca.pem", "tls_cert_file": "east-tls/client.pem", "tls_key_file": "/etc/dlagent/east.key"}
+    sources = parse_replication({"sources": {"east": {"zookeeper": "zk:1/x", **keys}, "west": {"zookeeper": "zk:2/y"}}}, tmp_path / "agent.toml").sources
+    tls = sources["east"].tls
+    assert tls is not None
+    assert tls.ca_file == (tmp_path / "east-tls" / "ca.pem").resolve()
+    assert tls.cert_file == (tmp_path / "east-tls" / "client.pem").resolve()
+    assert tls.key_file == Path("/etc/dlagent/east.key")
+    assert sources["west"].tls is None
+    for missing in keys:
+        partial = {k: v for k, v in keys.items() if k != missing}
+        with pytest.raises(ConfigError, match="give all of tls_ca_file, tls_cert_file, tls_key_file or none"):
+            parse_replication({"sources": {"east": partial}}, tmp_path / "agent.toml")
+    with pytest.raises(ConfigError, match="key 'tls_ca_file' must be a string"):
+        parse_replication({"sources": {"east": {**keys, "tls_ca_file": 3}}}, tmp_path / "agent.toml")
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_replication({"sources": {"east": {**keys, "tls_verify": "none"}}}, tmp_path / "agent.toml")

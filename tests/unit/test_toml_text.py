@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,29 @@ def test_agent_install_writes_an_agent_toml_the_agent_reads_back_exactly(tmp_pat
     assert str(loaded.secret_file) == node.home + "/secret"
     assert str(loaded.zk_auth_file) == node.home + "/zk-auth"
     assert (loaded.node_id, loaded.cluster, loaded.region, loaded.rack, loaded.zookeeper) == ("r1-n1", "east", "r1", "rack-a", "127.0.0.1:2181/chroot")
+
+
+def test_agent_install_writes_tls_tables_the_agent_reads_back(tmp_path):
+    from dlctl.meta.zk import ZkTls
+
+    node = Node(
+        id="r1-n1", cluster="east", region="r1", rack="rack-a", host="127.0.1.1", listen="127.0.1.1:3181",
+        ssh_user=None, ssh_port=22, identity_file=None, data_dir="/data", python=None, home="/opt/😀 home",
+    )
+    zk_tls = ZkTls(tmp_path / "zk-ca.pem", tmp_path / "zk-client.pem", tmp_path / "zk-client.key")
+    cluster = Cluster(name="east", zookeeper="127.0.0.1:2281", secret_file=tmp_path / "s", zk_auth_file=tmp_path / "z", nodes=(node,), zookeeper_tls=zk_tls)
+    path = tmp_path / "agent.toml"
+    path.write_text(agent_config_text(cluster, node, tls=True))
+    loaded = agent_config.load(path)
+    assert loaded.tls is not None
+    assert [str(p) for p in loaded.tls.paths] == [f"{node.home}/tls/ca.pem", f"{node.home}/tls/agent.pem", f"{node.home}/tls/agent.key"]
+    assert loaded.zookeeper_tls is not None
+    assert (str(loaded.zookeeper_tls.ca_file), str(loaded.zookeeper_tls.cert_file), str(loaded.zookeeper_tls.key_file)) == (
+        f"{node.home}/zk-tls/ca.pem", f"{node.home}/zk-tls/client.pem", f"{node.home}/zk-tls/client.key"
+    )
+    plain = tmp_path / "plain.toml"
+    plain.write_text(agent_config_text(replace(cluster, zookeeper_tls=None), node))
+    assert agent_config.load(plain).tls is None and agent_config.load(plain).zookeeper_tls is None
 
 
 def test_the_sandbox_writes_agent_configs_and_an_inventory_that_read_back_exactly(tmp_path):
