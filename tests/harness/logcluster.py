@@ -128,11 +128,28 @@ def healed_env(cluster: AgentCluster, test_name: str, cls: type[E] = LogEnv) -> 
 
 
 def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
+    """``asyncio.run(coro)`` bounded by ``timeout``, except that it does not wait for the default
+    executor's threads at the end: a kazoo call of a cluster a test killed (a pool's refresh in
+    flight at the kill) blocks its thread until the test's teardown stops that client, and
+    asyncio.run would wait for it for ever instead of returning or raising."""
+
     async def bounded() -> T:
         async with asyncio.timeout(timeout):
             return await coro
 
-    return asyncio.run(bounded())
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(bounded())
+    finally:
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()  # shuts the default executor down without waiting for its threads
 
 
 async def eventually(predicate: Callable[[], Any], timeout: float = 10.0, message: str = "condition") -> Any:
