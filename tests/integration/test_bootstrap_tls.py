@@ -195,7 +195,11 @@ def test_on_a_standalone_spark_cluster_executors_get_the_tls_files_by_broadcast_
         while not done.wait(0.02):
             for d in spark.local_dir.rglob("dlctl-tls-*"):
                 try:
-                    seen.setdefault(d, (stat.S_IMODE(d.stat().st_mode), sorted(stat.S_IMODE(f.stat().st_mode) for f in d.iterdir())))
+                    # The fullest look wins: one may catch the files still being written, or
+                    # Spark already removing them.
+                    look = (stat.S_IMODE(d.stat().st_mode), sorted(stat.S_IMODE(f.stat().st_mode) for f in d.iterdir()))
+                    if d not in seen or len(look[1]) >= len(seen[d][1]):
+                        seen[d] = look
                 except OSError:  # removed meanwhile
                     pass
 
