@@ -94,6 +94,16 @@ def other_ca_files(directory: Path) -> ZkTls:
 # -- (a) it works, ACLs included ----------------------------------------------------------------
 
 
+def assert_never_connects(hosts: str, options: dict) -> None:
+    """A raw kazoo client with ``options`` (TLS or not) never gets a session: its start times out."""
+    raw = KazooClient(hosts=hosts, timeout=4, connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 0.5}, **options)
+    try:
+        with pytest.raises(KazooTimeoutError):
+            raw.start(timeout=3)
+    finally:
+        close(raw)
+
+
 def test_connect_over_tls_reads_and_writes_under_the_digest_acl(tls_zk, auth):
     client = connect(tls_zk.secure, auth, tls=tls_zk.client_tls, timeout=15)
     anonymous = connect(tls_zk.secure, None, tls=tls_zk.client_tls, timeout=15)
@@ -158,12 +168,7 @@ host = "127.0.0.1"
 
 
 def test_a_plaintext_client_gets_nowhere_on_the_secure_port(tls_zk, auth):
-    raw = KazooClient(hosts=tls_zk.secure, timeout=4, connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 0.5})
-    try:
-        with pytest.raises(KazooTimeoutError):
-            raw.start(timeout=3)
-    finally:
-        close(raw)
+    assert_never_connects(tls_zk.secure, {})
     with pytest.raises(DlctlError) as info:
         connect(tls_zk.secure, auth, timeout=3)
     assert tls_zk.secure in str(info.value) and "speaks TLS" in str(info.value) and "zookeeper_tls" in info.value.hint
@@ -177,12 +182,7 @@ def test_a_tls_client_gets_nowhere_on_the_plain_port(tls_zk, auth):
 
 def test_a_client_trusting_another_ca_refuses_the_server(tls_zk, auth, tmp_path):
     stranger = other_ca_files(tmp_path)
-    raw = KazooClient(hosts=tls_zk.secure, timeout=4, connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 0.5}, **stranger.kazoo_options())
-    try:
-        with pytest.raises(KazooTimeoutError):
-            raw.start(timeout=3)
-    finally:
-        close(raw)
+    assert_never_connects(tls_zk.secure, stranger.kazoo_options())
     # Its own CA with our (valid) client certificate: still the server's certificate is refused.
     with pytest.raises(DlctlError) as info:
         connect(tls_zk.secure, auth, tls=ZkTls(stranger.ca_file, tls_zk.client_tls.cert_file, tls_zk.client_tls.key_file), timeout=3)
@@ -200,12 +200,7 @@ def test_the_server_refuses_a_client_certificate_of_another_ca(tls_zk, auth, tmp
 def test_a_client_without_a_certificate_is_refused_when_client_auth_is_need(tls_zk, auth):
     assert tls_zk.config.tls is not None and tls_zk.config.tls.client_auth == "need"
     no_cert = ZkTls(tls_zk.client_tls.ca_file)
-    raw = KazooClient(hosts=tls_zk.secure, timeout=4, connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 0.5}, **no_cert.kazoo_options())
-    try:
-        with pytest.raises(KazooTimeoutError):
-            raw.start(timeout=3)
-    finally:
-        close(raw)
+    assert_never_connects(tls_zk.secure, no_cert.kazoo_options())
     with pytest.raises(DlctlError) as info:
         connect(tls_zk.secure, auth, tls=no_cert, timeout=3)
     message = str(info.value)
