@@ -29,6 +29,7 @@ from .config import AgentConfig
 from .housekeeping import Housekeeping
 from .disk import prepare_data_dir
 from .fdlimit import check_headroom, raise_nofile_limit
+from .pull import RangePuller
 from .proxy import ProxyOptions, WriteProxy
 from .registry import Registration
 from .server import AgentServer
@@ -157,6 +158,8 @@ async def serve(config: AgentConfig) -> int:
     )
     await loop.run_in_executor(None, registration.start, 2 * config.session_timeout)
     proxy = _start_proxy(config, zk, zk_auth, credentials, server)
+    # Copies pulled from peers (PULL_RANGE: repair and re-replication with one network leg).
+    server.puller = RangePuller(AgentPool(MetaStore(zk, config.cluster, zk_auth), credentials), store, config.node_id)
     # The auditor stands for election only once this agent is registered and serving: an
     # agent that cannot serve must not be the one that decides others are gone.
     auditor = None
@@ -203,6 +206,7 @@ async def serve(config: AgentConfig) -> int:
         # agents are still reachable, so clients move to a new owner without waiting for a session.
         await proxy.close()
         await proxy.pool.close()
+    await server.puller.pool.close()  # pulls under way fail on the closed connections; their copiers redo them
     await loop.run_in_executor(None, registration.stop)
     await loop.run_in_executor(None, lambda: (zk.stop(), zk.close()))
     await server.stop()

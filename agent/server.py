@@ -109,6 +109,7 @@ class AgentServer:
         ServerHandshake(secret, auth_context)  # fail at construction on an unusable secret
         self.store = store
         self.proxy = proxy  # dlagent.proxy.WriteProxy once ZooKeeper is up; None: APPEND is refused
+        self.puller: Any = None  # dlagent.pull.RangePuller once ZooKeeper is up; None: PULL_RANGE is refused
         self._secret = secret
         self._auth_context = auth_context
         self.host = host
@@ -368,8 +369,16 @@ class AgentServer:
         return p.encode_deleted(await self.store.delete(log_id, seg))
 
     def stat_all(self) -> bytes:
-        extra = {"proxy": self.proxy.stat()} if self.proxy is not None else {}
+        extra: dict[str, Any] = {"proxy": self.proxy.stat()} if self.proxy is not None else {}
+        if self.puller is not None:
+            extra["pull"] = dict(self.puller.counters)
         return p.encode_stat({**self.store.stat(), "server": self.stat(), **extra})
+
+    async def pull_range(self, log_id: int, seg: int, first: int, last: int, max_bytes: int, source: str, uncached: bool) -> bytes:
+        self._ids(log_id, seg, first)
+        if self.puller is None:
+            raise AgentUnavailableError("this agent cannot pull yet (it is not connected to its cluster's metadata)")
+        return await self.puller.pull(log_id, seg, first, last, max_bytes, source, uncached)
 
     async def release(self, name: str) -> bytes:
         if self.proxy is None:
@@ -710,6 +719,10 @@ class _Conn(asyncio.Protocol):
             self._append(rid, flags, args)
         elif op is p.Op.RELEASE:
             self._spawn(self._run_async(op, rid, server.release(*args)), 0)
+        elif op is p.Op.PULL_RANGE:
+            # Counted at the two answers it may hold at once (dlagent.pull).
+            held = 2 * min(args[4], p.MAX_RANGE_BYTES)
+            self._spawn(self._run_async(op, rid, server.pull_range(*args, uncached=bool(flags & p.FLAG_UNCACHED))), held, name="pull-range")
         else:  # AUTH again
             self.send(p.error_response(op, rid, BadRequestError.status, "already authenticated"))
 

@@ -389,6 +389,20 @@ class AgentClient:
         predates ADD_BATCH answers ``BadRequestError`` naming the unknown opcode."""
         return p.decode_added(await self._call(p.Op.ADD_BATCH, p.add_batch_request_parts, entries, recovery, uncached))
 
+    async def pull_range(
+        self, log_id: int, segment_seq: int, first: int, last: int, source: str, max_bytes: int, *, uncached: bool = True, timeout: float | None = None
+    ) -> p.PullResult:
+        """PULL_RANGE: have this agent copy entries ``first``..``last`` of the segment from the
+        agent ``source`` (a node id) and store them durably as recovery adds; the answer says how
+        many consecutive entries from ``first`` it now holds and why it stopped short, if it did.
+        An agent that predates PULL_RANGE answers ``BadRequestError`` naming the unknown opcode."""
+        result = p.decode_pulled(
+            await self._call(p.Op.PULL_RANGE, p.pull_range_request, log_id, segment_seq, first, last, max_bytes, source, uncached, timeout=timeout)
+        )
+        if result.entries > last - first + 1:
+            raise AgentIOError(f"PULL_RANGE of {log_id}/{segment_seq}/{first}..{last} from agent {self.address}: it claims {result.entries} entries")
+        return result
+
     def add_nowait(self, encoded: bytes, on_done: Callable[[BaseException | None], None], *, flush: bool = False) -> bool:
         """``add`` without a task, for the writer's hot path: ``on_done(None)`` once the entry is
         durable on the agent, ``on_done(error)`` (the error ``add`` would raise) otherwise,

@@ -50,6 +50,12 @@ def crc32c(data: bytes | memoryview, value: int = 0) -> int:
     return _crc32c.crc32c(data, value)
 
 
+def stored_crc(buf: bytes | memoryview, offset: int = 0) -> int:
+    """The CRC-32C recorded in the header of the encoded entry at ``offset`` (its last field;
+    not verified here: copies forward entries already checked, and compare these)."""
+    return _CRC.unpack_from(buf, offset + _FIELDS.size)[0]
+
+
 @dataclass(frozen=True, slots=True)
 class EntryHeader:
     log_id: int

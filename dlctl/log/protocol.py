@@ -66,6 +66,10 @@ Operations (request body -> result on success)::
     14  ADD_BATCH       RECOVERY (0x1),            encoded entries back    entries u32: how many the
                         UNCACHED (0x2)             to back (one segment,   batch held (all now durable)
                                                    ids increasing)
+    15  PULL_RANGE      UNCACHED (0x2)             log u64, seg u64,       entries u32, bytes u64,
+                                                   first i64, last i64,    reason u16+UTF-8 (empty: all
+                                                   max bytes u32, source   of first..last), then each
+                                                   u16+UTF-8 (a node id)   stored entry's CRC-32C u32
 
 READ_RANGE is the bulk read of a copy (the bootstrap reads whole segments): one request and one
 disk read for many consecutive entries. The agent verifies every entry's CRC as READ_ENTRY does,
@@ -85,6 +89,17 @@ with identical bytes count as stored (idempotent, as a single add). The answer c
 entry is durable (the same group commit and fdatasync as single adds); a failed write fails the
 batch as it fails a single add: nothing of it is acknowledged, and resending identical bytes is
 idempotent. A batch counts as one request, of its whole size, in the agent's in-flight limits.
+
+PULL_RANGE is a copy with one network leg instead of two: the agent asked reads entries
+first..last of the segment from the agent ``source`` (a node id of its own cluster, resolved in
+the cluster's availability records: never an address from the request) with READ_RANGE, checks
+each as a client does, and stores them as recovery ADD_BATCHes, reading ahead while it syncs. It
+stops after about max bytes (always at least first), at last, or at the first entry the source
+cannot serve; the answer then says how many consecutive entries from first are now durable here,
+their bytes and CRCs, and in ``reason`` why it stopped short (the source's error, a gap), so the
+copier carries on from another replica. An error response means the agent itself could not
+store (its disk, a limbo replica, a bad request): nothing beyond the entries of earlier answers
+is acknowledged. The copier verifies the result with DIGEST, as after ADD_BATCHes.
 
 APPEND and RELEASE are the write-proxy ops (DESIGN.md §5): the agent that owns the log batches
 the records of all its clients into entries and answers with each record's DLSN once it is
@@ -161,11 +176,13 @@ class Op(IntEnum):
     RELEASE = 12
     READ_RANGE = 13
     ADD_BATCH = 14
+    PULL_RANGE = 15
 
 
 _ALLOWED_FLAGS: dict[int, int] = {int(op): 0 for op in Op}
 _ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.ADD_BATCH] = FLAG_RECOVERY | FLAG_UNCACHED
+_ALLOWED_FLAGS[Op.PULL_RANGE] = FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE
 _ALLOWED_FLAGS[Op.APPEND] = FLAG_RESET_ORDER
 
@@ -460,6 +477,13 @@ def read_range_request(request_id: int, log_id: int, segment_seq: int, first: in
     return encode_frame(Op.READ_RANGE, 0, request_id, _pack(_RANGE_REQ, log_id, segment_seq, first, last, min(max_bytes, 2**32 - 1)))
 
 
+def pull_range_request(request_id: int, log_id: int, segment_seq: int, first: int, last: int, max_bytes: int, source: str, uncached: bool = True) -> bytes:
+    if last < first or max_bytes < 1:
+        raise ValueError(f"PULL_RANGE of entries {first}..{last} with max bytes {max_bytes}: needs first <= last and max bytes >= 1")
+    body = _pack(_RANGE_REQ, log_id, segment_seq, first, last, min(max_bytes, 2**32 - 1)) + _text_field(source, "source node id")
+    return encode_frame(Op.PULL_RANGE, FLAG_UNCACHED if uncached else 0, request_id, body)
+
+
 def read_lac_request(request_id: int, log_id: int, segment_seq: int) -> bytes:
     return encode_frame(Op.READ_LAC, 0, request_id, _pack(_SEG, log_id, segment_seq))
 
@@ -489,11 +513,16 @@ def stat_request(request_id: int) -> bytes:
     return encode_frame(Op.STAT, 0, request_id)
 
 
-def _name_field(name: str) -> bytes:
-    raw = name.encode("utf-8")
+def _text_field(text: str, what: str) -> bytes:
+    """A name on the wire: u16 length, then 1..MAX_LOG_NAME bytes of UTF-8."""
+    raw = text.encode("utf-8")
     if not 0 < len(raw) <= MAX_LOG_NAME:
-        raise ValueError(f"log name of {len(raw)} bytes: must be 1..{MAX_LOG_NAME}")
+        raise ValueError(f"{what} of {len(raw)} bytes: must be 1..{MAX_LOG_NAME}")
     return _U16.pack(len(raw)) + raw
+
+
+def _name_field(name: str) -> bytes:
+    return _text_field(name, "log name")
 
 
 def append_request(request_id: int, name: str, producer: int, count: int, records: bytes | memoryview, reset_order: bool = False) -> bytes:
@@ -507,17 +536,22 @@ def release_request(request_id: int, name: str) -> bytes:
     return encode_frame(Op.RELEASE, 0, request_id, _name_field(name))
 
 
-def _take_name(body: bytes, what: str) -> tuple[str, int]:
-    if len(body) < _U16.size:
-        raise ProtocolError(f"{what} body of {len(body)} bytes has no log name")
-    (size,) = _U16.unpack_from(body, 0)
-    end = _U16.size + size
+def _take_text(body: bytes, pos: int, what: str) -> tuple[str, int]:
+    """The name field at ``pos`` (``_text_field``'s layout) and where the body goes on."""
+    if len(body) < pos + _U16.size:
+        raise ProtocolError(f"{what}: the body of {len(body)} bytes ends before it")
+    (size,) = _U16.unpack_from(body, pos)
+    end = pos + _U16.size + size
     if not 0 < size <= MAX_LOG_NAME or len(body) < end:
-        raise ProtocolError(f"{what} log name of {size} bytes overruns the body or is out of range 1..{MAX_LOG_NAME}")
+        raise ProtocolError(f"{what} of {size} bytes overruns the body or is out of range 1..{MAX_LOG_NAME}")
     try:
-        return body[_U16.size : end].decode("utf-8"), end
+        return body[pos + _U16.size : end].decode("utf-8"), end
     except UnicodeDecodeError:
-        raise ProtocolError(f"{what} log name is not UTF-8") from None
+        raise ProtocolError(f"{what} is not UTF-8") from None
+
+
+def _take_name(body: bytes, what: str) -> tuple[str, int]:
+    return _take_text(body, 0, f"{what} log name")
 
 
 class Request(NamedTuple):
@@ -572,6 +606,18 @@ def decode_request(frame: Frame) -> Request:
             raise ProtocolError(f"READ_RANGE request {request_id}: last entry {args[3]} is before first entry {args[2]}")
         if args[4] < 1:
             raise ProtocolError(f"READ_RANGE request {request_id}: max bytes must be at least 1")
+    elif op is Op.PULL_RANGE:
+        if len(body) < _RANGE_REQ.size:
+            raise ProtocolError(f"PULL_RANGE body of {len(body)} bytes is shorter than {_RANGE_REQ.size}")
+        log_id, seg, first, last, max_bytes = _RANGE_REQ.unpack_from(body, 0)
+        source, end = _take_text(body, _RANGE_REQ.size, "PULL_RANGE source node id")
+        if end != len(body):
+            raise ProtocolError(f"PULL_RANGE body has {len(body) - end} bytes after the source node id")
+        if last < first or first < 0:
+            raise ProtocolError(f"PULL_RANGE request {request_id}: entries {first}..{last} (needs 0 <= first <= last)")
+        if max_bytes < 1:
+            raise ProtocolError(f"PULL_RANGE request {request_id}: max bytes must be at least 1")
+        args = (log_id, seg, first, last, max_bytes, source)
     elif op in (Op.READ_LAC, Op.FENCE, Op.DELETE_SEGMENT):
         args = _unpack_exact(_SEG, body, op.name)
     elif op is Op.LONG_POLL:
@@ -839,6 +885,39 @@ def decode_dlsns(result: bytes) -> list[tuple[int, int, int]]:
     if len(result) != _U32.size + count * _DLSN.size:
         raise ProtocolError(f"APPEND result of {len(result)} bytes does not hold {count} positions")
     return [_DLSN.unpack_from(result, _U32.size + i * _DLSN.size) for i in range(count)]
+
+
+class PullResult(NamedTuple):
+    """PULL_RANGE's answer: ``entries`` consecutive entries from the first asked for are durable
+    on the agent, ``bytes`` in all, with these CRC-32Cs; ``reason`` why it stopped before the
+    last asked for (empty when it did not)."""
+
+    entries: int
+    bytes: int
+    reason: str
+    crcs: tuple[int, ...]
+
+
+_PULL_RES = struct.Struct(">IQ")
+
+
+def encode_pulled(entries: int, nbytes: int, reason: str, crcs: Sequence[int]) -> bytes:
+    if len(crcs) != entries:
+        raise ValueError(f"PULL_RANGE result: {len(crcs)} CRCs for {entries} entries")
+    text = reason.encode("utf-8", "replace")[:MAX_MESSAGE]
+    return _PULL_RES.pack(entries, nbytes) + _U16.pack(len(text)) + text + struct.pack(f">{entries}I", *crcs)
+
+
+def decode_pulled(result: bytes) -> PullResult:
+    if len(result) < _PULL_RES.size + _U16.size:
+        raise ProtocolError(f"PULL_RANGE result of {len(result)} bytes is shorter than {_PULL_RES.size + _U16.size}")
+    entries, nbytes = _PULL_RES.unpack_from(result, 0)
+    (size,) = _U16.unpack_from(result, _PULL_RES.size)
+    start = _PULL_RES.size + _U16.size
+    if len(result) != start + size + 4 * entries:
+        raise ProtocolError(f"PULL_RANGE result of {len(result)} bytes does not hold a {size}-byte reason and {entries} CRCs")
+    reason = result[start : start + size].decode("utf-8", "replace")
+    return PullResult(entries, nbytes, reason, struct.unpack_from(f">{entries}I", result, start + size))
 
 
 def decode_released(result: bytes) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import random
 import struct
@@ -42,7 +43,7 @@ from ..placement import PlacementPolicy, replace_member
 from ..ratelimit import TokenBucket
 from . import protocol as p
 from .errors import AgentError, AgentUnavailableError, BadRequestError, NoSuchEntryError, NoSuchSegmentError
-from .format import HEADER_SIZE
+from .format import stored_crc
 from .readpolicy import order_replicas
 
 log = logging.getLogger(__name__)
@@ -286,12 +287,13 @@ class CopyProgress:
 # (or as many single reads of a striped replica's entries) and one ADD_BATCH to the target.
 # Measured with tests/benchmarks/bench_rereplication.py (64 KiB entries).
 COPY_BATCH_BYTES = 2 * 1024 * 1024
+# A pull is a read and a durable write of about COPY_BATCH_BYTES by the target: allow for a busy
+# disk (a lost answer is only a redo: recovery adds of identical bytes are idempotent).
+PULL_TIMEOUT = 60.0
 _MAX_CHUNK_ENTRIES = 4096
 # An entry's size until the segment's record or the first reads tell: on the small side, so the
 # first chunks are too big rather than single entries (the window bounds them in entries).
 _GUESS_ENTRY_BYTES = 16 * 1024
-_CRC = struct.Struct(">I")  # an encoded entry's CRC-32C: the last field of its header
-_CRC_OFFSET = HEADER_SIZE - 4
 
 
 @dataclass
@@ -413,6 +415,7 @@ async def copy_replica(
     attempts: int = 3,
     throttle: TokenBucket | None = None,
     batch_bytes: int = COPY_BATCH_BYTES,
+    pull: bool = True,
 ) -> CopyResult:
     """Copy every entry ``lost`` held in ``segment`` to ``target`` and verify it (see module doc).
 
@@ -422,7 +425,10 @@ async def copy_replica(
     held by the same surviving replicas (an E = W span is one run) are read with READ_RANGE
     from the nearest of them, continuing where an answer stopped (its byte cap, a gap) and
     falling over to the next replica for the rest of the run; a striped replica's entries
-    (E > W) mostly form runs of one, read with READ_ENTRY. The chunk then goes to the target as
+    (E > W) mostly form runs of one, read with READ_ENTRY. With ``pull`` (the default) the
+    target reads each run itself (PULL_RANGE: one network leg instead of two, and no third
+    process handling the bytes), falling over between replicas as above, and only what it could
+    not pull is read here. Otherwise the chunk goes to the target as
     one ADD_BATCH of *recovery* adds (all or nothing; an agent that predates ADD_BATCH gets
     single adds), which the agent accepts on a fenced replica and which are idempotent for
     identical bytes — an interrupted copy is simply redone. The entries are forwarded as the
@@ -445,6 +451,7 @@ async def copy_replica(
     failure: list[BaseException] = []
     no_range: set[str] = set()  # sources that predate READ_RANGE
     single_adds = False  # the target predates ADD_BATCH
+    pulling = pull  # the target pulls from the sources itself (until it turns out to predate PULL_RANGE)
     # A chunk is cut to about ``batch_bytes`` from the entry size seen so far; what it holds
     # travels in requests of up to MAX_BATCH_BYTES, so a chunk of entries larger than the
     # guess is still one READ_RANGE and one ADD_BATCH.
@@ -543,6 +550,70 @@ async def copy_replica(
             if isinstance(outcome, BaseException):
                 raise outcome
 
+    def record(first: int, chunk_crcs: Iterable[int], nbytes: int) -> None:
+        entries = 0
+        for k, crc in enumerate(chunk_crcs):
+            crcs[first + k] = crc
+            entries += 1
+        result.entries += entries
+        result.bytes += nbytes
+        if progress is not None:
+            progress.add(entries, nbytes)
+
+    async def store_pieces(pieces: list[_Piece]) -> None:
+        for batch in _batches(pieces, batch_cap):
+            nbytes = sum(piece.end - piece.start for piece in batch)
+            if throttle is not None:
+                await throttle.take(nbytes)
+            await store(batch)
+            for piece in batch:
+                offsets = itertools.accumulate(piece.sizes[:-1], initial=piece.start)
+                record(piece.first, (stored_crc(piece.buf, pos) for pos in offsets), 0)
+            record(batch[0].first, (), nbytes)
+
+    async def pull_run(first: int, last: int, order: tuple[str, ...]) -> int:
+        """Have the target pull ``first``..``last`` from the first replica of ``order`` that
+        serves them (PULL_RANGE: one network leg), falling over to the next for the rest; what
+        no pull stored is read and added as above (a target that predates PULL_RANGE, or that
+        could not pull: the single path names the failure precisely). Returns the bytes."""
+        nonlocal pulling
+        pos, nbytes = first, 0
+        nodes = list(order)
+        answers: dict[str, str] = {}
+        while pulling and nodes and pos <= last:
+            try:
+                got = await target_client.pull_range(log_id, segment.seq, pos, last, nodes[0], batch_bytes, timeout=PULL_TIMEOUT)
+            except AgentError as exc:
+                # The target itself failed the request (it predates PULL_RANGE, is not connected
+                # to its cluster, its disk failed...): the rest of the copy goes through this
+                # process, whose single adds name a storage failure precisely. A source's
+                # failure is not an error here: the answer's reason carries it.
+                if pulling and not _unknown_op(exc):
+                    log.info("%s: %s could not pull entries %d..%d from %s (%s); copying through this process instead", where, target, pos, last, nodes[0], exc.message)
+                pulling = False
+                reads.limit = reading  # from now on half the window reads here, half adds
+                break
+            if throttle is not None:
+                await throttle.take(got.bytes)
+            record(pos, got.crcs, got.bytes)
+            pos += got.entries
+            nbytes += got.bytes
+            if got.reason:
+                answers[nodes.pop(0)] = got.reason
+        if pos <= last:
+            if not nodes:
+                raise StuckError(
+                    f"{where}: entry {pos} could not be read from any surviving replica ("
+                    + (", ".join(f"{n}: {why}" for n, why in answers.items()) or "no surviving member of its write set")
+                    + ")",
+                    hint="bring a replica of it back; if none holds it, the entry is lost and is reported so",
+                    details={"segment": segment.seq, "entry": pos, "answers": answers},
+                )
+            pieces = await read_run(pos, last, tuple(nodes))
+            await store_pieces(pieces)
+            nbytes += sum(piece.end - piece.start for piece in pieces)
+        return nbytes
+
     async def one(chunk: list[int]) -> None:
         n = len(chunk)
         adding = False
@@ -550,6 +621,11 @@ async def copy_replica(
             if failure:
                 return
             runs = _runs(chunk, order_of, holders)
+            if pulling:
+                pulled = await asyncio.gather(*(pull_run(a, b, order) for a, b, order in runs))
+                seen[0] += n
+                seen[1] += sum(pulled)
+                return
             read = await asyncio.gather(*(read_run(a, b, order) for a, b, order in runs))
             seen[0] += n
             seen[1] += sum(piece.end - piece.start for pieces in read for piece in pieces)
@@ -558,22 +634,7 @@ async def copy_replica(
             await adds.take(n)
             adding = True
             await reads.give(n)
-            for batch in _batches([piece for pieces in read for piece in pieces], batch_cap):
-                nbytes = sum(piece.end - piece.start for piece in batch)
-                if throttle is not None:
-                    await throttle.take(nbytes)
-                await store(batch)
-                entries = 0
-                for piece in batch:
-                    pos = piece.start
-                    for k, size in enumerate(piece.sizes):
-                        crcs[piece.first + k] = _CRC.unpack_from(piece.buf, pos + _CRC_OFFSET)[0]
-                        pos += size
-                    entries += len(piece.sizes)
-                result.entries += entries
-                result.bytes += nbytes
-                if progress is not None:
-                    progress.add(entries, nbytes)
+            await store_pieces([piece for pieces in read for piece in pieces])
         except BaseException as exc:  # noqa: BLE001 - the first failure stops the copy, below
             failure.append(exc)
         finally:
@@ -586,10 +647,15 @@ async def copy_replica(
     guess = segment.bytes // span_entries if segment.bytes > 0 and span_entries > 0 else _GUESS_ENTRY_BYTES
     seen = [0, 0]  # entries and bytes read so far (the running average entry size)
     per_chunk_max, reading, adding = _stages(window)
-    reads, adds = _Budget(reading), _Budget(adding)
+    # A pulled chunk is read and stored by the target in one request: the whole window pulls.
+    reads, adds = _Budget(window if pull else reading), _Budget(adding)
     tasks = []
     i = 0
     while i < len(ids) and not failure:
+        if len(tasks) == 1 and pull:
+            # The first chunk tells whether the target pulls (and the entry size): the next
+            # chunks are cut, and their budget chosen, knowing it.
+            await asyncio.wait(tasks)
         average = seen[1] // seen[0] if seen[0] else guess
         per = max(1, min(per_chunk_max, batch_bytes // max(1, average)))
         chunk = ids[i : i + per]

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 from dlctl.log import format as fmt
@@ -50,14 +51,34 @@ MIB = 1024 * KIB
 # -- the agent under test (child process) ------------------------------------------------------
 
 
-def serve(data_dir: Path, port_file: Path) -> None:
+class StaticPool:
+    """Peers by node id at fixed addresses, as an agent's ``AgentPool`` finds them in ZooKeeper
+    (a benchmark agent has no ZooKeeper): what its PULL_RANGE reads from."""
+
+    def __init__(self, peers: dict[str, str], tls: Any) -> None:
+        from dlctl.log.client import AgentClient
+
+        self.clients = {}
+        for node, address in peers.items():
+            host, _, port = address.rpartition(":")
+            self.clients[node] = AgentClient(host, int(port), SECRET, request_timeout=60, tls=tls)
+
+    async def client(self, node: str) -> Any:
+        return self.clients[node]
+
+
+def serve(data_dir: Path, port_file: Path, peers: dict[str, str] | None = None) -> None:
+    from dlagent.pull import RangePuller
     from dlagent.server import AgentServer
     from dlagent.storage import SegmentStore, SyncPolicy
 
     async def main() -> None:
         store = SegmentStore(data_dir, SyncPolicy())
         await store.open()
-        server = AgentServer(store, SECRET, "127.0.0.1", 0, tls=harness_tls.from_env())  # start_agent passes it
+        tls = harness_tls.from_env()  # start_agent passes it
+        server = AgentServer(store, SECRET, "127.0.0.1", 0, tls=tls)
+        if peers:
+            server.puller = RangePuller(StaticPool(peers, tls), store, data_dir.name)  # the agent's own certificate, as in production
         await server.start()
         port_file.write_text(str(server.address[1]))
         await asyncio.Event().wait()

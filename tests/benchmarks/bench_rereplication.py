@@ -14,12 +14,18 @@ the same volume on the same directory, re-measured right before each copy. Media
 under-replicated`` and the auditor, ``dlctl.log.repair``): the target is itself a member of the
 segment whose replica was lost (limbo, cut, replaced disk), refilled from its peer — the very
 ``copy_replica`` call ``repair_replica`` makes. Same baseline, same target (>= 50 %).
+
+By default the target pulls the entries from the source itself (PULL_RANGE, the path the
+auditor and ``dlctl recover`` take): one connection carries each byte. ``--no-pull`` copies
+through the benchmark process instead (READ_RANGE + ADD_BATCH: two connections, three
+processes), for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import statistics
@@ -39,14 +45,16 @@ from dlctl.log.rereplication import copy_replica
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 
 
-def start_agent(work: Path, name: str, *, plaintext: bool) -> tuple[subprocess.Popen, int]:
+def start_agent(work: Path, name: str, *, plaintext: bool, peers: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
     """An agent in a child process: mutual TLS with a harness certificate, as production runs
-    (the files passed in the environment), or plaintext."""
+    (the files passed in the environment), or plaintext; ``peers`` (node id: address) are the
+    agents its PULL_RANGE can read from."""
     port_file = work / f"{name}.port"
     env = dict(os.environ)
     if not plaintext:
         env.update(harness_tls.child_env(harness_tls.agent_tls(work / f"{name}-tls", "127.0.0.1")))
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(work / name), str(port_file)], env=env)
+    command = [sys.executable, __file__, "--serve", str(work / name), str(port_file), json.dumps(peers or {})]
+    proc = subprocess.Popen(command, env=env)
     deadline = time.monotonic() + 30
     while not (port_file.exists() and port_file.read_text()):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -98,7 +106,7 @@ async def measure(src_port: int, dst_port: int, args: argparse.Namespace, direct
             member = "dst" if args.in_place else "lost"
             segment = SegmentRecord(seq, SegmentState.COMPLETED, (EnsembleChange(0, ("src", member)),), 2, 2, time.time(), last_entry_id=count - 1)
             base = baseline_sequential_bandwidth(directory, count * len(payload))
-            result = await copy_replica(Pool({"src": src, "dst": dst}), 1, segment, member, "dst", {member}, window=args.window)
+            result = await copy_replica(Pool({"src": src, "dst": dst}), 1, segment, member, "dst", {member}, window=args.window, pull=not args.no_pull)
             rate = result.bytes / result.seconds
             rounds.append((rate, base))
             print(f"round {r + 1}: copied {result.bytes / MIB:.0f} MiB in {result.seconds:.2f}s = {rate / MIB:.1f} MiB/s; baseline {base / MIB:.1f} MiB/s ({rate / base:.0%})", flush=True)
@@ -112,7 +120,7 @@ async def measure(src_port: int, dst_port: int, args: argparse.Namespace, direct
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help="a directory on the disk to measure (default: a temporary one)")
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--entry-kib", type=int, default=64)
@@ -121,15 +129,16 @@ def main() -> int:
     parser.add_argument("--strict", action="store_true")
     parser.add_argument("--plaintext", action="store_true", help="agents without TLS (default: mutual TLS, as production)")
     parser.add_argument("--in-place", action="store_true", help="refill a member in place (repair) instead of copying to a replacement")
+    parser.add_argument("--no-pull", action="store_true", help="copy through this process (READ_RANGE + ADD_BATCH) instead of the target pulling (PULL_RANGE)")
     args = parser.parse_args()
     if args.serve:
-        serve(Path(args.serve[0]), Path(args.serve[1]))
+        serve(Path(args.serve[0]), Path(args.serve[1]), json.loads(args.serve[2]))
         return 0
     work = Path(tempfile.mkdtemp(prefix="bench-rerepl-", dir=args.dir))
     procs = []
     try:
         src, src_port = start_agent(work, "source", plaintext=args.plaintext)
-        dst, dst_port = start_agent(work, "target", plaintext=args.plaintext)
+        dst, dst_port = start_agent(work, "target", plaintext=args.plaintext, peers={"src": f"127.0.0.1:{src_port}"})
         procs = [src, dst]
         rounds = asyncio.run(measure(src_port, dst_port, args, work))
     finally:
@@ -140,7 +149,7 @@ def main() -> int:
     ratio = statistics.median(rate / base for rate, base in rounds)
     rate = statistics.median(rate for rate, _ in rounds)
     verdict = "PASS" if ratio >= 0.5 else "MISS"
-    what = ("repair (in place)" if args.in_place else "re-replication") + (", plaintext" if args.plaintext else ", TLS")
+    what = ("repair (in place)" if args.in_place else "re-replication") + (", plaintext" if args.plaintext else ", TLS") + (", through the copier" if args.no_pull else ", pulled by the target")
     print(f"{what} copy rate: {rate / MIB:.1f} MiB/s = {ratio:.0%} of sequential write+fdatasync bandwidth (target >= 50 %): {verdict}")
     return 1 if args.strict and ratio < 0.5 else 0
 
