@@ -40,6 +40,7 @@
     enabled = true             # false: APPEND/RELEASE are refused; the agent only stores segments
     max_log_bytes = 33554432   # per owned log: unacknowledged + queued bytes before clients are held back
     batch_delay_ms = 2.0       # how long the owner lets an entry fill with records from many clients
+    producer_id_ttl = 3600     # seconds an idempotent producer may be idle and its resends still be recognised
 
     [housekeeping]             # retention and GC of truncated segments (dlagent.housekeeping)
     enabled = true             # false: never the elected housekeeper (still reclaims its own files)
@@ -120,6 +121,7 @@ class ProxySettings:
     max_log_bytes: int = 32 * 1024 * 1024
     batch_delay_ms: float = 2.0
     idle_release_seconds: float = 600.0
+    producer_id_ttl: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -415,7 +417,7 @@ def _rate(value: Any, path: Path) -> float:
 def _proxy_settings(raw: Any, path: Path) -> ProxySettings:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: key 'proxy' must be a table ([proxy])")
-    known = {"enabled", "max_log_bytes", "batch_delay_ms", "idle_release_seconds"}
+    known = {"enabled", "max_log_bytes", "batch_delay_ms", "idle_release_seconds", "producer_id_ttl"}
     extra = sorted(set(raw) - known)
     if extra:
         raise ConfigError(f"{path}: unknown key(s) in [proxy]: {', '.join(extra)}", hint=f"known keys: {', '.join(sorted(known))}")
@@ -431,4 +433,7 @@ def _proxy_settings(raw: Any, path: Path) -> ProxySettings:
     idle = raw.get("idle_release_seconds", ProxySettings.idle_release_seconds)
     if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not (idle == 0 or 1 <= idle <= 7 * 24 * 3600):
         raise ConfigError(f"{path}: [proxy] key 'idle_release_seconds' must be 0 (never) or seconds in 1..604800, got {idle!r}")
-    return ProxySettings(enabled=enabled, max_log_bytes=size, batch_delay_ms=float(delay), idle_release_seconds=float(idle))
+    ttl = raw.get("producer_id_ttl", ProxySettings.producer_id_ttl)
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 1 <= ttl <= 7 * 24 * 3600:
+        raise ConfigError(f"{path}: [proxy] key 'producer_id_ttl' must be seconds in 1..604800, got {ttl!r}")
+    return ProxySettings(enabled=enabled, max_log_bytes=size, batch_delay_ms=float(delay), idle_release_seconds=float(idle), producer_id_ttl=float(ttl))

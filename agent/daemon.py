@@ -55,6 +55,7 @@ def _start_proxy(config: AgentConfig, zk, zk_auth: ZkAuth | None, credentials: C
         max_log_bytes=config.proxy.max_log_bytes,
         batch_delay=config.proxy.batch_delay_ms / 1000.0,
         idle_release=config.proxy.idle_release_seconds,
+        producer_id_ttl=config.proxy.producer_id_ttl,
     )
     proxy = WriteProxy(meta, AgentPool(meta, credentials), config.node_id, config.advertise, options).start()
     server.proxy = proxy

@@ -46,7 +46,17 @@ from typing import Any
 
 from dlctl.errors import NotFoundError
 from dlctl.log.dlsn import DLSN
-from dlctl.log.errors import AgentError, BadRequestError, FencedError, NoSuchLogError, NotOwnerError, OrderBarrierError, ReadOnlyLogError
+from dlctl.log.errors import (
+    AgentError,
+    BadRequestError,
+    DuplicateTooOldError,
+    FencedError,
+    NoSuchLogError,
+    NotOwnerError,
+    OrderBarrierError,
+    ReadOnlyLogError,
+)
+from dlctl.log.idempotence import PRODUCER_HEADER, ProducerMark, ProducerTable, producer_mark
 from dlctl.log.ownership import OwnershipError, owner_info
 from dlctl.log.records import CorruptRecords, Record, decode_records
 from dlctl.log.writer import LogWriter, WriterDeposedError, WriterError, WriterOptions
@@ -54,7 +64,10 @@ from dlctl.meta.store import MetaStore
 from dlctl.names import validate_name
 from dlctl.meta.access import LogReadOnlyError
 from dlctl.replication.origin import origin_event
-from dlctl.replication.positions import origin_events_in_tail
+from dlctl.log.tail import records_in_tail
+
+from .forward import Forwarder
+from dlctl.replication.positions import origin_events_of
 from dlctl.replication.store import StreamStore
 
 log = logging.getLogger(__name__)
@@ -67,7 +80,10 @@ class ProxyOptions:
     claim_timeout: float = 30.0  # bound on fencing + recovering the previous owner's segment
     close_timeout: float = 10.0  # per log, when the agent shuts down or an operator releases it
     idle_release: float = 600.0  # release a log nobody appended to for this long (0: never)
-    tail_scan_entries: int = 1024  # after taking over from a dead owner: entries read back for stream positions
+    tail_scan_entries: int = 1024  # after taking over from a dead owner: entries read back for stream positions and producers
+    handoff_scan_entries: int = 256  # after a graceful handoff: what the previous owner flushed (max_log_bytes) and then some
+    producer_id_ttl: float = 3600.0  # an idempotent producer idle this long is forgotten (its next request: UNKNOWN_PRODUCER)
+    max_producers_per_log: int = 10_000  # past this, the least recently seen producer is forgotten
 
 
 def _done(loop: asyncio.AbstractEventLoop, value: DLSN) -> asyncio.Future[DLSN]:
@@ -97,9 +113,14 @@ class Barrier:
 
 
 class _Request:
-    __slots__ = ("records", "size", "barrier", "key", "hold", "result")
+    __slots__ = ("records", "size", "barrier", "key", "hold", "result", "mark", "retry", "wire")
 
-    def __init__(self, records: list[Record], size: int, barrier: Barrier, key: tuple[int, str], hold: Hold, result: asyncio.Future[list[DLSN]]) -> None:
+    def __init__(
+        self, records: list[Record], size: int, barrier: Barrier, key: tuple[int, str], hold: Hold, result: asyncio.Future[list[DLSN]], mark: tuple[int, int, int] | None = None
+    ) -> None:
+        self.mark = mark  # (producer id, epoch, sequence) of an idempotent request
+        self.retry = False  # an earlier attempt of it may have been written
+        self.wire: tuple[bytes, int, bool] | None = None  # (records, count, reset order) of a request to forward
         self.records = records
         self.size = size
         self.barrier = barrier
@@ -129,6 +150,7 @@ class _OwnedLog:
         self.applied: dict[str, tuple[int, asyncio.Future[DLSN]]] = {}
         self.task: asyncio.Task[None] | None = None  # the claim
         self.failed = False
+        self.producers: ProducerTable | None = None  # idempotent producers' requests (set once claimed)
 
 
 def _error_for(exc: BaseException, name: str) -> AgentError:
@@ -150,6 +172,25 @@ def _error_for(exc: BaseException, name: str) -> AgentError:
     return AgentError(f"log {name!r}: {type(exc).__name__}: {exc}")
 
 
+def restore_producers(table: ProducerTable, tail: list[tuple[DLSN, Record]], loop: asyncio.AbstractEventLoop, now: float) -> int:
+    """Put the idempotent requests found in ``tail`` (records in log order) into ``table``: a
+    marked record and the records after it that its mark counts (a request's records are
+    consecutive). Records before the first mark belong to a request that started earlier than
+    the tail: left out. Returns how many requests were restored."""
+    restored = 0
+    for i, (_, record) in enumerate(tail):
+        try:
+            mark = producer_mark(record.headers) if record.headers else None
+        except ValueError as exc:
+            log.warning("ignoring a malformed producer mark in the log tail: %s", exc)
+            continue
+        if mark is None or i + mark.count > len(tail):
+            continue
+        table.restore(mark, [_done(loop, dlsn) for dlsn, _ in tail[i : i + mark.count]], now)
+        restored += 1
+    return restored
+
+
 class WriteProxy:
     def __init__(self, meta: MetaStore, pool: Any, node_id: str, address: str, options: ProxyOptions = ProxyOptions()) -> None:
         self.meta = meta
@@ -159,19 +200,31 @@ class WriteProxy:
         self.options = options
         self.owner_id = f"{node_id}/{uuid.uuid4().hex[:8]}"  # this incarnation of the agent
         self._logs: dict[str, _OwnedLog] = {}
+        self._forwards: dict[str, Forwarder] = {}  # logs another agent owns, for clients that cannot reach it
         self._closing = False
         self._reaper: asyncio.Task[None] | None = None
-        self.counters = {"appends": 0, "records": 0, "claims": 0, "not_owner": 0, "failed": 0, "idle_releases": 0, "duplicates_dropped": 0}
+        self.counters = {
+            "appends": 0, "records": 0, "claims": 0, "not_owner": 0, "failed": 0, "idle_releases": 0, "duplicates_dropped": 0,
+            "duplicate_requests": 0,  # idempotent resends answered with their first positions
+            "producers_restored": 0,  # producers' last requests found in the log tail when claiming
+            "forwarded": 0,  # requests sent on to the owner for clients that could not reach it
+        }
 
     # -- entry points (called by the protocol server, on the event loop) -------------------------
 
     def append(
-        self, name: str, producer: int, count: int, body: memoryview, *, barrier: Barrier, hold: Hold, reset: bool
+        self, name: str, producer: int, count: int, body: memoryview, *, barrier: Barrier, hold: Hold, reset: bool,
+        epoch: int | None = None, seq: int | None = None, retry: bool = False, forward: bool = False,
     ) -> asyncio.Future[list[DLSN]]:
         """Hand a request to the log's writer now (or queue it in order); the future gets the
-        records' DLSNs once acknowledged, or the typed error to send back."""
+        records' DLSNs once acknowledged, or the typed error to send back. With ``epoch`` and
+        ``seq`` the request is idempotent (dlctl.log.idempotence). ``forward``: the client
+        cannot reach the owner; unless this agent owns or is claiming the log, the request goes
+        to the owner through this agent (dlagent.forward)."""
         loop = asyncio.get_running_loop()
-        request = _Request([], len(body), barrier, (producer, name), hold, loop.create_future())
+        mark = (producer, epoch, seq) if seq is not None and epoch is not None else None
+        request = _Request([], len(body), barrier, (producer, name), hold, loop.create_future(), mark)
+        request.retry = retry
         self.counters["appends"] += 1
         try:
             validate_name("log", name)
@@ -189,7 +242,20 @@ class WriteProxy:
         elif request.key in barrier.failed:
             self._fail(request, self._barrier_error(name))
             return request.result
+        if forward and name not in self._logs:
+            request.wire = (bytes(body), count, reset)
+            forwarder = self._forwards.get(name)
+            if forwarder is None:
+                forwarder = self._forwards[name] = Forwarder(self, name)
+            forwarder.put(request)
+            return request.result
+        self.enqueue(name, request)
+        return request.result
+
+    def enqueue(self, name: str, request: _Request) -> None:
+        """Queue a decoded request for the log's writer here, claiming the log if need be."""
         owned = self._logs.get(name)
+        hold = request.hold
         if owned is None:
             owned = self._logs[name] = _OwnedLog(name)
             owned.task = asyncio.ensure_future(self._claim(owned))
@@ -202,7 +268,6 @@ class WriteProxy:
         if held > self.options.max_log_bytes and self._logs.get(name) is owned:
             hold.count += 1
             owned.held.append(hold)
-        return request.result
 
     async def release(self, name: str) -> bool:
         """Give log ``name`` up gracefully (flush, complete the segment, drop ownership)."""
@@ -242,6 +307,8 @@ class WriteProxy:
         self._closing = True
         if self._reaper is not None:
             self._reaper.cancel()
+        for forwarder in list(self._forwards.values()):
+            forwarder.close()
         await asyncio.gather(*(self.release(name) for name in list(self._logs)), return_exceptions=True)
 
     def stat(self) -> dict[str, Any]:
@@ -296,7 +363,7 @@ class WriteProxy:
             await self._close_writer(writer)  # released or shutting down meanwhile
             return
         try:
-            owned.applied = await self._applied_before(name, recovered=bool(writer.recovered))
+            owned.applied, owned.producers = await self._applied_before(name, recovered=bool(writer.recovered))
         except Exception as exc:  # noqa: BLE001 - without it a resend could be applied twice: give the log up
             log.warning("could not read the tail of log %r after claiming it: %s", name, exc)
             self._abandon(owned, AgentError(f"log {name!r}: reading its tail after the claim failed: {exc}"))
@@ -307,14 +374,19 @@ class WriteProxy:
         log.info("claimed log %r%s", name, f" (recovered {recovered})" if recovered else "")
         self._pump(owned)
 
-    async def _applied_before(self, name: str, *, recovered: bool) -> dict[str, tuple[int, asyncio.Future[DLSN]]]:
-        """How far each origin location's events are in the log already (see ``_submit_once``):
-        every stream's checkpoint says what it appended (its sink version vector) up to a
-        moment; the log's last entries add what was appended since — after a dead owner, a
-        longer look, since a request whose acknowledgement was lost sits among its last entries."""
+    async def _applied_before(self, name: str, *, recovered: bool) -> tuple[dict[str, tuple[int, asyncio.Future[DLSN]]], ProducerTable]:
+        """How far each origin location's events are in the log already (see ``_submit_once``),
+        and the idempotent producers' last requests: every stream's checkpoint says what it
+        appended (its sink version vector) up to a moment; the log's last entries add what was
+        appended since — after a dead owner, a longer look, since a request whose
+        acknowledgement was lost sits among its last entries."""
         loop = asyncio.get_running_loop()
         vectors = await loop.run_in_executor(None, self._checkpointed_vectors, name)
-        found, newest = await origin_events_in_tail(self.meta, self.pool, name, max_entries=self.options.tail_scan_entries if recovered or vectors else 16)
+        scan = self.options.tail_scan_entries if recovered or vectors else self.options.handoff_scan_entries
+        tail = await records_in_tail(self.meta, self.pool, name, max_entries=scan)
+        producers = ProducerTable(self.options.producer_id_ttl, self.options.max_producers_per_log)
+        self.counters["producers_restored"] += restore_producers(producers, tail, loop, time.monotonic())
+        found, newest = origin_events_of(tail), (tail[-1][0] if tail else None)
         anchor = newest or DLSN(1, 0, 0)  # a checkpoint-known event's copy: somewhere before the tail's end
         out: dict[str, tuple[int, asyncio.Future[DLSN]]] = {}
         for vector in vectors:
@@ -324,7 +396,7 @@ class WriteProxy:
         for origin, (counter, sink) in found.items():
             if counter >= out.get(origin, (0, None))[0]:
                 out[origin] = (counter, _done(loop, sink))
-        return out
+        return out, producers
 
     def _checkpointed_vectors(self, name: str) -> list[dict[str, int]]:
         streams = StreamStore(self.meta)
@@ -353,22 +425,28 @@ class WriteProxy:
                 break
             request = owned.queue.popleft()
             owned.queued_bytes -= request.size
-            if request.barrier.closed:
-                # Its client has given up on it (and may resend elsewhere): writing it now could only
-                # duplicate it, late.
-                self._fail(request, OrderBarrierError(f"the connection that sent this append to {owned.name!r} is closed"))
+            if self.held_back(request, owned.name):
                 continue
-            if request.key in request.barrier.failed:
-                self._fail(request, self._barrier_error(owned.name))
-                continue
+            if request.mark is not None:
+                try:
+                    duplicate = self._check_producer(owned, request)
+                except AgentError as exc:
+                    self._fail(request, exc)
+                    continue
+                if duplicate is not None:
+                    self.counters["duplicate_requests"] += 1
+                    self._chain(owned, writer, request, duplicate)
+                    continue
             try:
-                futures = self._submit_once(owned, writer, request.records)
+                futures = self._submit_once(owned, writer, request.records, request.mark)
             except (ValueError, WriterError) as exc:
                 self._fail(request, _error_for(exc, owned.name))
                 if isinstance(exc, WriterError):
                     self._abandon(owned, _error_for(exc, owned.name))
                     return
                 continue
+            if request.mark is not None:
+                owned.producers.applied(*request.mark, futures, time.monotonic())  # type: ignore[union-attr]
             self.counters["records"] += len(futures)
             self._chain(owned, writer, request, futures)
         self._release_holds(owned)
@@ -411,7 +489,27 @@ class WriteProxy:
         for fut in list(waiting):
             fut.add_done_callback(done)
 
-    def _submit_once(self, owned: _OwnedLog, writer: LogWriter, records: list[Record]) -> list[asyncio.Future[DLSN]]:
+    def _check_producer(self, owned: _OwnedLog, request: _Request) -> list[asyncio.Future[DLSN]] | None:
+        """None: a new request of its producer; else the positions of its first copy (a resend).
+        Raises the refusal of a request that must not be written (dlctl.log.idempotence)."""
+        assert owned.producers is not None and request.mark is not None
+        duplicate = owned.producers.check(*request.mark, time.monotonic(), retry=request.retry)
+        if duplicate is None:
+            return None
+        first = duplicate.results
+        if len(first) == len(request.records):
+            return first
+        # Found in the log tail after a replicated record of it had been dropped as already
+        # held (the mark counts the records written): if every record is replicated, origin
+        # deduplication answers each of them; otherwise the positions are not known.
+        if all(r.headers and origin_event(r.headers) is not None for r in request.records):
+            return self._submit_once(owned, owned.writer, request.records, None)  # type: ignore[arg-type]
+        raise DuplicateTooOldError(
+            f"log {owned.name!r}: request {request.mark[2]} of producer {request.mark[0]:#x} was applied with "
+            f"{len(first)} of its {len(request.records)} records written; their positions are not known; nothing written"
+        )
+
+    def _submit_once(self, owned: _OwnedLog, writer: LogWriter, records: list[Record], mark: tuple[int, int, int] | None = None) -> list[asyncio.Future[DLSN]]:
         """Submit ``records`` minus the replicated ones this log already holds.
 
         A replicated record is an event of its origin location, numbered by the origin's own
@@ -420,7 +518,10 @@ class WriteProxy:
         or below the highest this log holds for its origin is here already: resent by a worker
         (at least once through a proxy) or brought a second time by another stream (a mesh of
         locations). It is answered with the DLSN of the highest copy instead of written again
-        (a worker only uses that as where to resume looking)."""
+        (a worker only uses that as where to resume looking).
+
+        ``mark``: the request is idempotent; its first written record carries ``dl.p`` (the
+        producer, epoch, sequence and how many records were written), so a new owner finds it."""
         applied = owned.applied
         highest = {origin: counter for origin, (counter, _) in applied.items()}
         keep: list[Record] = []
@@ -433,8 +534,13 @@ class WriteProxy:
                     slots.append((False, origin))
                     continue
                 highest[origin] = counter
+            if record.headers and PRODUCER_HEADER in record.headers:  # owner-assigned: never taken from a client
+                record = Record(record.txid, record.payload, record.key, {k: v for k, v in record.headers.items() if k != PRODUCER_HEADER})
             keep.append(record)
             slots.append((True, event))
+        if mark is not None and keep:
+            first = keep[0]
+            keep[0] = Record(first.txid, first.payload, first.key, {**first.headers, PRODUCER_HEADER: ProducerMark(*mark, len(keep)).encode()})
         new = iter(writer.submit_group(keep) if keep else [])
         results: list[asyncio.Future[DLSN]] = []
         for is_new, info in slots:
@@ -461,6 +567,18 @@ class WriteProxy:
                 hold.resume()
 
     # -- failure -----------------------------------------------------------------------------------
+
+    def held_back(self, request: _Request, name: str) -> bool:
+        """Fail ``request`` if it must not go on now: its client has given up on it (and may
+        resend elsewhere: writing it now could only duplicate it, late), or an earlier request
+        of its producer failed (order barrier). True when it was failed."""
+        if request.barrier.closed:
+            self._fail(request, OrderBarrierError(f"the connection that sent this append to {name!r} is closed"))
+            return True
+        if request.key in request.barrier.failed:
+            self._fail(request, self._barrier_error(name))
+            return True
+        return False
 
     @staticmethod
     def _barrier_error(name: str) -> OrderBarrierError:

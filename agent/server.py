@@ -878,9 +878,12 @@ class _Conn(asyncio.Protocol):
         if proxy is None:
             self.send(p.error_response(p.Op.APPEND, rid, ProxyDisabledError.status, "this agent is not a write proxy ([proxy] enabled = false)"))
             return
-        name, producer, count, records = args
+        name, producer, count, records, epoch, seq = args
         # Handed to the proxy now, in arrival order; only the wait for the acknowledgement is a task.
-        result = proxy.append(name, producer, count, records, barrier=self.barrier, hold=self.hold, reset=bool(flags & p.FLAG_RESET_ORDER))
+        result = proxy.append(
+            name, producer, count, records, barrier=self.barrier, hold=self.hold, reset=bool(flags & p.FLAG_RESET_ORDER), epoch=epoch, seq=seq,
+            retry=bool(flags & p.FLAG_RETRY), forward=bool(flags & p.FLAG_FORWARD),
+        )
         self._spawn(self._answer_append(rid, result), len(records))
 
     async def _answer_append(self, rid: int, result: asyncio.Future[Any]) -> None:

@@ -159,20 +159,31 @@ def log_tail(app: AppContext, name: str, from_dlsn: str | None, from_txid: int |
 @click.option("--length-delimited", is_flag=True, help="Records on stdin are u32 big-endian length + bytes (default: one per line).")
 @click.option("--direct", is_flag=True, help="Write with the library writer (this process owns the log while it runs) instead of through the owning agent.")
 @click.option("--region", metavar="REGION", help="Where this producer runs: agents of this region are preferred as proxies.")
+@click.option("--no-idempotence", is_flag=True, help="At-least-once: a request whose acknowledgement is lost may be stored twice (for comparison).")
 @mutating(confirm=False)
-def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool, region: str | None) -> Plan:
+def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool, region: str | None, no_idempotence: bool) -> Plan:
     """Append records read from standard input to NAME (for shell scripts).
 
     Records go through the agent that owns the log (write proxy), which batches them with other
     producers' records; with --direct this process becomes the log's owner for the duration
     (fencing any other writer). Either way the command returns once every record is
-    acknowledged by the ack quorum, and prints the first and last DLSN. Records whose
-    acknowledgement was lost in a failover are resent: at least once.
+    acknowledged by the ack quorum, and prints the first and last DLSN.
+
+    Through the proxy, delivery is exactly once: requests carry this producer's id, epoch and
+    sequence number, and the owner answers a resend (after a lost acknowledgement or an owner
+    failover) with the positions its records got the first time. A resend the owner can no
+    longer recognise (past [proxy] producer_id_ttl, or older than the tail a new owner read)
+    fails, saying the records may or may not be in the log; it is never stored twice.
+
+    --no-idempotence: at least once instead; a request whose acknowledgement was lost is resent
+    blindly and may be stored twice (for comparison).
     """
+    if no_idempotence and direct:
+        raise click.UsageError("--no-idempotence applies to appends through the owning agent, not to --direct")
     session = app.session()
     log = session.meta.get_log(name).value  # fails early (exit 1) when the log does not exist
     framing = "u32-length-prefixed" if length_delimited else "newline-separated"
-    via = "the library writer (taking ownership)" if direct else "the owning agent (write proxy)"
+    via = "the library writer (taking ownership)" if direct else "the owning agent (write proxy)" + (", at least once" if no_idempotence else ", exactly once")
 
     def run() -> dict:
         stdin = click.get_binary_stream("stdin")
@@ -181,7 +192,7 @@ def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool,
             return asyncio.run(
                 logio.append_records(
                     session, name, logio.iter_stdin_records(stdin, length_delimited),
-                    direct=direct, region=region, on_progress=lambda n: bar.update(task, completed=n),
+                    direct=direct, region=region, idempotent=not no_idempotence, on_progress=lambda n: bar.update(task, completed=n),
                 )
             )
 

@@ -10,6 +10,7 @@ verified with their writer's CRC-32C and checked to be the entry asked for (end 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import ssl
@@ -515,10 +516,15 @@ class AgentClient:
         return p.decode_stat(await self._call(p.Op.STAT, p.stat_request))
 
     # Write proxy -------------------------------------------------------------------------------
-    async def append(self, name: str, producer: int, count: int, records: bytes, *, reset_order: bool = False) -> list[tuple[int, int, int]]:
+    async def append(
+        self, name: str, producer: int, count: int, records: bytes, *, reset_order: bool = False,
+        epoch: int | None = None, seq: int | None = None, retry: bool = False, forward: bool = False,
+    ) -> list[tuple[int, int, int]]:
         """Append ``count`` encoded records to log ``name`` through this agent (the owner, or one
-        that claims the log); returns each record's (segment, entry, slot)."""
-        return p.decode_dlsns(await self._call(p.Op.APPEND, p.append_request, name, producer, count, records, reset_order))
+        that claims the log); returns each record's (segment, entry, slot). With ``epoch`` and
+        ``seq`` the request is idempotent (see dlctl.log.idempotence)."""
+        build = functools.partial(p.append_request, epoch=epoch, seq=seq, retry=retry, forward=forward)
+        return p.decode_dlsns(await self._call(p.Op.APPEND, build, name, producer, count, records, reset_order))
 
     async def release(self, name: str) -> bool:
         """Ask the agent to give log ``name`` up gracefully; False when it did not own it."""
@@ -531,7 +537,8 @@ class AgentClient:
         return conn if conn is not None and conn.ready and not conn.lost else None
 
     def append_on(
-        self, connection: object, name: str, producer: int, count: int, records: bytes, *, reset_order: bool = False
+        self, connection: object, name: str, producer: int, count: int, records: bytes | memoryview, *, reset_order: bool = False,
+        epoch: int | None = None, seq: int | None = None, retry: bool = False, forward: bool = False,
     ) -> asyncio.Future[list[tuple[int, int, int]]]:
         """Send an APPEND now, on ``connection`` only (a token from ``connection``), never on a
         new one: appends a producer sends this way reach the agent in the order they were sent,
@@ -540,7 +547,7 @@ class AgentClient:
         if conn is not connection or conn is None or not conn.ready or conn.lost:
             raise AgentUnavailableError(f"connection to agent {self.address} was replaced or lost")
         rid = next(self._ids)
-        frame = p.append_request(rid, name, producer, count, records, reset_order)
+        frame = p.append_request(rid, name, producer, count, records, reset_order, epoch=epoch, seq=seq, retry=retry, forward=forward)
         fut: asyncio.Future[p.Frame] = conn.loop.create_future()
         conn.track(rid, fut, self.request_timeout)
         conn.send(frame)

@@ -87,6 +87,38 @@ class ReadOnlyLogError(AgentError):
     status = 12
 
 
+class ProducerFencedError(AgentError):
+    """An idempotent APPEND from an older epoch of a producer id the owner has seen a newer
+    epoch of: a zombie incarnation. Nothing was written; the producer must stop."""
+
+    status = 14
+
+
+class OutOfOrderSequenceError(AgentError):
+    """An idempotent APPEND whose sequence number is not the next one the owner expects of its
+    producer (a gap: an earlier request never arrived). Nothing was written."""
+
+    status = 15
+
+
+class UnknownProducerError(AgentError):
+    """An idempotent APPEND (not a producer's first) from a producer id the owner holds no state
+    for: idle longer than ``[proxy] producer_id_ttl``, evicted, or older than the log tail a new
+    owner reads. The owner cannot tell a resend from a new request, so it writes nothing; a
+    producer whose request was never ambiguous starts a new epoch, otherwise it reports the
+    records as possibly appended."""
+
+    status = 16
+
+
+class DuplicateTooOldError(AgentError):
+    """An idempotent APPEND that repeats a request older than the few the owner remembers per
+    producer: it was applied (its records are in the log), but their positions are no longer
+    known. It is not written again."""
+
+    status = 17
+
+
 class AgentUnavailableError(AgentError):
     """Client side: the agent could not be reached, the connection dropped, or a request timed out."""
 
@@ -116,6 +148,10 @@ ERRORS_BY_STATUS: dict[int, type[AgentError]] = {
         NoSuchLogError,
         ProxyDisabledError,
         ReadOnlyLogError,
+        ProducerFencedError,
+        OutOfOrderSequenceError,
+        UnknownProducerError,
+        DuplicateTooOldError,
         AgentResourceError,
         AgentUnavailableError,
     )

@@ -9,8 +9,12 @@ rendezvous (highest-random-weight) hashing of the log name — a consistent hash
 and go only the logs mapped to them move — agents of the producer's own region first. An agent
 either owns the log, claims it (fence + recover, then accept), or answers NOT_OWNER with the
 owner's address; every answer updates the shared ownership cache (``ProxyRouter``). When the
-owner is unreachable the producer backs off and asks the next candidate until the owner's
-ZooKeeper session has expired and a candidate claims the log.
+owner is unreachable the producer backs off and asks the next candidate, telling it for
+``forward_seconds`` to forward the requests to the owner (APPEND with FORWARD, dlagent.forward)
+rather than answer NOT_OWNER: an owner that is alive but out of this producer's reach (a gray
+partition) still gets its records; one that is dead loses its ZooKeeper session and a
+candidate claims the log. A producer cut off from ZooKeeper keeps routing with the agents it
+knew (appends never go through ZooKeeper).
 
 Order and delivery. Records are sent in requests (up to ``max_request_bytes``), several in
 flight, all on one connection to one agent: the agent hands them to the writer in arrival order,
@@ -20,13 +24,24 @@ settled, then resends the failed ones, oldest first, with RESET_ORDER — the ag
 producer's later requests after a failed one until then (ORDER_BARRIER), so no record ever lands
 before one submitted earlier.
 
-Delivery is **at least once** for records whose acknowledgement was lost: a request that failed
-ambiguously (connection lost or timed out after it was sent, owner died after the quorum wrote
-it) is resent, and may then be in the log twice. Acknowledged records are never resent, so they
-are never duplicated by the producer, and no acknowledged record is lost (same durability as the
-library writer). Records that carry a replication stream's source position (``dl.src`` or
-their origin) are the exception: the owner drops a resent one it already holds, so a worker
-appending through proxies applies each source record exactly once.
+Delivery is **exactly once** by default (``ProducerOptions.idempotent``, dlctl.log.idempotence):
+the producer has a random 63-bit id and an epoch, numbers its requests from 1 and resends a
+failed request as it was (same records, same number); the owner applies each number once and
+answers a resend with the positions its records got the first time, even after a failover (the
+numbers travel with the records, so a new owner reads them back from the log's tail). When the
+owner cannot tell a resend from a new request (it no longer knows the producer: idle longer
+than ``[proxy] producer_id_ttl``, or its requests are older than the tail a new owner read), the
+records of a request that failed ambiguously fail with ``ProducerError`` saying they may or may
+not be in the log — never silently duplicated — and the producer starts a new epoch for the
+rest. A request from an older epoch of the same id is refused (``ProducerFencedError``): a
+zombie incarnation can no longer append.
+
+With ``idempotent=False`` (``dlctl log append --no-idempotence``) delivery is at least once for
+records whose acknowledgement was lost: a request that failed ambiguously (connection lost or
+timed out after it was sent, owner died after the quorum wrote it) is resent, and may then be
+in the log twice. Either way acknowledged records are never resent, and no acknowledged record
+is lost (same durability as the library writer). Records that carry a replication stream's
+source position (``dl.src`` or their origin) are deduplicated by the owner in both modes.
 """
 
 from __future__ import annotations
@@ -43,7 +58,21 @@ from typing import Any
 
 from ..errors import DlctlError, NotFoundError
 from .dlsn import DLSN
-from .errors import AgentError, AgentUnavailableError, BadRequestError, NoSuchLogError, NotOwnerError, ProxyDisabledError, ReadOnlyLogError
+from .errors import (
+    AgentError,
+    AgentUnavailableError,
+    BadRequestError,
+    DuplicateTooOldError,
+    NoSuchLogError,
+    NotOwnerError,
+    OrderBarrierError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    ProxyDisabledError,
+    ReadOnlyLogError,
+    UnknownProducerError,
+)
+from .idempotence import MAX_EPOCH
 from .pool import AgentPool
 from .records import Record, encode_record
 
@@ -68,10 +97,15 @@ class ProducerOptions:
     backoff_initial: float = 0.02
     backoff_max: float = 0.25
     suspect_seconds: float = 1.0  # an unreachable agent is not asked again for this long
+    idempotent: bool = True  # requests numbered and deduplicated by the owner (exactly once)
+    forward_seconds: float = 10.0  # after the owner could not be reached: send through other agents (FORWARD) this long
 
     def __post_init__(self) -> None:
         if self.max_request_bytes < 1 or self.max_request_records < 1 or self.max_in_flight < 1:
             raise ValueError("max_request_bytes, max_request_records and max_in_flight must be >= 1")
+
+
+REFRESH_TIMEOUT = 2.0  # seconds a read of the availability records may take before the last ones are used
 
 
 def _rank(name: str, node_id: str) -> bytes:
@@ -91,10 +125,24 @@ class ProxyRouter:
         self.owners: dict[str, str] = {}  # log name -> node id of its owner (last known)
         self._suspects: dict[str, float] = {}
         self._refreshed = float("-inf")
+        self._reading: asyncio.Future[Any] | None = None  # a read of the availability records under way
 
     async def refresh(self, *, force: bool = False) -> None:
         if force or time.monotonic() - self._refreshed > 1.0:
-            await self.pool.refresh()
+            try:
+                # kazoo may hold a request while it reconnects: wait for it only so long, and
+                # never start a second one meanwhile (each would hold a thread).
+                if self._reading is None or self._reading.done():
+                    self._reading = asyncio.ensure_future(self.pool.refresh())
+                    self._reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: reported below or moot
+                await asyncio.wait_for(asyncio.shield(self._reading), REFRESH_TIMEOUT)
+            except Exception as exc:  # noqa: BLE001 - cut off from ZooKeeper: route with what is known
+                # Appends go to the agents, not to ZooKeeper: a producer that cannot read the
+                # availability records keeps using the last ones it read (the agents themselves
+                # tell it about ownership), rather than failing its records.
+                if not self.pool.nodes:
+                    raise
+                log.info("could not re-read the agents of cluster %r (%s: %s); routing with the last known ones", self.pool.meta.cluster, type(exc).__name__, exc)
             self._refreshed = time.monotonic()
 
     def candidates(self, name: str) -> list[str]:
@@ -129,21 +177,37 @@ class ProxyRouter:
 
 
 class _Item:
-    __slots__ = ("encoded", "future")
+    """One queued record. ``group``/``group_bytes``: on the first record of a group
+    (``submit_group``) the number of records and bytes of the group, which ``_take_request``
+    keeps in one request; 0 on its other records; 1/its size on a lone record."""
 
-    def __init__(self, encoded: bytes, future: asyncio.Future[DLSN]) -> None:
+    __slots__ = ("encoded", "future", "group", "group_bytes")
+
+    def __init__(self, encoded: bytes, future: asyncio.Future[DLSN], group: int = 1, group_bytes: int | None = None) -> None:
         self.encoded = encoded
         self.future = future
+        self.group = group
+        self.group_bytes = len(encoded) if group_bytes is None else group_bytes
+
+
+# Refusals that say the owner wrote nothing of the request; any other failure after it was
+# sent leaves it ambiguous (it may be in the log).
+_DEFINITE = (
+    NotOwnerError, OrderBarrierError, BadRequestError, ProducerFencedError, OutOfOrderSequenceError,
+    UnknownProducerError, DuplicateTooOldError, NoSuchLogError, ReadOnlyLogError, ProxyDisabledError,
+)
 
 
 class _Request:
-    __slots__ = ("seq", "items", "size", "error")
+    __slots__ = ("seq", "items", "size", "error", "ambiguous", "body")
 
     def __init__(self, seq: int, items: list[_Item], size: int) -> None:
         self.seq = seq
         self.items = items
         self.size = size
         self.error: BaseException | None = None
+        self.ambiguous = False  # an attempt failed in a way that may have written it
+        self.body: bytes | None = None  # the records as sent (a resend sends the very same)
 
 
 class LogProducer:
@@ -158,13 +222,21 @@ class LogProducer:
         options: ProducerOptions | None = None,
         region: str | None = None,
         router: ProxyRouter | None = None,
+        producer_id: int | None = None,
+        epoch: int = 0,
     ) -> None:
+        """``producer_id``/``epoch``: an identity that outlives this object (a restarted
+        process taking over a producer's role with a higher epoch fences the older one); by
+        default a random id, epoch 0."""
         self.meta = meta
         self.pool = pool
         self.name = name
         self.options = options or ProducerOptions()
         self.router = router or ProxyRouter(pool, region, suspect_seconds=self.options.suspect_seconds)
-        self.producer_id = random.getrandbits(63)
+        self.producer_id = random.getrandbits(63) if producer_id is None else producer_id
+        self.epoch = epoch  # bumped when the owner has to be told to start counting again
+        if not 0 <= self.producer_id < 2**63 or not 0 <= epoch <= MAX_EPOCH:
+            raise ValueError(f"producer id {self.producer_id} / epoch {epoch} out of range (0..2^63-1 / 0..2^32-1)")
         self.node: str | None = None  # the agent appends go to now
         self._token: object | None = None  # its connection (appends never switch connections mid-flight)
         self._confirmed = False  # that agent accepted an append since the last failure
@@ -172,6 +244,7 @@ class LogProducer:
         self._pending: deque[_Item] = deque()
         self._inflight: dict[int, _Request] = {}
         self._failed: list[_Request] = []
+        self._resend: deque[_Request] = deque()  # failed requests going out again, oldest first
         self._seq = 0
         self._unsettled_bytes = 0
         self._writable = asyncio.Event()
@@ -182,7 +255,8 @@ class LogProducer:
         self._closed = False
         self._failing_since: float | None = None
         self._backoff = self.options.backoff_initial
-        self.stats = {"requests": 0, "records": 0, "failovers": 0, "resent_requests": 0}
+        self._forward_until = float("-inf")  # until then, requests ask the agent to forward them to the owner
+        self.stats = {"requests": 0, "records": 0, "failovers": 0, "resent_requests": 0, "new_epochs": 0, "ambiguous_failed": 0}
 
     # -- public ----------------------------------------------------------------------------------
 
@@ -197,15 +271,41 @@ class LogProducer:
         encoded = encode_record(bytes(payload), 0, key, headers)
         if len(encoded) > self.options.max_request_bytes:
             raise ValueError(f"record of {len(encoded)} bytes exceeds the {self.options.max_request_bytes}-byte request limit")
-        future: asyncio.Future[DLSN] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Item(encoded, future))
-        self._unsettled_bytes += len(encoded)
+        return self._enqueue([encoded])[0]
+
+    def submit_group(self, records: list[Record]) -> list[asyncio.Future[DLSN]]:
+        """Queue ``records`` to go out in one request (other records may share it, a group is
+        never cut): the owner writes a request in one entry, so the group is acknowledged or
+        lost as a whole, never in part. Txids are ignored, as in ``submit``. Raises
+        ``ValueError``, queueing none of them, when together they exceed ``max_request_bytes``
+        or ``max_request_records``."""
+        if self._closing:
+            raise ProducerClosedError(f"producer of log {self.name!r} is closed", hint="create a new producer to append")
+        encoded = [encode_record(bytes(r.payload), 0, r.key, r.headers) for r in records]
+        size = sum(len(e) for e in encoded)
+        if size > self.options.max_request_bytes or len(encoded) > self.options.max_request_records:
+            raise ValueError(
+                f"a group of {len(encoded)} records and {size} bytes exceeds the request limit "
+                f"({self.options.max_request_records} records, {self.options.max_request_bytes} bytes)"
+            )
+        return self._enqueue(encoded)
+
+    def _enqueue(self, encoded: list[bytes]) -> list[asyncio.Future[DLSN]]:
+        """Queue records as one group (``_take_request`` never cuts a request inside it)."""
+        if not encoded:
+            return []
+        loop = asyncio.get_running_loop()
+        size = sum(len(e) for e in encoded)
+        items = [_Item(e, loop.create_future(), 0) for e in encoded]
+        items[0].group, items[0].group_bytes = len(items), size
+        self._pending.extend(items)
+        self._unsettled_bytes += size
         if self._unsettled_bytes > self.options.max_pending_bytes:
             self._writable.clear()
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
         self._wake.set()
-        return future
+        return [i.future for i in items]
 
     async def append(self, payload: bytes | Record, *, key: bytes = b"", headers: Mapping[str, bytes] | None = None) -> DLSN:
         await self.wait_writable()
@@ -218,16 +318,17 @@ class LogProducer:
     async def flush(self) -> DLSN | None:
         """Wait until every record submitted so far is settled; raise the first failure.
         Returns the DLSN of the last record submitted."""
-        futures = [i.future for r in sorted(self._failed, key=lambda r: r.seq) for i in r.items]
+        futures = [i.future for r in sorted([*self._failed, *self._resend], key=lambda r: r.seq) for i in r.items]
         futures += [i.future for r in sorted(self._inflight.values(), key=lambda r: r.seq) for i in r.items]
         futures += [i.future for i in self._pending]
         if not futures:
             return None
         await asyncio.wait(futures)
         for future in futures:
-            if future.exception() is not None:
+            if not future.cancelled() and future.exception() is not None:
                 raise future.exception()  # type: ignore[misc]
-        return futures[-1].result()
+        last = next((f for f in reversed(futures) if not f.cancelled()), None)
+        return None if last is None else last.result()
 
     async def close(self) -> None:
         """Flush, then stop. The log's ownership stays with its agent. Idempotent."""
@@ -259,10 +360,10 @@ class LogProducer:
 
     async def _run(self) -> None:
         try:
-            while not (self._closed and not self._pending and not self._inflight and not self._failed):
+            while not (self._closed and not self._pending and not self._inflight and not self._failed and not self._resend):
                 if self._failed and not self._inflight:
                     await self._recover()
-                elif self._pending and not self._failed and len(self._inflight) < self._window():
+                elif (self._resend or self._pending) and not self._failed and len(self._inflight) < self._window():
                     await self._send_next()
                 else:
                     self._wake.clear()
@@ -271,8 +372,9 @@ class LogProducer:
             raise
         except BaseException as exc:  # noqa: BLE001 - a bug must not leave futures hanging
             log.exception("producer of log %r failed", self.name)
-            stuck = sorted([*self._failed, *self._inflight.values()], key=lambda r: r.seq)
+            stuck = sorted([*self._failed, *self._inflight.values(), *self._resend], key=lambda r: r.seq)
             self._failed, self._inflight = [], {}
+            self._resend.clear()
             self._fail_all(ProducerError(f"producer of log {self.name!r} failed: {exc}"), stuck)
 
     def _window(self) -> int:
@@ -284,14 +386,18 @@ class LogProducer:
         if self.node is None or self._token is None:
             if not await self._connect():
                 return
-        request = self._take_request()
+        request = self._resend.popleft() if self._resend else self._take_request()
         if request is None:
             return
         client = await self.pool.client(self.node)  # type: ignore[arg-type]
+        if request.body is None:
+            request.body = b"".join(i.encoded for i in request.items)
+        idempotent = self.options.idempotent
         try:
             reply = client.append_on(
-                self._token, self.name, self.producer_id, len(request.items), b"".join(i.encoded for i in request.items),
-                reset_order=self._needs_reset,
+                self._token, self.name, self.producer_id, len(request.items), request.body,
+                reset_order=self._needs_reset, epoch=self.epoch if idempotent else None, seq=request.seq if idempotent else None,
+                retry=request.ambiguous, forward=time.monotonic() < self._forward_until,
             )
         except AgentError as exc:  # the connection went away: nothing was sent
             request.error = exc
@@ -307,13 +413,19 @@ class LogProducer:
         size = 0
         limit_bytes, limit_records = self.options.max_request_bytes, self.options.max_request_records
         pending = self._pending
-        while pending and len(items) < limit_records and size + len(pending[0].encoded) <= limit_bytes:
-            item = pending.popleft()
-            if item.future.cancelled():
-                self._settle_bytes(len(item.encoded))
-                continue
-            items.append(item)
-            size += len(item.encoded)
+        while pending:
+            # Whole groups only (a lone record is a group of one): a group submitted together
+            # is never cut across requests (``submit_group`` made sure it fits in one).
+            count, group_bytes = max(1, pending[0].group), pending[0].group_bytes
+            if items and (len(items) + count > limit_records or size + group_bytes > limit_bytes):
+                break
+            for _ in range(min(count, len(pending))):
+                item = pending.popleft()
+                if item.future.cancelled():
+                    self._settle_bytes(len(item.encoded))
+                    continue
+                items.append(item)
+                size += len(item.encoded)
         if not items:  # only cancelled ones were waiting
             return None
         self._seq += 1
@@ -336,6 +448,7 @@ class LogProducer:
             await client.connect()
         except AgentError as exc:
             self.router.suspect(self.node)
+            self._forward_until = time.monotonic() + self.options.forward_seconds
             log.info("agent %s unreachable for log %r: %s", self.node, self.name, exc)
             self.node = None
             self._fail_waiting(exc)
@@ -355,6 +468,7 @@ class LogProducer:
                 error = AgentUnavailableError(f"agent {self.node} answered {len(positions)} positions for {len(request.items)} records")
         if error is not None:
             request.error = error
+            request.ambiguous = request.ambiguous or not isinstance(error, _DEFINITE)
             self._failed.append(request)
             return
         for item, (seg, entry, slot) in zip(request.items, positions):
@@ -373,19 +487,34 @@ class LogProducer:
     async def _recover(self) -> None:
         """Every request in flight has settled and some failed: decide where to go next and
         put the failed records back at the head of the queue, oldest first."""
-        failed = sorted(self._failed, key=lambda r: r.seq)
+        failed = sorted([*self._failed, *self._resend], key=lambda r: r.seq)
         self._failed = []
+        self._resend.clear()
         root = failed[0].error  # later failures are its consequences (order barrier, same cause)
         if isinstance(root, (NoSuchLogError, NotFoundError)):
             self._fail_all(NotFoundError(f"log {self.name!r} does not exist: {root}"), failed)
             return
-        if isinstance(root, ReadOnlyLogError):  # a standby or frozen log: retrying cannot help
+        if isinstance(root, (ReadOnlyLogError, ProducerFencedError)):  # a standby or frozen log, a zombie: retrying cannot help
             self._fail_all(root, failed)
             return
-        if isinstance(root, BadRequestError):  # this request can never succeed; the others can
+        renumber = False
+        if isinstance(root, (BadRequestError, DuplicateTooOldError)):  # this request can never succeed; the others can
             self._fail_request(failed.pop(0), root)
-        for request in reversed(failed):
-            self._pending.extendleft(reversed(request.items))
+            renumber = isinstance(root, BadRequestError)  # it was not applied: its number is free again
+        elif isinstance(root, (UnknownProducerError, OutOfOrderSequenceError)):
+            # The owner cannot tell a resend from a new request: a request that may be in the
+            # log already is reported so, never sent again; the others start a new epoch.
+            for request in [r for r in failed if r.ambiguous]:
+                self.stats["ambiguous_failed"] += 1
+                self._fail_request(request, ProducerError(
+                    f"records for log {self.name!r} may or may not have been appended: {root}",
+                    hint="read the log's tail to see whether they are there before appending them again",
+                ))
+            failed = [r for r in failed if not r.ambiguous]
+            renumber = True
+        if renumber and self.options.idempotent:
+            self._new_epoch(failed)
+        self._resend.extend(failed)
         self.stats["resent_requests"] += len(failed)
         now = time.monotonic()
         if self._failing_since is None:
@@ -401,6 +530,11 @@ class LogProducer:
         hint = await self._hint(root)
         if isinstance(root, (AgentUnavailableError, ProxyDisabledError)) and previous is not None:
             self.router.suspect(previous)
+            if isinstance(root, AgentUnavailableError):
+                # Cut off from that agent (the owner, or the one forwarding for it): the next
+                # agents are asked to forward to the owner rather than answer NOT_OWNER, in
+                # case the owner is alive and only out of this producer's reach.
+                self._forward_until = now + self.options.forward_seconds
         elif not isinstance(root, NotOwnerError):
             self.router.owners.pop(self.name, None)  # fenced, deposed, stalled: ask again
         self.node = self.router.choose(self.name, hint)
@@ -415,6 +549,17 @@ class LogProducer:
             # until its session expires, or a stale ownership of its own previous incarnation):
             # do not hammer it.
             await self._sleep_backoff()
+
+    def _new_epoch(self, unsent: list[_Request]) -> None:
+        """Start counting again: the next epoch, ``unsent`` (none of them in the log) numbered
+        from 1 in their order, later requests after them."""
+        if self.epoch >= MAX_EPOCH:
+            raise ProducerError(f"producer {self.producer_id:#x} of log {self.name!r} ran out of epochs", hint="create a new producer")
+        self.epoch += 1
+        self.stats["new_epochs"] += 1
+        for seq, request in enumerate(unsent, start=1):
+            request.seq = seq
+        self._seq = len(unsent)  # requests not cut yet are numbered after them
 
     async def _hint(self, error: BaseException | None) -> str | None:
         """The node id of the owner a NOT_OWNER answer named, if it is a live agent."""

@@ -52,9 +52,14 @@ Operations (request body -> result on success)::
     10  STAT            -                          -                       JSON object
     11  APPEND          RESET_ORDER (0x1): the     name u16+UTF-8,         count u32, then per record
                         producer resends from its  producer u64,           segment u64, entry i64,
-                        oldest failed append       count u32, records      slot u32 (its DLSN)
-                                                   (dlctl.log.records
-                                                   layout; txid ignored)
+                        oldest failed append;      [epoch u32, seq u64     slot u32 (its DLSN)
+                        IDEMPOTENT (0x2): epoch    when IDEMPOTENT],
+                        and sequence follow the    count u32, records
+                        producer id; RETRY (0x4):  (dlctl.log.records
+                        an earlier attempt may     layout; txid ignored)
+                        have been written;
+                        FORWARD (0x8): forward
+                        to the owner
     12  RELEASE         -                          name u16+UTF-8          released u8 (0: not owner)
     13  READ_RANGE      -                          log u64, seg u64,       the encoded entries first,
                                                    first i64, last i64,    first+1, ... back to back: up
@@ -108,6 +113,20 @@ with the owner's address. Per connection, producer id and log, once an APPEND fa
 APPEND fails with ORDER_BARRIER until one carries RESET_ORDER: a producer that resends its
 failed appends in order can therefore never see a later append land before an earlier one.
 
+An IDEMPOTENT APPEND is deduplicated by the owner (dlctl.log.idempotence): a request it applied
+before is answered with the DLSNs its records got then, and nothing is written again; an older
+epoch, a gap in the sequence, a producer it no longer knows (after sequence 1) or a repeat
+older than the few it remembers are refused (PRODUCER_FENCED, OUT_OF_ORDER_SEQUENCE,
+UNKNOWN_PRODUCER, DUPLICATE_TOO_OLD), with nothing written. RETRY marks a resend whose earlier
+attempt failed ambiguously: from a producer the owner does not know, even request 1 is then
+refused (it may be in the log beyond what the owner knows), never written twice.
+
+FORWARD is for a client that cannot reach the owner although it is alive (a gray partition):
+an agent that neither owns nor is claiming the log sends the request on to the owner over its
+own connection, in arrival order, and relays the answer (errors included); when the log has no
+other owner it claims it as for any APPEND. An idempotent request keeps its guarantee: the
+owner deduplicates it whichever way it came.
+
 Entries travel in the dlctl.log.format encoding, CRC-32C included, so the checksum the writer
 computed is verified by the agent on add and by the client on read (end to end).
 
@@ -152,6 +171,9 @@ FLAG_RECOVERY = 0x1  # ADD_ENTRY: recovery add from the fencing writer; accepted
 FLAG_UNCACHED = 0x2
 FLAG_FENCE = 0x1  # READ_ENTRY: fence the replica (durably) before reading
 FLAG_RESET_ORDER = 0x1  # APPEND: the client has seen its failures and resends from the oldest
+FLAG_IDEMPOTENT = 0x2  # APPEND: the producer's epoch and the request's sequence number follow its id
+FLAG_RETRY = 0x4  # APPEND (idempotent): an earlier attempt of this request may have been written
+FLAG_FORWARD = 0x8  # APPEND: the client cannot reach the owner: a non-owner forwards it there
 MAX_LOG_NAME = 255  # bytes of a log name on the wire (names are validated by dlctl.names)
 MAX_RANGE_BYTES = 8 * 1024 * 1024  # the most a READ_RANGE answers beyond its first entry
 MAX_BATCH_BYTES = MAX_RANGE_BYTES  # the most an ADD_BATCH body holds (a READ_RANGE answer of up to this fits)
@@ -184,7 +206,7 @@ _ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.ADD_BATCH] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.PULL_RANGE] = FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE
-_ALLOWED_FLAGS[Op.APPEND] = FLAG_RESET_ORDER
+_ALLOWED_FLAGS[Op.APPEND] = FLAG_RESET_ORDER | FLAG_IDEMPOTENT | FLAG_RETRY | FLAG_FORWARD
 
 
 class ProtocolError(BadRequestError):
@@ -525,33 +547,47 @@ def _name_field(name: str) -> bytes:
     return _text_field(name, "log name")
 
 
-def append_request(request_id: int, name: str, producer: int, count: int, records: bytes | memoryview, reset_order: bool = False) -> bytes:
+_IDEMPOTENCE = struct.Struct(">IQ")  # APPEND: epoch, sequence
+
+
+def append_request(
+    request_id: int, name: str, producer: int, count: int, records: bytes | memoryview, reset_order: bool = False, *,
+    epoch: int | None = None, seq: int | None = None, retry: bool = False, forward: bool = False,
+) -> bytes:
     """``records``: ``count`` records in the dlctl.log.records layout (their txids are ignored:
-    the owner assigns them). ``producer``: the sender's u64 id, which scopes the order barrier."""
-    head = _name_field(name) + _U64.pack(producer) + _U32.pack(count)
-    return encode_frame(Op.APPEND, FLAG_RESET_ORDER if reset_order else 0, request_id, head + bytes(records))
+    the owner assigns them). ``producer``: the sender's u64 id, which scopes the order barrier;
+    with ``epoch`` and ``seq`` the request is idempotent (deduplicated by the owner)."""
+    flags = (FLAG_RESET_ORDER if reset_order else 0) | (FLAG_FORWARD if forward else 0)
+    head = _name_field(name) + _U64.pack(producer)
+    if seq is not None:
+        if epoch is None or seq < 1:
+            raise ValueError(f"an idempotent APPEND needs an epoch and a sequence >= 1 (got {epoch}, {seq})")
+        flags |= FLAG_IDEMPOTENT | (FLAG_RETRY if retry else 0)
+        head += _pack(_IDEMPOTENCE, epoch, seq)
+    return encode_frame(Op.APPEND, flags, request_id, head + _U32.pack(count) + bytes(records))
 
 
 def release_request(request_id: int, name: str) -> bytes:
     return encode_frame(Op.RELEASE, 0, request_id, _name_field(name))
 
 
-def _take_text(body: bytes, pos: int, what: str) -> tuple[str, int]:
-    """The name field at ``pos`` (``_text_field``'s layout) and where the body goes on."""
+def _take_text(body: bytes, pos: int, op: str, field: str) -> tuple[str, int]:
+    """The name field ``field`` of an ``op`` body at ``pos`` (``_text_field``'s layout) and
+    where the body goes on."""
     if len(body) < pos + _U16.size:
-        raise ProtocolError(f"{what}: the body of {len(body)} bytes ends before it")
+        raise ProtocolError(f"{op} body of {len(body)} bytes has no {field}")
     (size,) = _U16.unpack_from(body, pos)
     end = pos + _U16.size + size
     if not 0 < size <= MAX_LOG_NAME or len(body) < end:
-        raise ProtocolError(f"{what} of {size} bytes overruns the body or is out of range 1..{MAX_LOG_NAME}")
+        raise ProtocolError(f"{op} {field} of {size} bytes overruns the body or is out of range 1..{MAX_LOG_NAME}")
     try:
         return body[pos + _U16.size : end].decode("utf-8"), end
     except UnicodeDecodeError:
-        raise ProtocolError(f"{what} is not UTF-8") from None
+        raise ProtocolError(f"{op} {field} is not UTF-8") from None
 
 
 def _take_name(body: bytes, what: str) -> tuple[str, int]:
-    return _take_text(body, 0, f"{what} log name")
+    return _take_text(body, 0, what, "log name")
 
 
 class Request(NamedTuple):
@@ -610,7 +646,7 @@ def decode_request(frame: Frame) -> Request:
         if len(body) < _RANGE_REQ.size:
             raise ProtocolError(f"PULL_RANGE body of {len(body)} bytes is shorter than {_RANGE_REQ.size}")
         log_id, seg, first, last, max_bytes = _RANGE_REQ.unpack_from(body, 0)
-        source, end = _take_text(body, _RANGE_REQ.size, "PULL_RANGE source node id")
+        source, end = _take_text(body, _RANGE_REQ.size, "PULL_RANGE", "source node id")
         if end != len(body):
             raise ProtocolError(f"PULL_RANGE body has {len(body) - end} bytes after the source node id")
         if last < first or first < 0:
@@ -627,13 +663,25 @@ def decode_request(frame: Frame) -> Request:
         args = (log_id, seg, first, None if last < 0 else last)
     elif op is Op.APPEND:
         name, pos = _take_name(body, op.name)
-        if len(body) < pos + _U64.size + _U32.size:
-            raise ProtocolError(f"APPEND body of {len(body)} bytes has no producer id and record count")
+        idempotent = bool(flags & FLAG_IDEMPOTENT)
+        if flags & FLAG_RETRY and not idempotent:
+            raise ProtocolError(f"APPEND request {request_id}: RETRY without IDEMPOTENT")
+        fixed = _U64.size + (_IDEMPOTENCE.size if idempotent else 0) + _U32.size
+        if len(body) < pos + fixed:
+            what = "producer id, epoch, sequence" if idempotent else "producer id"
+            raise ProtocolError(f"APPEND body of {len(body)} bytes has no {what} and record count")
         (producer,) = _U64.unpack_from(body, pos)
-        (count,) = _U32.unpack_from(body, pos + _U64.size)
+        pos += _U64.size
+        epoch = seq = None
+        if idempotent:
+            epoch, seq = _IDEMPOTENCE.unpack_from(body, pos)
+            pos += _IDEMPOTENCE.size
+            if seq < 1:
+                raise ProtocolError(f"APPEND request {request_id}: sequence {seq} (an idempotent request's starts at 1)")
+        (count,) = _U32.unpack_from(body, pos)
         if count == 0:
             raise ProtocolError("APPEND carries no records")
-        args = (name, producer, count, memoryview(body)[pos + _U64.size + _U32.size :])
+        args = (name, producer, count, memoryview(body)[pos + _U32.size :], epoch, seq)
     elif op is Op.RELEASE:
         name, pos = _take_name(body, op.name)
         if pos != len(body):

@@ -87,20 +87,23 @@ async def append_records(
     direct: bool = False,
     owner_id: str | None = None,
     region: str | None = None,
+    idempotent: bool = True,
     on_progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Append every record, pipelined and batched, and wait until all are acknowledged.
 
     By default through the write proxies (the agent owning the log, DESIGN.md §5), so this may
-    run while other producers write; ``direct`` opens the library writer instead, which takes
-    ownership of the log (fencing whoever owned it) and releases it at the end."""
+    run while other producers write, exactly once unless ``idempotent`` is false (then a request
+    whose acknowledgement was lost may be stored twice); ``direct`` opens the library writer
+    instead, which takes ownership of the log (fencing whoever owned it) and releases it at the
+    end."""
     pool = AgentPool(session.meta, session.credentials)
     started = time.monotonic()
     try:
         if direct:
             result = await _append_direct(session, pool, name, records, owner_id, on_progress)
         else:
-            result = await _append_via_proxy(session, pool, name, records, region, on_progress)
+            result = await _append_via_proxy(session, pool, name, records, region, idempotent, on_progress)
     finally:
         await pool.close()
     elapsed = time.monotonic() - started
@@ -114,12 +117,20 @@ async def append_records(
 
 
 async def _feed(sink: Any, records: Iterable[bytes], on_progress: Callable[[int], None] | None) -> tuple[int, int, DLSN | None, DLSN | None]:
-    """Submit every record to ``sink`` (a LogWriter or LogProducer) with back-pressure."""
+    """Submit every record to ``sink`` (a LogWriter or LogProducer) with back-pressure; raise
+    the first failure of any record (a flush only sees the records still unsettled)."""
     count = size = 0
     first_future = None
+    failures: list[BaseException] = []
+
+    def note(future: Any) -> None:
+        if not future.cancelled() and future.exception() is not None and not failures:
+            failures.append(future.exception())
+
     for payload in records:
         await sink.wait_writable()
         future = sink.submit(payload)
+        future.add_done_callback(note)
         if first_future is None:
             first_future = future
         count += 1
@@ -127,14 +138,16 @@ async def _feed(sink: Any, records: Iterable[bytes], on_progress: Callable[[int]
         if on_progress is not None and count % 1000 == 0:
             on_progress(count)
     last = await sink.flush()
+    if failures:
+        raise failures[0]
     first = await first_future if first_future is not None else None
     return count, size, first, last
 
 
-async def _append_via_proxy(session: ClusterSession, pool: AgentPool, name: str, records: Iterable[bytes], region: str | None, on_progress: Any) -> dict[str, Any]:
-    from ..log.producer import LogProducer
+async def _append_via_proxy(session: ClusterSession, pool: AgentPool, name: str, records: Iterable[bytes], region: str | None, idempotent: bool, on_progress: Any) -> dict[str, Any]:
+    from ..log.producer import LogProducer, ProducerOptions
 
-    producer = LogProducer(session.meta, pool, name, region=region)
+    producer = LogProducer(session.meta, pool, name, region=region, options=ProducerOptions(idempotent=idempotent))
     try:
         count, size, first, last = await _feed(producer, records, on_progress)
     finally:
@@ -145,6 +158,7 @@ async def _append_via_proxy(session: ClusterSession, pool: AgentPool, name: str,
         "first_dlsn": str(first) if first else None,
         "last_dlsn": str(last) if last and count else None,
         "via": producer.confirmed_owner,
+        "idempotent": idempotent,
         "resent_requests": producer.stats["resent_requests"],
     }
 

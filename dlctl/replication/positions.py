@@ -7,15 +7,15 @@ Every entry ends with a totals record (records and bytes of its segment so far; 
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from ..log import format as fmt
 from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
-from ..log.records import decode_records
+from ..log.records import Record, decode_records
 from ..log.recovery import entry_summary
 from ..log.speculative import ReplicaReader
+from ..log.tail import last_entry, log_segments, records_in_tail
 from ..meta.records import SegmentRecord, SegmentState
 from ..meta.store import MetaStore
 from .origin import decode_source_position, origin_event
@@ -27,17 +27,8 @@ class AppliedPosition:
     sink: DLSN  # where that record sits in the sink log
 
 
-async def _segments(meta: MetaStore, log: str) -> tuple[int, list[SegmentRecord]]:
-    loop = asyncio.get_running_loop()
-    record = await loop.run_in_executor(None, meta.get_log, log)
-    segments = await loop.run_in_executor(None, meta.segments, log)
-    return record.value.log_id, [s.value for s in segments if s.value.state is not SegmentState.TRUNCATED]
-
-
-async def _last_entry(replicas: ReplicaReader, log_id: int, seg: SegmentRecord) -> int:
-    if seg.state is SegmentState.INPROGRESS:
-        return await replicas.read_lac(log_id, seg)
-    return seg.last_entry_id
+_segments = log_segments
+_last_entry = last_entry
 
 
 async def find_applied(meta: MetaStore, pool: AgentPool, log: str, source_cluster: str, floor: DLSN | None = None, region: str | None = None) -> AppliedPosition | None:
@@ -146,34 +137,15 @@ async def origin_events_in_tail(
     highest of its own event counters (its component of a replicated record's vector time) and
     where that record sits; and the position of the newest record read. A location's events
     reach every log in their order, so this is how far each origin is present in the tail."""
-    log_id, segments = await _segments(meta, log)
-    replicas = ReplicaReader(pool, region=region)
-    await pool.refresh()
-    wanted: list[tuple[SegmentRecord, int]] = []
-    for seg in reversed(segments):
-        last = await _last_entry(replicas, log_id, seg)
-        for entry_id in range(last, seg.min_active_entry - 1, -1):
-            wanted.append((seg, entry_id))
-            if len(wanted) >= max_entries:
-                break
-        if len(wanted) >= max_entries:
-            break
-    gate = asyncio.Semaphore(concurrency)
+    tail = await records_in_tail(meta, pool, log, max_entries=max_entries, region=region, concurrency=concurrency)
+    return origin_events_of(tail), (tail[-1][0] if tail else None)
 
-    async def read(seg: SegmentRecord, entry_id: int) -> tuple[SegmentRecord, int, list]:
-        async with gate:
-            entry = await replicas.read(log_id, seg, entry_id)
-        return seg, entry_id, list(decode_records(entry.payload))
 
+def origin_events_of(tail: list[tuple[DLSN, Record]]) -> dict[str, tuple[int, DLSN]]:
+    """``origin_events_in_tail``'s answer for records already read (in log order)."""
     found: dict[str, tuple[int, DLSN]] = {}
-    newest: DLSN | None = None
-    for seg, entry_id, records in await asyncio.gather(*(read(s, e) for s, e in wanted)):
-        for slot, record in enumerate(records):
-            if record.control:
-                continue
-            here = DLSN(seg.seq, entry_id, slot)
-            newest = here if newest is None or here > newest else newest
-            event = origin_event(record.headers)
-            if event is not None and (event[0] not in found or found[event[0]][0] < event[1]):
-                found[event[0]] = (event[1], here)
-    return found, newest
+    for here, record in tail:
+        event = origin_event(record.headers) if record.headers else None
+        if event is not None and (event[0] not in found or found[event[0]][0] < event[1]):
+            found[event[0]] = (event[1], here)
+    return found

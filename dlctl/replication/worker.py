@@ -10,10 +10,13 @@ The loop (DESIGN.md §7):
 3. Read the source log from the checkpoint (speculative reads, long-poll tailing, nearest
    region first), stamp each record's origin (cluster, DLSN, vector timestamp) and its source
    position, drop what the causality filter says the sink has seen (active-active only), and
-   submit the rest to the sink appender, pipelined.
+   submit the rest to the sink appender, pipelined. The records of one source producer request
+   (``dl.p``, dlctl.log.idempotence) are submitted together, as one sink request / entry: the
+   sink applies what the source wrote atomically whole or not at all, too.
 4. Every ``checkpoint_interval``, once the records submitted so far are acknowledged, write the
    checkpoint by compare-and-set (a lost CAS means another worker took over: stop); every
-   ``pin_interval`` move the stream's retention pin on the source to the checkpoint.
+   ``pin_interval`` move the stream's retention pin on the source to the checkpoint. A
+   checkpoint is only ever taken between source requests, never inside one.
 
 Lag in seconds (``Checkpoint.caught_up_at``, read by ``dlctl replication status``) is the age
 of the newest moment at which the worker had read everything the source held: a read that
@@ -39,6 +42,7 @@ from typing import Any, Protocol
 from ..errors import ConflictError, DlctlError, NotFoundError
 from ..log.dlsn import DLSN
 from ..log.errors import AgentError
+from ..log.idempotence import PRODUCER_HEADER, producer_mark
 from ..log.pool import AgentPool
 from ..log.reader import LogReader, ReadAhead
 from ..log.readpolicy import AdaptiveTimeout
@@ -77,10 +81,12 @@ class StreamGone(DlctlError):
 
 
 class SinkAppender(Protocol):
-    """What the worker needs from the sink side: ``LogWriter`` today, ``LogProducer`` (write
-    proxy, issue #7) later; both have this shape."""
+    """What the worker needs from the sink side: ``LogWriter`` (one-way streams) or
+    ``LogProducer`` (write proxy, shared sinks); both have this shape."""
 
     def submit(self, payload: bytes | Record, *, key: bytes = b"", headers: Mapping[str, bytes] | None = None) -> asyncio.Future[DLSN]: ...
+
+    def submit_group(self, records: list[Record]) -> list[asyncio.Future[DLSN]]: ...
 
     async def wait_writable(self) -> None: ...
 
@@ -102,8 +108,14 @@ async def open_appender(meta: MetaStore, pool: AgentPool, name: str, *, owner_id
     mode must admit (a standby's logs are replicas of the stream: only its worker writes)."""
     if shared:
         from ..log.producer import LogProducer, ProducerOptions
+        from ..log.writer import WriterOptions
 
-        return LogProducer(meta, pool, name, options=ProducerOptions(), region=region)
+        # A source request (at most the default 128 KiB) grows by the origin headers of each
+        # record; the owner keeps a request in one entry up to its batch size (less room for
+        # the dl.p mark it adds): let requests be that large, so a replicated request still
+        # fits one (``StreamWorker._submit_group``).
+        options = ProducerOptions(max_request_bytes=WriterOptions().batch_bytes - 1024)
+        return LogProducer(meta, pool, name, options=options, region=region)
     from ..log.writer import LogWriter, WriterOptions
 
     return await LogWriter.open(meta, pool, name, owner_id=owner_id, options=WriterOptions(ownership_wait=ownership_wait), role=role)
@@ -124,6 +136,16 @@ class WorkerOptions:
     # Across a WAN every replica is a round trip away: ask a second one only when the first is
     # clearly slower than that, not on every read.
     speculative_floor: float = 0.25
+
+
+def _request_size(headers: Mapping[str, bytes]) -> int:
+    """How many records the source request that starts with this record holds (its ``dl.p``
+    mark: they follow it in the log, consecutive); 1 for a record without a (valid) mark."""
+    try:
+        mark = producer_mark(headers)
+    except ValueError:
+        return 1
+    return mark.count if mark is not None else 1
 
 
 @dataclass
@@ -177,6 +199,7 @@ class StreamWorker:
         self._pin_task: asyncio.Task[str] | None = None
         self._end_task: asyncio.Task[None] | None = None
         self._source_end: dict[str, Any] = {}  # Checkpoint.source_end* fields, last measured
+        self._split_warned = False  # said once that a source request was too large to keep whole
 
     @property
     def checkpoint(self) -> Checkpoint | None:
@@ -230,21 +253,43 @@ class StreamWorker:
         next_checkpoint = time.monotonic() + self.options.checkpoint_interval
         read_errors = 0
         count = 0
-        while not self.stop.is_set():
+        # Atomic requests: a source request (a record marked ``dl.p`` and the next count - 1)
+        # is in one source entry, so once its first record is read the others are decoded
+        # already and come without waiting (LogReader hands out an entry's records from memory;
+        # it waits, times out or fails only between entries). Its admitted records collect in
+        # ``group`` and go to the sink together once its last one is read; no checkpoint is
+        # taken in between and a stop waits for its end, so the checkpoint's source position is
+        # always between requests (a resumed run never applies part of one, nor skips part).
+        # Whatever else the reader gives (a timeout, a read error, a record of another entry or
+        # with a mark of its own) ends the request there: the rest is not in that entry (a
+        # request larger than the source writer's entry: not atomic at the source either).
+        group: list[Record] = []
+        group_left = 0  # records of the current source request still to read
+        group_entry: tuple[int, int] | None = None  # its (segment, entry) at the source
+        while not self.stop.is_set() or group_left:
             try:
                 record = await reader.read_next(self.options.idle_read_timeout)
                 read_errors = 0
             except EntryReadError as exc:
+                if group_left:
+                    last_future = self._submit_group(appender, group) or last_future
+                    group, group_left = [], 0
                 read_errors += 1
                 await self._note_error(f"reading the source: {exc.message}")
                 await self._wait_stop(min(5.0, 0.1 * 2**read_errors))
                 continue
             now = time.monotonic()
+            if group_left and (record is None or (record.dlsn.segment_seq, record.dlsn.entry_id) != group_entry or PRODUCER_HEADER in record.headers):
+                last_future = self._submit_group(appender, group) or last_future
+                group, group_left = [], 0
             if record is None:
                 await self._idle(now, reader)
             else:
                 self._last_contact = time.time()
                 headers = record.headers
+                if not group_left and PRODUCER_HEADER in headers:
+                    group_left = _request_size(headers)
+                    group_entry = (record.dlsn.segment_seq, record.dlsn.entry_id)
                 origin = Origin.from_headers(headers) if ORIGIN_CLUSTER in headers else None
                 vt = clock.stamp(origin, record.dlsn)
                 progress.last = record.dlsn
@@ -265,15 +310,24 @@ class StreamWorker:
                         out[SOURCE_POSITION] = (source_prefix + str(record.dlsn)).encode()
                     out[VECTOR_TIME] = encode_vt(vt)
                     await throttle.take(len(record.payload))
-                    last_future = appender.submit(record.payload, key=record.key, headers=out)
+                    if group_left:
+                        group.append(Record(0, record.payload, record.key, out))
+                    else:
+                        last_future = appender.submit(record.payload, key=record.key, headers=out)
                     progress.applied += 1
                     progress.applied_bytes += len(record.payload)
                     progress.last_applied_at = time.time()
                     count += 1
                     if count & 255 == 0:
                         await appender.wait_writable()
-            # Checkpoints: snapshot now, write once what was submitted up to here is acknowledged.
-            if candidate is None and now >= next_checkpoint and progress.last is not None:
+                if group_left:
+                    group_left -= 1
+                    if not group_left:  # the request's last record: submit what was admitted of it
+                        last_future = self._submit_group(appender, group) or last_future
+                        group = []
+            # Checkpoints: snapshot now (between source requests), write once what was
+            # submitted up to here is acknowledged.
+            if candidate is None and now >= next_checkpoint and progress.last is not None and not group_left:
                 candidate = (last_future, self._snapshot(progress, clock, causal))
             if candidate is not None and (candidate[0] is None or candidate[0].done()):
                 future, snapshot = candidate
@@ -293,6 +347,22 @@ class StreamWorker:
                 sink_dlsn = last_future.result()
             await self._write_checkpoint(replace(snapshot, sink_dlsn=sink_dlsn))
             await self._maybe_pin(force=True)
+
+    def _submit_group(self, appender: SinkAppender, group: list[Record]) -> asyncio.Future[DLSN] | None:
+        """Submit the admitted records of one source request as one sink request (one entry),
+        so the sink applies it whole or not at all; the future of its last record (None: none
+        admitted)."""
+        if len(group) <= 1:
+            return appender.submit(group[0].payload, key=group[0].key, headers=group[0].headers) if group else None
+        try:
+            return appender.submit_group(group)[-1]
+        except ValueError as exc:
+            # Larger than one sink request (the origin headers add bytes to every record):
+            # applied in order, but no longer atomically. Nothing of it was queued.
+            if not self._split_warned:
+                self._split_warned = True
+                log.warning("stream %s, log %s: a source request of %d records is split at the sink: %s", self.config.stream_id, self.log_name, len(group), exc)
+            return [appender.submit(r.payload, key=r.key, headers=r.headers) for r in group][-1]
 
     def _snapshot(self, progress: _Progress, clock: SourceClock, causal: CausalityFilter | None) -> Checkpoint:
         assert self._checkpoint is not None and progress.last is not None

@@ -75,6 +75,18 @@ def agent_cluster(
         ns.close()
 
 
+def solo_agent(zk: ZkNamespace, procs: ProcessRegistry, base: Path, log: str, extra_config: str = "") -> tuple[AgentNode, MetaStore]:
+    """One agent of its own (``extra_config``: TOML for it), ready, and log ``log`` created on it
+    (E = W = A = 1); the metadata store's client is the namespace's (stopped with it)."""
+    node = AgentNode(procs, base, zk.connect_string, cluster=CLUSTER, node_id="solo", extra_config=extra_config)
+    node.start(wait=False)
+    admin = zk.client()
+    node.wait_ready(admin)
+    meta = MetaStore(admin, CLUSTER)
+    meta.create_log(log, LogConfig(1, 1, 1))
+    return node, meta
+
+
 class LogEnv:
     """Per test: a fresh log name, and metadata stores / pools / writers that are closed after."""
 

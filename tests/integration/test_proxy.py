@@ -20,11 +20,11 @@ import pytest
 from dlctl.log.client import AgentClient
 from dlctl.log.errors import AgentError, NotOwnerError, OrderBarrierError
 from dlctl.log.ownership import owner_info
-from dlctl.log.producer import LogProducer, ProducerOptions, ProxyRouter
+from dlctl.log.producer import LogProducer, ProducerOptions
 from dlctl.log.records import encode_record
 from harness.agents import DEFAULT_SECRET, AgentNode, harness_credentials
 from harness.zk import write_harness_zk_auth
-from harness.logcluster import CLUSTER, AgentCluster, LogEnv, eventually, healed_env, read_back, run
+from harness.logcluster import CLUSTER, AgentCluster, LogEnv, eventually, healed_env, read_back, run, solo_agent
 from harness.procs import ProcessRegistry
 from harness.tls import tls_dir_for
 from harness.zk import ZkNamespace
@@ -434,6 +434,37 @@ def test_cli_appends_through_the_owner_shows_it_and_releases_it(env, cli_env, cl
     assert payloads == [f"line-{i}".encode() for i in range(500)] + [b"direct-1", b"direct-2"]
 
 
+def test_cli_append_no_idempotence_is_accepted_documented_and_unmarked(env, cli_env):
+    """`log append --no-idempotence` is the at-least-once mode: documented in --help, its requests
+    carry no producer mark (the default's first record of each request does), and --direct,
+    which goes through no proxy, refuses it."""
+    from dlctl.errors import ExitCode
+    from dlctl.log.idempotence import PRODUCER_HEADER
+
+    helped = dlctl(cli_env, "log", "append", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "--no-idempotence" in helped.stdout and "may be stored twice" in helped.stdout
+
+    env.create_log()
+    plain = dlctl(cli_env, "--yes", "log", "append", env.name, "--no-idempotence", stdin="".join(f"plain-{i}\n" for i in range(300)))
+    assert plain.returncode == 0, plain.stderr
+    result = json.loads(plain.stdout)["steps"][0]["result"]
+    assert result["records"] == 300 and result["idempotent"] is False
+    marked = dlctl(cli_env, "--yes", "log", "append", env.name, stdin="marked-0\nmarked-1\n")
+    assert marked.returncode == 0, marked.stderr
+    assert json.loads(marked.stdout)["steps"][0]["result"]["idempotent"] is True
+    refused = dlctl(cli_env, "--yes", "log", "append", env.name, "--direct", "--no-idempotence", stdin="direct\n")
+    assert refused.returncode == ExitCode.USAGE and "--direct" in refused.stderr
+
+    meta = env.meta()
+    pool = env.pool(meta)
+    records = [r for _, r in run(read_back(meta, pool, env.name))]
+    run(pool.close())
+    assert [r.payload for r in records] == [f"plain-{i}".encode() for i in range(300)] + [b"marked-0", b"marked-1"]
+    assert not any(PRODUCER_HEADER in r.headers for r in records[:300]), "an at-least-once request carries no producer mark"
+    assert PRODUCER_HEADER in records[300].headers, "an idempotent request's first record carries its mark"
+
+
 def test_cli_release_refuses_a_library_writer_unless_forced(env, cli_env):
     env.create_log()
 
@@ -456,15 +487,8 @@ def test_cli_release_refuses_a_library_writer_unless_forced(env, cli_env):
 
 def test_an_idle_log_is_released_and_claimed_again_on_the_next_append(zk, procs, tmp_path):
     from dlctl.log.pool import AgentPool
-    from dlctl.meta.records import LogConfig
-    from dlctl.meta.store import MetaStore
 
-    node = AgentNode(procs, tmp_path, zk.connect_string, cluster=CLUSTER, node_id="solo", extra_config="[proxy]\nidle_release_seconds = 1\n")
-    node.start(wait=False)
-    admin = zk.client()
-    node.wait_ready(admin)
-    meta = MetaStore(admin, CLUSTER)
-    meta.create_log("idle", LogConfig(1, 1, 1))
+    node, meta = solo_agent(zk, procs, tmp_path, "idle", "[proxy]\nidle_release_seconds = 1\n")
 
     async def scenario():
         pool = AgentPool(meta, harness_credentials())

@@ -20,6 +20,7 @@ from harness.procs import ProcessRegistry
 from harness.twoclusters import Sites, origin_of, read_all, replication_sites
 
 from dlctl.log.dlsn import DLSN
+from dlctl.log.idempotence import PRODUCER_HEADER
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig
@@ -408,6 +409,100 @@ def test_pins_keep_a_paused_streams_segments_until_the_maximum_age_then_status_r
     assert status["logs"][0]["state"] == "NEEDS BOOTSTRAP", status
     assert ops.check(status, max_lag_seconds=None, max_lag_records=None)[0] == 2
     assert len(run(read_all(b.meta(), "metrics", idle=1.0))) == 200  # no record past the gap
+
+
+# -- atomic producer requests (issue #20 item 5) ------------------------------------------------------
+
+
+def _requests(records) -> list[list[int]]:
+    """A log's producer requests (indexes into ``records``, in log order): a record marked
+    ``dl.p`` and the next count - 1; an unmarked record is a request of its own."""
+    from dlctl.log.idempotence import producer_mark
+
+    out, i = [], 0
+    while i < len(records):
+        mark = producer_mark(records[i].headers)
+        n = mark.count if mark is not None else 1
+        out.append(list(range(i, min(i + n, len(records)))))
+        i += n
+    return out
+
+
+def split_groups(records, groups: list[list[bytes]], *, requests: bool = True) -> list[list[bytes]]:
+    """The groups (payloads) whose records in ``records`` are not in one entry, or (with
+    ``requests``) not in one producer request."""
+    where = {r.payload: i for i, r in enumerate(records)}
+    request_of = {i: k for k, req in enumerate(_requests(records)) for i in req}
+    split = []
+    for group in groups:
+        at = [where[p] for p in group]
+        entries = {(records[i].dlsn.segment_seq, records[i].dlsn.entry_id) for i in at}
+        if len(entries) > 1 or (requests and len({request_of[i] for i in at}) > 1):
+            split.append(group)
+    return split
+
+
+async def write_groups(meta, name: str, groups: list[list[bytes]], options=None) -> None:
+    """Each group with ``submit_group`` (one request), or with ``options``, record by record."""
+    from dlctl.log.producer import LogProducer
+    from dlctl.log.records import Record
+
+    pool = AgentPool(meta, harness_credentials())
+    producer = LogProducer(meta, pool, name, options=options)
+    try:
+        for group in groups:
+            if options is None:
+                producer.submit_group([Record(0, p) for p in group])
+            else:
+                for p in group:
+                    producer.submit(p)
+        await producer.flush()
+    finally:
+        await producer.close()
+        await pool.close()
+
+
+@pytest.mark.parametrize("sink", ["writer", "producer"])
+def test_a_source_producer_request_is_one_request_in_one_entry_at_the_sink(sites: Sites, sink: str):
+    """A source request (several groups of records submitted together) arrives in the sink
+    whole: in one sink entry and, through a write proxy (``producer``: the sink takes local
+    writes, so the worker appends through the owner), one sink request. Written before the
+    stream starts and while it runs: catching up, the worker reads many requests at once
+    (appended one by one, they would be cut at the sink's own entry / request size)."""
+    from dlctl.log.producer import ProducerOptions
+
+    a, b = sites["a"], sites["b"]
+    a.meta().create_log("baskets", LogConfig())
+    if sink == "producer":
+        b.meta().create_log("baskets", LogConfig())
+    pad = b"." * 3000
+
+    def groups(tag: str, n: int) -> list[list[bytes]]:
+        return [[f"{tag}-{k}-{i}".encode() + pad for i in range(2 + k % 6)] for k in range(n)]
+
+    before, during = groups("before", 150), groups("during", 150)
+    # Negative: groups appended record by record through requests of 2 records are split at
+    # the source already, and the judge says so.
+    loose = groups("loose", 6)[2:]
+    size = len(loose[0][0]) + 64
+    run(write_groups(a.meta(), "baskets", before))
+    run(write_groups(a.meta(), "baskets", loose, options=ProducerOptions(max_request_bytes=2 * size)))
+    apply(ops.init_plan(a.session(), b.session(), patterns=("baskets",), causal=sink == "producer").plan)
+    run(write_groups(a.meta(), "baskets", during))
+
+    total = sum(len(g) for g in before + loose + during)
+    source = run(read_all(a.meta(), "baskets", until=total, timeout=60))
+    records = run(read_all(b.meta(), "baskets", until=total, timeout=90))
+    assert [r.payload for r in records] == [r.payload for r in source]
+    assert split_groups(source, loose) == loose
+    assert split_groups(source, before + during) == []
+    source_requests = [[source[i].payload for i in req] for req in _requests(source)]
+    assert sum(len(r) > 7 for r in source_requests) >= 10  # requests of several groups (a group has at most 7)
+    assert split_groups(records, source_requests, requests=sink == "producer") == []
+    if sink == "producer":  # every sink record is in a request the owner marked
+        assert all(PRODUCER_HEADER in records[req[0]].headers for req in _requests(records))
+    else:
+        assert all(PRODUCER_HEADER not in r.headers for r in records)
 
 
 # -- active-active ---------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def test_a_pull_request_round_trips_with_its_source_and_flag():
     ("body", "message"),
     [
         (b"", "PULL_RANGE body of 0 bytes is shorter than 36"),
-        (struct.pack(">QQqqI", 1, 1, 0, 5, 9), "PULL_RANGE source node id: the body of 36 bytes ends before it"),
+        (struct.pack(">QQqqI", 1, 1, 0, 5, 9), "PULL_RANGE body of 36 bytes has no source node id"),
         (body_of(1, 1, 0, 5, 9, b""), "PULL_RANGE source node id of 0 bytes overruns the body or is out of range"),
         (body_of(1, 1, 0, 5, 9, b"ab")[:-1], "PULL_RANGE source node id of 2 bytes overruns the body"),
         (body_of(1, 1, 0, 5, 9, b"\xff\xfe"), "PULL_RANGE source node id is not UTF-8"),

@@ -51,9 +51,26 @@ def test_append_request_round_trip():
     frame = p.decode_frames(p.append_request(7, "orders", 2**62, 2, records, reset_order=True))[0]
     req = p.decode_request(frame)
     assert req.op is p.Op.APPEND and req.flags == p.FLAG_RESET_ORDER and req.request_id == 7
-    name, producer, count, body = req.args
-    assert (name, producer, count) == ("orders", 2**62, 2)
+    name, producer, count, body, epoch, seq = req.args
+    assert (name, producer, count, epoch, seq) == ("orders", 2**62, 2, None, None)
     assert [r.payload for r in decode_records(body)] == [b"a", b"b"]
+
+
+def test_an_idempotent_append_request_carries_its_epoch_and_sequence():
+    records = encode_record(b"a")
+    frame = p.decode_frames(p.append_request(7, "orders", 5, 1, records, epoch=3, seq=2**40))[0]
+    req = p.decode_request(frame)
+    assert req.flags == p.FLAG_IDEMPOTENT
+    name, producer, count, body, epoch, seq = req.args
+    assert (name, producer, count, epoch, seq) == ("orders", 5, 1, 3, 2**40)
+    assert [r.payload for r in decode_records(body)] == [b"a"]
+    with pytest.raises(ValueError, match="sequence >= 1"):
+        p.append_request(7, "orders", 5, 1, records, epoch=3, seq=0)
+    zero = b"\x00\x01a" + bytes(8) + bytes(4) + bytes(8) + bytes(4) + records
+    with pytest.raises(p.ProtocolError, match="sequence 0"):
+        p.decode_request(p.decode_frames(p.encode_frame(p.Op.APPEND, p.FLAG_IDEMPOTENT, 1, zero))[0])
+    with pytest.raises(p.ProtocolError, match="no producer id, epoch, sequence and record count"):
+        p.decode_request(p.decode_frames(p.encode_frame(p.Op.APPEND, p.FLAG_IDEMPOTENT, 1, b"\x00\x01a" + bytes(12)))[0])
 
 
 @pytest.mark.parametrize(
