@@ -44,15 +44,21 @@ class AgentPool:
             info = self._nodes.get(node_id)
             if info is None:
                 raise AgentUnavailableError(f"agent {node_id!r} is not available in cluster {self.meta.cluster!r}")
-        host, _, port = info["address"].rpartition(":")
+        host, port = self.connect_to(node_id, info)
         current = self._clients.get(node_id)
         if current is not None and current.address == f"{host}:{port}":
             return current
         if current is not None:
             await current.close()
-        client = AgentClient(host, int(port), self.credentials.secret, tls=self.credentials.tls, request_timeout=self.request_timeout)
+        client = AgentClient(host, port, self.credentials.secret, tls=self.credentials.tls, request_timeout=self.request_timeout)
         self._clients[node_id] = client
         return client
+
+    def connect_to(self, node_id: str, info: dict) -> tuple[str, int]:
+        """Where to connect to reach agent ``node_id`` (``info``: its availability record): the
+        address it registered. (Tests route through fault proxies by overriding this.)"""
+        host, _, port = info["address"].rpartition(":")
+        return host, int(port)
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}

@@ -56,15 +56,17 @@ class AgentCluster:
 
 
 def agent_cluster(
-    zk_server: ZooKeeperServer, base: Path, label: str, nodes: tuple[str, ...] = NODES, extra_config: str = ""
+    zk_server: ZooKeeperServer, base: Path, label: str, nodes: tuple[str, ...] = NODES, extra_config: str = "", *, regions: dict[str, str] | None = None
 ) -> Iterator[AgentCluster]:
     """Body of a module-scoped fixture: ``yield from agent_cluster(...)``; ``extra_config`` is
-    TOML appended to every agent's configuration."""
+    TOML appended to every agent's configuration; ``regions``: node -> region (then nodes are
+    ``regions``' keys, each in a rack of its own), else every node in the default region."""
     ns = ZkNamespace(zk_server, label=label)
     procs = ProcessRegistry(base / "procs")
+    placed = {n: {"region": r, "rack": f"rack-{n}"} for n, r in regions.items()} if regions else {n: {} for n in nodes}
     try:
         admin = ns.client()
-        agents = {n: AgentNode(procs, base, ns.connect_string, cluster=CLUSTER, node_id=n, extra_config=extra_config) for n in nodes}
+        agents = {n: AgentNode(procs, base, ns.connect_string, cluster=CLUSTER, node_id=n, extra_config=extra_config, **where) for n, where in placed.items()}
         for node in agents.values():
             node.start(wait=False)
         for node in agents.values():

@@ -23,7 +23,7 @@ from collections import Counter
 import pytest
 
 from dlctl.log.client import AgentClient
-from dlctl.log.errors import AgentUnavailableError, NotOwnerError, OutOfOrderSequenceError, ProducerFencedError, UnknownProducerError
+from dlctl.log.errors import NotOwnerError, OutOfOrderSequenceError, ProducerFencedError, UnknownProducerError
 from dlctl.log.ownership import owner_info
 from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer, ProducerOptions
@@ -50,20 +50,12 @@ class CutOffPool(AgentPool):
         self.net = net
         self.proxies: dict[str, FaultProxy] = {}
 
-    async def client(self, node_id: str) -> AgentClient:
-        info = self._nodes.get(node_id) or (await self.refresh()).get(node_id)
-        if info is None:
-            raise AgentUnavailableError(f"agent {node_id!r} is not available")
-        host, _, port = info["address"].rpartition(":")
+    def connect_to(self, node_id: str, info: dict) -> tuple[str, int]:
+        target = super().connect_to(node_id, info)
         proxy = self.proxies.get(node_id)
-        if proxy is None or proxy.target != (host, int(port)):
-            proxy = self.proxies[node_id] = self.net.proxy((host, int(port)), node=node_id, client_node=f"producers-{id(self)}")
-        current = self._clients.get(node_id)
-        if current is not None and current.address == f"{proxy.host}:{proxy.port}":
-            return current
-        client = AgentClient(proxy.host, proxy.port, self.credentials.secret, tls=self.credentials.tls, request_timeout=self.request_timeout)
-        self._clients[node_id] = client
-        return client
+        if proxy is None or proxy.target != target:
+            proxy = self.proxies[node_id] = self.net.proxy(target, node=node_id, client_node=f"producers-{id(self)}")
+        return proxy.host, proxy.port
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,10 @@ from dlctl.log.errors import AgentError, NotOwnerError, OrderBarrierError
 from dlctl.log.ownership import owner_info
 from dlctl.log.producer import LogProducer, ProducerOptions
 from dlctl.log.records import encode_record
-from harness.agents import DEFAULT_SECRET, AgentNode, harness_credentials
+from harness.agents import DEFAULT_SECRET, harness_credentials
 from harness.zk import write_harness_zk_auth
-from harness.logcluster import CLUSTER, AgentCluster, LogEnv, eventually, healed_env, read_back, run, solo_agent
-from harness.procs import ProcessRegistry
+from harness.logcluster import LogEnv, agent_cluster, eventually, healed_env, read_back, run, solo_agent
 from harness.tls import tls_dir_for
-from harness.zk import ZkNamespace
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
 
@@ -38,26 +36,9 @@ REGIONS = {"n1": "r1", "n2": "r2", "n3": "r3", "n4": "r1"}
 
 @pytest.fixture(scope="module")
 def cluster(zk_server, tmp_path_factory):
-    base = tmp_path_factory.mktemp("proxy-agents")
-    ns = ZkNamespace(zk_server, label="proxy")
-    procs = ProcessRegistry(base / "procs")
-    try:
-        admin = ns.client()
-        agents = {
-            n: AgentNode(
-                procs, base, ns.connect_string, cluster=CLUSTER, node_id=n, region=r, rack=f"rack-{n}", session_timeout=SESSION_TIMEOUT,
-                extra_config=f"[proxy]\nmax_log_bytes = {MAX_LOG_BYTES}\n",
-            )
-            for n, r in REGIONS.items()
-        }
-        for node in agents.values():
-            node.start(wait=False)
-        for node in agents.values():
-            node.wait_ready(admin)
-        yield AgentCluster(ns, procs, agents, admin, base)
-    finally:
-        procs.close()
-        ns.close()
+    yield from agent_cluster(
+        zk_server, tmp_path_factory.mktemp("proxy-agents"), "proxy", extra_config=f"[proxy]\nmax_log_bytes = {MAX_LOG_BYTES}\n", regions=REGIONS
+    )
 
 
 @pytest.fixture
