@@ -141,6 +141,34 @@ def test_a_zombie_epoch_a_gap_and_an_unknown_producer_are_refused_and_write_noth
     assert run(payloads(env)) == [b"e0-0", b"e0-second-0", b"e1-0"], "no refused request left a record"
 
 
+def test_a_zombie_producer_paused_then_resumed_cannot_append(env, cluster):
+    """Two incarnations of one producer id (``LogProducer(producer_id=, epoch=)``): the older
+    one is paused (sends nothing) while the newer one appends; resumed, the older one's
+    records fail with ProducerFencedError and none of them is stored."""
+    env.create_log()
+
+    async def scenario():
+        meta = env.meta()
+        pool = env.pool(meta)
+        try:
+            zombie = LogProducer(meta, pool, env.name, producer_id=PRODUCER, epoch=3)
+            await zombie.append(b"zombie-before")
+            successor = LogProducer(meta, pool, env.name, producer_id=PRODUCER, epoch=4)  # takes the role over
+            await successor.append(b"successor")
+            late = [zombie.submit(f"zombie-after-{i}".encode()) for i in range(5)]  # resumed
+            outcomes = await asyncio.gather(*late, return_exceptions=True)
+            await successor.append(b"successor-again")
+            await successor.close()
+            await zombie.close()
+            return outcomes
+        finally:
+            await pool.close()
+
+    outcomes = run(scenario())
+    assert all(isinstance(o, ProducerFencedError) for o in outcomes), outcomes
+    assert run(payloads(env)) == [b"zombie-before", b"successor", b"successor-again"]
+
+
 def test_dedup_state_survives_two_owner_changes_in_a_row(env, cluster):
     """Owner A applies requests 1..3 of a producer and is SIGKILLed (as if the answer to 3 were
     lost with it); B takes the log over, rebuilding the state from the log after recovering A's
