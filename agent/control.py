@@ -86,8 +86,19 @@ def start(config: AgentConfig, timeout: float = 30.0) -> dict[str, Any]:
     raise DlctlError(f"agent {config.node_id} did not start listening on {config.advertise} within {timeout:g}s", hint=f"see {log_path}")
 
 
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (absent, or a zombie awaiting its parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"Z"
+
+
 def stop(config: AgentConfig, timeout: float = 20.0) -> dict[str, Any]:
-    """SIGTERM and wait for a clean exit (the agent unregisters first); SIGKILL after ``timeout``."""
+    """SIGTERM and wait for a clean exit (the agent unregisters first, then releases its data
+    directory, then the process ends: "stopped" means all three, so a script can start it again
+    at once); SIGKILL after ``timeout``."""
     current = state(config)
     if not current.running or current.pid is None:
         return {"node_id": config.node_id, "action": "stop", "changed": False, "running": False, "pid": None, "message": "already stopped"}
@@ -95,7 +106,7 @@ def stop(config: AgentConfig, timeout: float = 20.0) -> dict[str, Any]:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not state(config).running:
+        if not state(config).running and _gone(pid):
             return {"node_id": config.node_id, "action": "stop", "changed": True, "running": False, "pid": pid, "message": "stopped cleanly"}
         time.sleep(0.05)
     try:

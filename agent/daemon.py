@@ -207,7 +207,8 @@ async def serve(config: AgentConfig) -> int:
         # agents are still reachable, so clients move to a new owner without waiting for a session.
         await proxy.close()
         await proxy.pool.close()
-    await server.puller.pool.close()  # pulls under way fail on the closed connections; their copiers redo them
+    if server.puller is not None:
+        await server.puller.pool.close()  # pulls under way fail on the closed connections; their copiers redo them
     await loop.run_in_executor(None, registration.stop)
     await loop.run_in_executor(None, lambda: (zk.stop(), zk.close()))
     await server.stop()

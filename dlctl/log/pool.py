@@ -40,7 +40,12 @@ class AgentPool:
     async def client(self, node_id: str) -> AgentClient:
         info = self._nodes.get(node_id)
         if info is None:
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper out of reach: this agent is, as far as we can tell
+                raise AgentUnavailableError(
+                    f"agent {node_id!r} of cluster {self.meta.cluster!r}: not among the agents last read, and they cannot be read again now ({type(exc).__name__}: {exc})"
+                ) from None
             info = self._nodes.get(node_id)
             if info is None:
                 raise AgentUnavailableError(f"agent {node_id!r} is not available in cluster {self.meta.cluster!r}")

@@ -90,7 +90,13 @@ async def fill(client: AgentClient, log_id: int, seq: int, count: int, payload: 
     await asyncio.gather(*tasks)
 
 
-async def measure(src_port: int, dst_port: int, args: argparse.Namespace, directory: Path) -> list[tuple[float, float]]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(src_port: int, dst_port: int, args: argparse.Namespace, directory: Path, pids: tuple[int, int]) -> list[tuple[float, float, float]]:
     tls = None if args.plaintext else harness_tls.client_tls()
     src = AgentClient("127.0.0.1", src_port, SECRET, request_timeout=60, tls=tls)
     dst = AgentClient("127.0.0.1", dst_port, SECRET, request_timeout=60, tls=tls)
@@ -106,10 +112,17 @@ async def measure(src_port: int, dst_port: int, args: argparse.Namespace, direct
             member = "dst" if args.in_place else "lost"
             segment = SegmentRecord(seq, SegmentState.COMPLETED, (EnsembleChange(0, ("src", member)),), 2, 2, time.time(), last_entry_id=count - 1)
             base = baseline_sequential_bandwidth(directory, count * len(payload))
+            before = (cpu_seconds(pids[0]), cpu_seconds(pids[1]), time.process_time())
             result = await copy_replica(Pool({"src": src, "dst": dst}), 1, segment, member, "dst", {member}, window=args.window, pull=not args.no_pull)
             rate = result.bytes / result.seconds
-            rounds.append((rate, base))
-            print(f"round {r + 1}: copied {result.bytes / MIB:.0f} MiB in {result.seconds:.2f}s = {rate / MIB:.1f} MiB/s; baseline {base / MIB:.1f} MiB/s ({rate / base:.0%})", flush=True)
+            spent = [after - was for was, after in zip(before, (cpu_seconds(pids[0]), cpu_seconds(pids[1]), time.process_time()))]
+            per_gib = sum(spent) / (result.bytes / (1024 * MIB))
+            rounds.append((rate, base, per_gib))
+            print(
+                f"round {r + 1}: copied {result.bytes / MIB:.0f} MiB in {result.seconds:.2f}s = {rate / MIB:.1f} MiB/s; baseline {base / MIB:.1f} MiB/s ({rate / base:.0%}); "
+                f"CPU s source {spent[0]:.2f} target {spent[1]:.2f} copier {spent[2]:.2f} = {per_gib:.2f} s/GiB",
+                flush=True,
+            )
             await src.delete_segment(1, seq)
             await dst.delete_segment(1, seq)
     finally:
@@ -140,17 +153,18 @@ def main() -> int:
         src, src_port = start_agent(work, "source", plaintext=args.plaintext)
         dst, dst_port = start_agent(work, "target", plaintext=args.plaintext, peers={"src": f"127.0.0.1:{src_port}"})
         procs = [src, dst]
-        rounds = asyncio.run(measure(src_port, dst_port, args, work))
+        rounds = asyncio.run(measure(src_port, dst_port, args, work, (src.pid, dst.pid)))
     finally:
         for p in procs:
             p.kill()
             p.wait()
         shutil.rmtree(work, ignore_errors=True)
-    ratio = statistics.median(rate / base for rate, base in rounds)
-    rate = statistics.median(rate for rate, _ in rounds)
+    ratio = statistics.median(rate / base for rate, base, _ in rounds)
+    rate = statistics.median(rate for rate, _, _ in rounds)
+    cpu = statistics.median(per_gib for _, _, per_gib in rounds)
     verdict = "PASS" if ratio >= 0.5 else "MISS"
     what = ("repair (in place)" if args.in_place else "re-replication") + (", plaintext" if args.plaintext else ", TLS") + (", through the copier" if args.no_pull else ", pulled by the target")
-    print(f"{what} copy rate: {rate / MIB:.1f} MiB/s = {ratio:.0%} of sequential write+fdatasync bandwidth (target >= 50 %): {verdict}")
+    print(f"{what} copy rate: {rate / MIB:.1f} MiB/s = {ratio:.0%} of sequential write+fdatasync bandwidth (target >= 50 %): {verdict}; CPU {cpu:.2f} s per GiB (all three processes)")
     return 1 if args.strict and ratio < 0.5 else 0
 
 
