@@ -568,8 +568,7 @@ async def copy_replica(
             await store(batch)
             for piece in batch:
                 offsets = itertools.accumulate(piece.sizes[:-1], initial=piece.start)
-                record(piece.first, (stored_crc(piece.buf, pos) for pos in offsets), 0)
-            record(batch[0].first, (), nbytes)
+                record(piece.first, (stored_crc(piece.buf, pos) for pos in offsets), piece.end - piece.start)
 
     async def pull_run(first: int, last: int, order: tuple[str, ...]) -> int:
         """Have the target pull ``first``..``last`` from the first replica of ``order`` that

@@ -27,21 +27,17 @@ class AppliedPosition:
     sink: DLSN  # where that record sits in the sink log
 
 
-_segments = log_segments
-_last_entry = last_entry
-
-
 async def find_applied(meta: MetaStore, pool: AgentPool, log: str, source_cluster: str, floor: DLSN | None = None, region: str | None = None) -> AppliedPosition | None:
     """The last record of the sink log ``log`` that stream source ``source_cluster`` applied
     (its ``dl.src`` header), scanning back from the end of the log to ``floor`` (a sink position
     known to hold an applied record, or None to scan down to the start)."""
-    log_id, segments = await _segments(meta, log)
+    log_id, segments = await log_segments(meta, log)
     replicas = ReplicaReader(pool, region=region)
     await pool.refresh()
     for seg in reversed(segments):
         if floor is not None and seg.seq < floor.segment_seq:
             return None
-        last = await _last_entry(replicas, log_id, seg)
+        last = await last_entry(replicas, log_id, seg)
         for entry_id in range(last, seg.min_active_entry - 1, -1):
             if floor is not None and (seg.seq, entry_id) < (floor.segment_seq, floor.entry_id):
                 return None
@@ -66,13 +62,13 @@ class LogEnd:
 
 async def log_end(meta: MetaStore, pool: AgentPool, log: str, region: str | None = None) -> LogEnd:
     """Where log ``log`` ends right now (in-progress segments up to their LAC)."""
-    log_id, segments = await _segments(meta, log)
+    log_id, segments = await log_segments(meta, log)
     replicas = ReplicaReader(pool, region=region)
     await pool.refresh()
     total_records = total_bytes = 0
     end: DLSN | None = None
     for seg in reversed(segments):
-        last = await _last_entry(replicas, log_id, seg)
+        last = await last_entry(replicas, log_id, seg)
         if seg.state is SegmentState.INPROGRESS:
             summary = await _summary(replicas, log_id, seg, last)
             total_records += summary[0]
@@ -108,14 +104,14 @@ async def _last_data(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, l
 
 async def records_from(meta: MetaStore, pool: AgentPool, log: str, position: DLSN, region: str | None = None) -> tuple[int, int]:
     """(records, bytes) at or after ``position`` in log ``log``: a stream's lag."""
-    log_id, segments = await _segments(meta, log)
+    log_id, segments = await log_segments(meta, log)
     replicas = ReplicaReader(pool, region=region)
     await pool.refresh()
     records = nbytes = 0
     for seg in segments:
         if seg.seq < position.segment_seq:
             continue
-        last = await _last_entry(replicas, log_id, seg)
+        last = await last_entry(replicas, log_id, seg)
         if seg.state is SegmentState.INPROGRESS:
             seg_records, seg_bytes = await _summary(replicas, log_id, seg, last)
         else:
