@@ -27,6 +27,7 @@ from dlctl.log.auth import Credentials
 from dlctl.log.pool import AgentPool
 from dlctl.meta.store import MetaStore
 from dlctl.meta.zk import ZkAuth, ZkTls
+from dlctl.replication import history
 from dlctl.replication.assignment import WorkItem, plan_claims
 from dlctl.replication.records import StreamConfig, StreamState
 from dlctl.replication.source import SourceLink, SourceSettings
@@ -44,6 +45,7 @@ from .replication_config import ReplicationSettings
 log = logging.getLogger("dlagent.replication")
 
 MAX_RESTART_DELAY = 30.0
+HISTORY_SECONDS = 5.0  # how often the sources' network history is copied here
 
 
 @dataclass
@@ -84,6 +86,7 @@ class ReplicationService:
         self._sources: dict[str, SourceLink] = {}
         self._running: dict[WorkItem, _Running] = {}
         self._unclaimed_since: dict[WorkItem, float] = {}
+        self._history_synced = 0.0  # monotonic time of the last copy of the sources' network history
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -169,6 +172,24 @@ class ReplicationService:
         for item, config in work.items():
             if claims.get(item) == self.node_id and item not in self._running:
                 self._start_worker(item, config)
+        await self._sync_histories()
+
+    async def _sync_histories(self) -> None:
+        """Every ``HISTORY_SECONDS``, copy the network history of the sources of the streams
+        this agent runs into the sink's (``dlctl.replication.history``): so it reaches every
+        location the network connects. Best effort: a source out of reach is tried next time."""
+        now = time.monotonic()
+        if now - self._history_synced < HISTORY_SECONDS:
+            return
+        self._history_synced = now
+        for config in {r.config.source_cluster: r.config for r in self._running.values()}.values():
+            try:
+                link = await self._source(config)
+                copied = await self._zk(history.sync, link.meta, self.sink_meta)
+                if copied:
+                    log.info("replication: %d network event(s) of %s recorded here", copied, config.source_cluster)
+            except Exception as exc:  # noqa: BLE001 - a source out of reach: next time
+                log.debug("replication: network history of %s: %r", config.source_cluster, exc)
 
     def _start_worker(self, item: WorkItem, config: StreamConfig) -> None:
         running = _Running(config)

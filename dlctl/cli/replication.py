@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import click
 
 from ..errors import ConfigError, NotFoundError
+from ..log.dlsn import DLSN
 from ..ops import replication as ops
 from ..ops.session import ClusterSession
 from ..output import Table
@@ -45,6 +48,9 @@ sink_option = click.option("--sink", metavar="CLUSTER", default=None, help="The 
 @click.option("--sink", required=True, metavar="CLUSTER", help="Cluster to replicate to.")
 @click.option("--logs", "patterns", multiple=True, metavar="PATTERN", help="Logs to replicate (shell patterns; repeatable). Default: every log.")
 @click.option("--bidirectional", is_flag=True, help="Active-active: also replicate SINK -> SOURCE, with the causality filter.")
+@click.option("--causal", is_flag=True, help="A one-way edge of an active-active network (a chain, a directed cycle): the sink takes local writes too and applies the causality filter.")
+@click.option("--start-from", "start_from", metavar="now|SEG/ENTRY/SLOT|TIME", help="Causal streams: 'now' joins SINK without the past SOURCE deleted. One-way streams: start at the source's end (now), at a position, or at a time (ISO 8601; the first segment open or completed at or after it).")
+@click.option("--filter", "filters", multiple=True, metavar="CLAUSE", help="Carry only records matching CLAUSE: key=PATTERN or header.NAME=PATTERN (shell patterns; repeatable: all must match). Refused on a connection that is or was on a cycle, or into a location fed by another connection too.")
 @click.option("--bootstrap", type=click.Choice(ops.BOOTSTRAP_MODES), default="auto", show_default=True, help="auto: copy only where needed; never: refuse if needed; always: copy every log.")
 @click.option("--throttle", type=click.IntRange(0), default=0, show_default=True, help="Bytes per second per log and direction (0: unlimited).")
 @click.option("--pin-max-age", type=click.FloatRange(min=1.0), default=7 * 24 * 3600.0, show_default=True, help="Seconds after which an unrefreshed retention pin stops protecting source data.")
@@ -52,17 +58,25 @@ sink_option = click.option("--sink", metavar="CLUSTER", default=None, help="The 
 @yes_option
 @output_option
 @pass_app
-def init_replication_command(app: AppContext, source: str, sink: str, patterns: tuple[str, ...], bidirectional: bool, bootstrap: str, throttle: int, pin_max_age: float, dry_run: bool) -> None:
+def init_replication_command(
+    app: AppContext, source: str, sink: str, patterns: tuple[str, ...], bidirectional: bool, causal: bool, start_from: str | None,
+    filters: tuple[str, ...], bootstrap: str, throttle: int, pin_max_age: float, dry_run: bool,
+) -> None:
     """Set up replication of logs from SOURCE to SINK (and back with --bidirectional).
 
     Registers the stream in both clusters (sink: config, state, checkpoints; source: retention
     pins), creates missing sink logs, and decides per log: stream from the start (new stream,
     the source holds the whole log), resume (existing stream, checkpoint still retained) or
-    bootstrap (the sink has data or the source truncated what it needs). Idempotent: re-run it
-    after any failure to complete the setup. Exit 4 when a bootstrap is required and unavailable."""
+    bootstrap (the sink has data or the source truncated what it needs). A new causal connection
+    (--bidirectional, --causal) from a source that deleted events starts only once the sink holds
+    them (the location-addition rule): until then `replication status` shows it
+    waiting-for-causal-past, naming what the sink lacks. Idempotent: re-run it after any failure
+    to complete the setup. Exit 4 when a bootstrap is required and unavailable."""
     built = ops.init_plan(
         _session(app, source), _session(app, sink),
-        patterns=patterns or ("*",), bidirectional=bidirectional, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age,
+        patterns=patterns or ("*",), bidirectional=bidirectional, causal=causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age,
+        start_from=_start_from(start_from) if start_from else None, filters=filters,
+        peers=[_session(app, name) for name in app.inventory().clusters if name not in (source, sink)],
     )
     if dry_run:
         app.render(built.plan)
@@ -73,6 +87,24 @@ def init_replication_command(app: AppContext, source: str, sink: str, patterns: 
         return
     app.confirm(built.plan)
     app.render(app.run_plan(built.plan))
+
+
+def _start_from(text: str) -> ops.StartFrom:
+    """``now``, a position (SEG/ENTRY/SLOT) or an ISO 8601 time (``Z`` or an offset; no zone: UTC)."""
+    if text == "now":
+        return ops.StartFrom("now")
+    if "/" in text:
+        try:
+            return ops.StartFrom("position", position=DLSN.parse(text))
+        except ValueError as exc:
+            raise click.BadParameter(f"{text!r}: {exc}", param_hint="--start-from") from None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither 'now', a position SEG/ENTRY/SLOT nor an ISO 8601 time", param_hint="--start-from") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return ops.StartFrom("time", time=when.timestamp())
 
 
 @click.group("replication")
@@ -91,7 +123,7 @@ def list_command(app: AppContext) -> None:
 
 
 def _status_table(status: dict) -> Table:
-    columns = ["log", "state", "lag_records", "lag_bytes", "lag_seconds", "last_applied", "last_contact_ago", "worker", "worker_region", "last_error", "needs_bootstrap"]
+    columns = ["log", "state", "lag_records", "lag_bytes", "lag_seconds", "last_applied", "last_contact_ago", "worker", "worker_region", "last_error", "needs_bootstrap", "waiting_for"]
     return Table(status["logs"], columns, title=f"stream {status['stream']}: {status['source']} -> {status['sink']} ({status['state']})")
 
 
@@ -143,6 +175,30 @@ def check_command(app: AppContext, stream: str | None, sink: str | None, max_lag
         raise click.exceptions.Exit(worst)
 
 
+@replication_group.command("topology")
+@command_options
+@pass_app
+def topology_command(app: AppContext) -> None:
+    """The replication network of the inventory's locations: every connection (a pair <==>, a
+    one-way edge ===>), whether it lies on a cycle now or ever did, its filter; then the
+    network's history (connections made and removed, filters, retirements), merged from every
+    location. Locations out of reach are named (their view is missing)."""
+    from ..ops import network
+
+    view = network.topology([_session(app, name) for name in app.inventory().clusters])
+    if app.output != "table":
+        app.render(view)
+        return
+    for line in network.graph_lines(view):
+        app.stdout.print(line, markup=False, highlight=False)
+    if view["retired"]:
+        app.stdout.print("retired: " + ", ".join(view["retired"]), markup=False, highlight=False)
+    for gone in view["unreachable"]:
+        app.stdout.print(f"unreachable: {gone['location']} ({gone['error']}): its part of the network is missing", markup=False, highlight=False)
+    history = [{"time": e["time"], "event": e["kind"], "edge": f"{e['source']} -> {e['sink']}" if e["sink"] else e["source"], "stream": e["stream"], "filter": e["filter"], "note": e["note"]} for e in view["history"]]
+    app.render(Table(history, ["time", "event", "edge", "stream", "filter", "note"], title="network history"))
+
+
 @replication_group.command("pause")
 @click.argument("stream")
 @sink_option
@@ -170,6 +226,18 @@ def delete_command(app: AppContext, stream: str, sink: str | None) -> Plan:
     The sink logs and their data stay."""
     sink_session = _session(app, sink)
     return ops.delete_plan(sink_session, _source_of(app, sink_session, stream), stream)
+
+
+@replication_group.command("retire")
+@click.argument("location")
+@mutating(confirm=True)
+def retire_command(app: AppContext, location: str) -> Plan:
+    """Remove LOCATION from the replication network for good: delete every stream into or out
+    of it (as `replication delete`), then record its retirement in the network history of every
+    location in reach. A retired location never joins again under that name."""
+    from ..ops import network
+
+    return network.retire_plan(location, [_session(app, name) for name in app.inventory().clusters])
 
 
 @replication_group.command("wait-drain")

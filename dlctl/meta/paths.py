@@ -82,7 +82,7 @@ def log_truncation(cluster: str, name: str) -> str:
     return f"{log(cluster, name)}/truncation"
 
 
-CLUSTER_CHILDREN = ("nodes", "available", "disks", "logs", "counters", "streams", "pins", "ops")
+CLUSTER_CHILDREN = ("nodes", "available", "disks", "logs", "counters", "streams", "pins", "ops", "network")
 
 
 # -- replication streams (sink side; DESIGN.md §3, §7) -----------------------------------------
@@ -118,6 +118,15 @@ def stream_workers(cluster: str, stream_id: str) -> str:
 
 def stream_worker(cluster: str, stream_id: str, log_name: str) -> str:
     return f"{stream_workers(cluster, stream_id)}/{validate_name('log', log_name)}"
+
+
+def network_events(cluster: str) -> str:
+    """The replication network's history as this location recorded it (issue 21)."""
+    return f"{cluster_root(cluster)}/network/events"
+
+
+def network_event(cluster: str, name: str) -> str:
+    return f"{network_events(cluster)}/{validate_name('network event', name)}"
 
 
 # -- disaster recovery (DESIGN.md §7; issue 11) -------------------------------------------------

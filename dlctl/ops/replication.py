@@ -11,22 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import importlib.util
+import os
+import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kazoo.exceptions import KazooException
+
 from ..errors import (
     ConflictError,
+    DlctlError,
     NotFoundError,
     RefusedError,
     TimeoutExpired,
     UsageError,
 )
-from ..log.dlsn import DLSN
+from ..log.dlsn import DLSN, INITIAL
 from ..log.pool import AgentPool
 from ..meta.pins import PinRecord, PinStore
-from ..meta.records import LogConfig
+from ..meta.records import LogConfig, SegmentState
 from ..plan import Plan, Step
 from ..replication import positions
 from ..meta.access import AccessMode, AccessStore
@@ -35,8 +41,15 @@ from ..replication.decision import (
     LogFacts,
     decide,
     first_retained,
+    gated,
     start_position,
 )
+from ..replication.causal import describe_missing, merge, missing_past
+from ..replication.clock import ClockStore
+from ..replication.filters import RecordFilter
+from ..replication.history import HistoryStore, NetworkEvent, current_filters, ever_on_cycle, on_cycle, replay
+from ..replication.history import merge as merge_history
+from ..replication.network import current_version_vector, deletion_vector
 from ..replication.records import (
     Checkpoint,
     StreamConfig,
@@ -59,9 +72,14 @@ class LogDecision:
     decision: Decision
     reason: str
     start: DLSN
+    gated: bool = False  # a new causal connection: its worker checks the location-addition rule first
+    waiting_for: dict[str, tuple[int, int]] = field(default_factory=dict)  # what the sink lacks of the source's deleted past
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stream": self.stream, "log": self.log, "decision": self.decision.value, "start": str(self.start), "reason": self.reason}
+        out = {"stream": self.stream, "log": self.log, "decision": self.decision.value, "start": str(self.start), "reason": self.reason}
+        if self.waiting_for:
+            out["waiting_for"] = {o: list(r) for o, r in self.waiting_for.items()}
+        return out
 
 
 @dataclass
@@ -101,11 +119,92 @@ def _records_held(session: ClusterSession, name: str) -> tuple[int, DLSN | None]
     return asyncio.run(count()), first
 
 
-def _log_facts(source: ClusterSession, sink: ClusterSession, name: str, checkpoint: Checkpoint | None, pin_reason: str) -> LogFacts:
+@dataclass(frozen=True)
+class StartFrom:
+    """``init-replication --start-from``: ``now``; a source position (one-way streams); or a
+    time (one-way streams: the first source segment still open or completed at or after it —
+    a segment's records carry no time of their own yet)."""
+
+    kind: str  # "now" | "position" | "time"
+    position: DLSN | None = None
+    time: float | None = None
+
+    def describe(self) -> str:
+        return "now" if self.kind == "now" else str(self.position) if self.kind == "position" else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.time or 0))
+
+
+def _resolve_start(source: ClusterSession, name: str, start: StartFrom) -> DLSN:
+    """Where a one-way stream of ``name`` starts for ``--start-from`` (refused: a position the
+    source no longer holds)."""
+    held = _records_held(source, name)
+    first = (held[1] if held else None) or INITIAL
+    if start.kind == "now":
+        end = asyncio.run(_source_end(source, name))
+        return max(end or first, first)
+    if start.kind == "position":
+        assert start.position is not None
+        if start.position < first:
+            raise RefusedError(f"--start-from {start.position}: {source.cluster.name}/{name} no longer holds it (it starts at {first})", hint="pick a later position, or let init-replication bootstrap the sink")
+        return start.position
+    segments = [s.value for s in source.meta.segments(name)]
+    live = [s for s in segments if s.state is not SegmentState.TRUNCATED]
+    for seg in live:
+        if seg.completed is None or seg.completed >= (start.time or 0):
+            return max(DLSN(seg.seq, seg.min_active_entry, 0), first)
+    return DLSN(source.meta.get_log(name).value.max_segment_seq + 1, 0, 0)
+
+
+async def _source_end(source: ClusterSession, name: str) -> DLSN | None:
+    pool = AgentPool(source.meta, source.credentials)
+    try:
+        return (await positions.log_end(source.meta, pool, name)).next
+    finally:
+        await pool.close()
+
+
+def _join_vectors(source: ClusterSession, sink: ClusterSession, logs: list[str]) -> dict[str, dict[str, int]]:
+    """``--start-from now`` on a causal stream: per log, the past ``source`` deleted, which the
+    joining sink takes as its own deletion and version vectors (Eventuate #314: a location that
+    joins with new events only starts from the LUB of its new peers' DVVs). Refused when the
+    sink log holds records already, or the source's deleted past is unknown."""
+    out = {}
+    for name in logs:
+        held = _records_held(sink, name)
+        if held is not None and held[0] > 0:
+            raise RefusedError(
+                f"--start-from now: {sink.cluster.name}/{name} holds {held[0]} record(s) already; only a location without a past of its own can join without its peers' past",
+                hint="leave out --start-from (the stream decides how to start), or replicate another log",
+            )
+        dvv = deletion_vector(source.meta, name) if _exists(source, name) else {}
+        if dvv is None:
+            raise RefusedError(f"--start-from now: {source.cluster.name}/{name} truncated without recording what it deleted", hint="leave out --start-from: a bootstrap copy is planned instead")
+        out[name] = dvv
+    return out
+
+
+def _log_facts(
+    source: ClusterSession, sink: ClusterSession, name: str, checkpoint: Checkpoint | None, pin_reason: str, *,
+    causal_stream: str | None = None, source_join: dict[str, int] | None = None, sink_join: dict[str, int] | None = None,
+) -> LogFacts:
+    """``causal_stream``: the id of a causal stream, for which the location-addition rule's
+    vectors are read too (``dlctl.replication.network``); ``source_join``/``sink_join``: the
+    past the source/sink takes as deleted by joining without it (``--start-from now``), which
+    this plan records before the stream starts."""
     held = _records_held(source, name)
     source_records, source_first = held if held is not None else (0, None)
     sink_held = _records_held(sink, name)
+    dvv = cvv = None
+    if causal_stream is not None and checkpoint is None:
+        dvv = deletion_vector(source.meta, name) if _exists(source, name) else {}
+        cvv = current_version_vector(sink.meta, name, exclude=causal_stream) if _exists(sink, name) else {}
+        if dvv is not None and source_join:
+            dvv = merge(dvv, source_join)
+        if sink_join:
+            cvv = merge(cvv, sink_join)
     return LogFacts(
+        sink=sink.cluster.name,
+        source_dvv=dvv,
+        sink_cvv=cvv,
         log=name,
         source_first=source_first,
         source_records=source_records,
@@ -125,7 +224,14 @@ def _direction(
     bootstrap: str,
     throttle: int,
     pin_max_age: float,
+    start_from: StartFrom | None = None,
+    source_join: dict[str, dict[str, int]] | None = None,
+    sink_join: dict[str, dict[str, int]] | None = None,
+    record_filter: str = "",
+    peers: Sequence[ClusterSession] = (),
 ) -> tuple[list[Step], list[LogDecision]]:
+    """``source_join``/``sink_join``: per log, the deleted past the source/sink joins without
+    (``--start-from now`` on a causal stream; the sink's is recorded by this direction's steps)."""
     src, snk = source.cluster.name, sink.cluster.name
     stream_id = default_stream_id(src, snk)
     streams = StreamStore(sink.meta)
@@ -154,7 +260,10 @@ def _direction(
         throttle_bytes_per_second=throttle,
         pin_max_age_seconds=pin_max_age,
         created=existing.value.created if existing else time.time(),
+        filter=record_filter,
     )
+    if existing is None:
+        _refuse_next_to_a_filter(source, sink, peers)
     decisions: list[LogDecision] = []
     steps: list[Step] = []
     checkpoints = set(streams.checkpoints(stream_id)) if existing else set()
@@ -167,16 +276,27 @@ def _direction(
                 pin_reason = pin.reason or "the source deleted data the stream's pin protected"
         except NotFoundError:
             pass
-        facts = _log_facts(source, sink, name, checkpoint, pin_reason)
+        facts = _log_facts(
+            source, sink, name, checkpoint, pin_reason, causal_stream=stream_id if config.bidirectional else None,
+            source_join=(source_join or {}).get(name), sink_join=(sink_join or {}).get(name),
+        )
         decision, reason = decide(facts, bidirectional=config.bidirectional)
+        start = start_position(decision, facts)
+        if start_from is not None and not config.bidirectional and checkpoint is None:
+            start = _resolve_start(source, name, start_from)
+            decision, reason = Decision.START, f"--start-from {start_from.describe()}: stream from {start}; the records before it are not replicated"
         if bootstrap == "always" and decision is not Decision.BOOTSTRAP:
             decision, reason = Decision.BOOTSTRAP, "--bootstrap always"
-        decisions.append(LogDecision(stream_id, name, decision, reason, start_position(decision, facts)))
+        waiting = missing_past(facts.source_dvv or {}, facts.sink_cvv or {}, snk) if decision is Decision.WAIT else {}
+        decisions.append(LogDecision(stream_id, name, decision, reason, start, gated(decision, facts, bidirectional=config.bidirectional), waiting))
     where = f"{snk}/{stream_id}"
     if existing is None:
         steps.append(Step("register-stream", where, f"register stream {stream_id} ({src} -> {snk}) in {snk}: config, state setting-up", run=lambda: streams.create(config) and None))
-    elif existing.value.logs != config.logs or existing.value.throttle_bytes_per_second != throttle or existing.value.pin_max_age_seconds != pin_max_age:
-        steps.append(Step("update-stream", where, f"update stream {stream_id}: logs {', '.join(config.logs)}", run=lambda: streams.update_config(streams.get_config(stream_id), config) and None))
+        steps.append(_history_step(source, sink, NetworkEvent("connect", src, snk, stream_id, config.bidirectional, config.logs, filter=config.filter)))
+    elif existing.value.logs != config.logs or existing.value.throttle_bytes_per_second != throttle or existing.value.pin_max_age_seconds != pin_max_age or existing.value.filter != config.filter:
+        steps.append(Step("update-stream", where, f"update stream {stream_id}: logs {', '.join(config.logs)}" + (f"; filter {config.filter or 'none'}" if existing.value.filter != config.filter else ""), run=lambda: streams.update_config(streams.get_config(stream_id), config) and None))
+        if existing.value.filter != config.filter:
+            steps.append(_history_step(source, sink, NetworkEvent("filter", src, snk, stream_id, config.bidirectional, config.logs, filter=config.filter)))
     for d in decisions:
         if d.decision is Decision.BOOTSTRAP:
             steps.append(_bootstrap_step(source, sink, stream_id, d))
@@ -189,8 +309,15 @@ def _direction(
         if not _exists(sink, d.log):
             log_config = _source_log_config(source, d.log)
             steps.append(Step("create-sink-log", f"{snk}/{d.log}", f"create log {d.log} in {snk} (E={log_config.ensemble_size}, W={log_config.write_quorum}, A={log_config.ack_quorum})", run=lambda name=d.log, c=log_config: _create_if_missing(sink, name, c)))
-        if d.decision is Decision.START:
-            steps.append(Step("checkpoint", f"{snk}/{stream_id}/{d.log}", f"checkpoint {d.log}: stream from {d.start} ({d.reason})", run=lambda d=d: streams.create_checkpoint(stream_id, Checkpoint(d.log, next=d.start)) and None))
+        joined = (sink_join or {}).get(d.log)
+        if joined:
+            steps.append(Step(
+                "join-without-past", f"{snk}/{d.log}", f"{snk}/{d.log} joins without the past {src} deleted ({describe_missing({o: (1, n) for o, n in joined.items()})}): its deletion and version vectors start there",
+                run=lambda name=d.log, vv=joined: ClockStore(sink.meta).join_without_past(name, vv) and None,
+            ))
+        if d.decision in (Decision.START, Decision.WAIT):
+            cp = Checkpoint(d.log, next=d.start, gated=d.gated, waiting_for={o: list(r) for o, r in d.waiting_for.items()})
+            steps.append(Step("checkpoint", f"{snk}/{stream_id}/{d.log}", f"checkpoint {d.log}: stream from {d.start} ({d.reason})", run=lambda cp=cp: streams.create_checkpoint(stream_id, cp) and None))
     if not config.bidirectional:
         # A one-way sink is a standby: its logs take the stream's records only, until promoted.
         access = AccessStore(sink.meta)
@@ -200,6 +327,82 @@ def _direction(
     if activate:
         steps.append(Step("activate", where, f"start stream {stream_id}: workers in {snk} pick it up", run=lambda: _activate(streams, stream_id)))
     return steps, decisions
+
+
+def _network(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession] = ()) -> tuple[dict[tuple[str, str], str], list[NetworkEvent]]:
+    """(every connection these locations know of — their streams, and what their merged network
+    history leaves — with its filter; that history). The source and sink must answer; a peer
+    out of reach adds nothing (the history its streams passed on still counts)."""
+    histories: list[list[NetworkEvent]] = []
+    streams_now: dict[tuple[str, str], str] = {}
+    ends = {source.cluster.name, sink.cluster.name}
+    for session in (source, sink, *(p for p in peers if p.cluster.name not in ends)):
+        try:
+            histories.append(HistoryStore(session.meta).events())
+            streams = StreamStore(session.meta)
+            for stream_id in streams.list_streams():
+                try:
+                    cfg = streams.get_config(stream_id).value
+                except (NotFoundError, ValueError):
+                    continue
+                streams_now[(cfg.source_cluster, cfg.sink_cluster)] = cfg.filter
+        except (KazooException, DlctlError):
+            if session.cluster.name in ends:
+                raise
+    history = merge_history(*histories)
+    return {**current_filters(history), **streams_now}, history
+
+
+def _check_filter_placement(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession]) -> None:
+    """A filter only on a connection that never was on a cycle, into a location it alone feeds
+    (``dlctl.replication.filters`` says why). Refused otherwise, naming the reason."""
+    src, snk = source.cluster.name, sink.cluster.name
+    edges, history = _network(source, sink, peers)
+    edge = (src, snk)
+    if edge in ever_on_cycle(history, set(edges) | {edge}):
+        raise RefusedError(
+            f"--filter on {src} -> {snk}: that connection is or was on a cycle of the network; a filter there would lose records (Eventuate #314)",
+            hint="see `dlctl replication topology`; filter a connection into a location that it alone feeds",
+        )
+    others = sorted({u for u, v in edges if v == snk and u != src} | {e.source for e in history if e.kind == "connect" and e.sink == snk and e.source != src})
+    if others:
+        raise RefusedError(
+            f"--filter on {src} -> {snk}: {snk} is (or was) fed by {', '.join(others)} too; records filtered out on one path and delivered by another would arrive out of their origin's order and be dropped",
+            hint="filter a connection into a location that it alone feeds",
+        )
+
+
+def _refuse_next_to_a_filter(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession]) -> None:
+    """A new connection that would put a filtered connection on a cycle, or feed a location a
+    filtered connection feeds: refused (``dlctl.replication.filters``)."""
+    src, snk = source.cluster.name, sink.cluster.name
+    edges, _ = _network(source, sink, peers)
+    filtered = {e for e, f in edges.items() if f and e != (src, snk)}
+    if not filtered:
+        return
+    looped = sorted(filtered & on_cycle(set(edges) | {(src, snk)}))
+    if looped:
+        raise RefusedError(
+            f"{src} -> {snk} would close a cycle through the filtered connection(s) {', '.join(f'{u} -> {v}' for u, v in looped)}: a filter on a cycle loses records (Eventuate #314)",
+            hint="see `dlctl replication topology`; remove the filter first (re-run init-replication for that stream without --filter)",
+        )
+    beside = sorted(u for u, v in filtered if v == snk)
+    if beside:
+        raise RefusedError(
+            f"{snk} is fed by a filtered connection from {', '.join(beside)}: a second connection into it would deliver filtered-out records out of their origin's order",
+            hint="remove the filter first (re-run init-replication for that stream without --filter), or delete that stream",
+        )
+
+
+def _history_step(source: ClusterSession | None, sink: ClusterSession, event: NetworkEvent) -> Step:
+    """Record a change of the network at both its ends (``dlctl.replication.history``); the
+    sink agents pass it on along their streams."""
+    ends = [s for s in (sink, source) if s is not None]
+
+    def record() -> str:
+        return "recorded" if any([HistoryStore(s.meta).record(event) for s in ends]) else "recorded already"
+
+    return Step("record-history", f"{sink.cluster.name}/network", f"record in the network history of {' and '.join(s.cluster.name for s in ends)}: {event.kind} {event.source} -> {event.sink}", run=record)
 
 
 def _mark_replica(access: AccessStore, name: str, stream_id: str) -> str:
@@ -232,18 +435,19 @@ def _bootstrap_step(source: ClusterSession, sink: ClusterSession, stream_id: str
 
 
 def bootstrap_available() -> bool:
-    try:
-        from .bootstrap import bootstrap_logs  # type: ignore[import-not-found]  # noqa: F401
-    except ImportError:
+    """A bootstrap copy runs Spark: pyspark importable, and a Java runtime (``JAVA_HOME`` or
+    ``java`` on the PATH), as pyspark's launcher looks for one."""
+    if importlib.util.find_spec("pyspark") is None:
         return False
-    return True
+    java_home = os.environ.get("JAVA_HOME")
+    return bool((java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK)) or shutil.which("java"))
 
 
 def refuse_unavailable_bootstrap(built: InitPlan) -> None:
     if built.needs_bootstrap and not bootstrap_available():
         names = ", ".join(f"{d.log} ({d.reason})" for d in built.needs_bootstrap)
         raise RefusedError(
-            f"init-replication: a bootstrap copy is required for: {names}; the bootstrap engine is not available yet, so nothing was changed",
+            f"init-replication: a bootstrap copy is required for: {names}; the bootstrap engine (Spark: pyspark and a Java runtime) is not available on this machine, so nothing was changed",
             hint="empty the sink log or replicate other logs (--logs); see the plan with --dry-run",
             details=[d.to_dict() for d in built.decisions],
         )
@@ -284,9 +488,18 @@ def init_plan(
     throttle: int = 0,
     pin_max_age: float = 7 * 24 * 3600.0,
     causal: bool = False,
+    start_from: StartFrom | None = None,
+    filters: tuple[str, ...] = (),
+    peers: Sequence[ClusterSession] = (),
 ) -> InitPlan:
     """``causal``: a one-way stream that is one edge of an active-active network (e.g. a cycle
-    a -> b -> c -> a): the sink takes local writes too and applies the causality filter."""
+    a -> b -> c -> a): the sink takes local writes too and applies the causality filter.
+    ``start_from``: ``now`` on a causal stream joins the sink without the past its new peer
+    deleted (its deletion and version vectors start at the peer's deletion vector, Eventuate
+    #314); on a one-way stream, ``now``, a position or a time is where the stream starts.
+    ``filters``: clauses of the stream's filter (``dlctl.replication.filters``). ``peers``: the
+    other locations the caller knows (its inventory), read for the network's shape (filters
+    never on a cycle); the network history their streams passed on counts too."""
     if bootstrap not in BOOTSTRAP_MODES:
         raise UsageError(f"--bootstrap must be one of {', '.join(BOOTSTRAP_MODES)}")
     if source.cluster.name == sink.cluster.name:
@@ -296,10 +509,33 @@ def init_plan(
         logs = sorted(set(logs) | set(_matching(sink.meta.list_logs(), patterns)))
     if not logs:
         raise NotFoundError(f"no log of cluster {source.cluster.name!r} matches {' '.join(patterns)}", hint="list logs with `dlctl log list`")
-    opts = dict(bidirectional=bidirectional or causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age)
-    steps, decisions = _direction(source, sink, logs, **opts)
+    if bidirectional and causal:
+        raise UsageError("--bidirectional and --causal: a bidirectional pair is causal already; give one of them")
+    _, history = _network(source, sink, peers)
+    gone = sorted(replay(history)[2] & {source.cluster.name, sink.cluster.name})
+    if gone:
+        raise RefusedError(
+            f"location(s) {', '.join(gone)} were retired from the replication network: a retired location never comes back (its counters live on in others' vector timestamps)",
+            hint="set the location up under a new cluster name",
+        )
+    record_filter = ""
+    if filters:
+        try:
+            record_filter = RecordFilter.parse(filters).canonical()
+        except ValueError as exc:
+            raise UsageError(f"--filter: {exc}") from None
+        if bidirectional:
+            raise RefusedError("--filter on a bidirectional pair: a pair is a cycle, and a filter on a cycle loses records (Eventuate #314)", hint="filter a one-way connection into a location that it alone feeds")
+        _check_filter_placement(source, sink, peers)
+    joins: dict[str, dict[str, int]] = {}
+    if start_from is not None and (bidirectional or causal):
+        if start_from.kind != "now":
+            raise UsageError("--start-from on a causal stream takes only 'now': where it starts is the location-addition rule's to decide")
+        joins = _join_vectors(source, sink, logs)
+    opts: dict[str, Any] = dict(bidirectional=bidirectional or causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age, peers=peers)
+    steps, decisions = _direction(source, sink, logs, **opts, start_from=start_from, sink_join=joins, record_filter=record_filter)
     if bidirectional:
-        back_steps, back_decisions = _direction(sink, source, logs, **opts)
+        back_steps, back_decisions = _direction(sink, source, logs, **opts, source_join=joins)
         steps += back_steps
         decisions += back_decisions
     notes = [f"{d.stream} {d.log}: {d.decision.value} — {d.reason}" for d in decisions]
@@ -340,6 +576,7 @@ def register_at_steps(
         return "registered"
 
     steps = [Step("register-stream", f"{snk}/{stream_id}", f"register stream {stream_id} ({src} -> {snk}) in {snk}" + (f": {why}" if why else ""), run=register)]
+    steps.append(_history_step(source, sink, NetworkEvent("connect", src, snk, stream_id, False, config.logs, note=why)))
     for name, (position, vv) in sorted(starts.items()):
         pin = PinRecord(holder=stream_id, log=name, position=position, sink_cluster=snk, max_age_seconds=pin_max_age)
         steps.append(Step("pin", f"{src}/{name}", f"pin {src}/{name} from {position} for {stream_id}", run=lambda pin=pin: pins.reset(pin) and None))
@@ -453,6 +690,8 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
             log_state = "NEEDS BOOTSTRAP"
         elif state.state is not StreamState.RUNNING:
             log_state = state.state.value
+        elif cp.gated:
+            log_state = "waiting-for-causal-past"
         else:
             log_state = "running" if claim else "waiting for a worker"
         last = cp.next if cp else None
@@ -472,6 +711,7 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
                 "last_error": (cp.last_error if cp else "") or None,
                 "last_error_ago": _age(cp.last_error_at, now) if cp and cp.last_error else None,
                 "needs_bootstrap": needs or None,
+                "waiting_for": describe_missing(cp.waiting_for) if cp and cp.gated and cp.waiting_for else None,
             }
         )
     return {
@@ -486,7 +726,8 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
 
 
 def check(status: dict[str, Any], *, max_lag_seconds: float | None, max_lag_records: int | None) -> tuple[int, list[str]]:
-    """Monitoring verdict: 0 ok, 1 warning (paused, no worker, a recent error, lag unknown),
+    """Monitoring verdict: 0 ok, 1 warning (paused, no worker, a recent error, lag unknown,
+    waiting for the causal past),
     2 critical (a threshold exceeded, a log needs a bootstrap)."""
     critical, warning = [], []
     for row in status["logs"]:
@@ -503,6 +744,8 @@ def check(status: dict[str, Any], *, max_lag_seconds: float | None, max_lag_reco
             critical.append(f"{name}: lag {row['lag_seconds']}s > {max_lag_seconds}s")
         if row["state"] in ("paused", "setting-up", "waiting for a worker", "no checkpoint"):
             warning.append(f"{name}: {row['state']}")
+        if row["state"] == "waiting-for-causal-past":
+            warning.append(f"{name}: waiting for the causal past: the sink lacks {row['waiting_for'] or 'events the source deleted'}")
         if row["last_error"] and (row["last_error_ago"] or 0) < 60:
             warning.append(f"{name}: recent error: {row['last_error']}")
     if critical:
@@ -572,6 +815,7 @@ def delete_plan(sink: ClusterSession, source: ClusterSession | None, stream_id: 
         pins = PinStore(source.meta)
         steps.append(Step("delete-pins", f"{source.cluster.name}/pins/{stream_id}", f"delete the retention pins of {stream_id} in {source.cluster.name}", run=lambda: pins.delete(stream_id)))
     steps.append(Step("delete-stream", f"{sink.cluster.name}/{stream_id}", f"delete stream {stream_id} (config, state, checkpoints) in {sink.cluster.name}", run=lambda: streams.delete(stream_id)))
+    steps.append(_history_step(source, sink, NetworkEvent("disconnect", config.source_cluster, config.sink_cluster, stream_id, config.bidirectional, config.logs, filter=config.filter)))
     notes = [] if source is not None else [f"source cluster {config.source_cluster!r} is not in the inventory: its pins stay (they expire after {config.pin_max_age_seconds:.0f}s)"]
     if not config.bidirectional:
         notes.append(f"the sink logs stay replicas of {stream_id} (they refuse application writes); promote them with `dlctl dr promote --cluster {config.sink_cluster}`")

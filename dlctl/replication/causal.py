@@ -41,6 +41,19 @@ def concurrent(a: Mapping[str, int], b: Mapping[str, int]) -> bool:
     return not dominated(a, b) and not dominated(b, a)
 
 
+def missing_past(dvv: Mapping[str, int], cvv: Mapping[str, int], here: str) -> dict[str, tuple[int, int]]:
+    """The events a source deleted (its deletion vector ``dvv``) that location ``here`` does
+    not hold (its version vector ``cvv``): origin -> (first, last) counter; empty when
+    ``dvv`` <= ``cvv``. ``here``'s own events are never missing at ``here``
+    (``dlctl.replication.network``)."""
+    return {o: (cvv.get(o, 0) + 1, n) for o, n in sorted(dvv.items()) if o != here and n > cvv.get(o, 0)}
+
+
+def describe_missing(missing: Mapping[str, Sequence[int]]) -> str:
+    """``a 1..2, b 7..7``: per origin, the counters of its events that are missing."""
+    return ", ".join(f"{o} {r[0]}..{r[1]}" for o, r in sorted(missing.items()))
+
+
 class SourceClock:
     """Timestamps of the records of location ``location``'s log, read in order from a point
     whose version vector is ``vv``.

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from ..errors import ConflictError, NotFoundError
-from ..log.dlsn import DLSN
+from ..log.dlsn import DLSN, INITIAL
 from ..meta import paths
 from ..meta.records import Versioned
 from ..meta.store import MetaStore
@@ -209,6 +209,21 @@ class ClockStore:
             return None, -1
         return data, stat.version
 
+    def _put(self, name: str, body: bytes, version: int) -> bool:
+        """Write the clock znode by compare-and-set on ``version`` (-1: create it); False when
+        it changed meanwhile (read again and retry)."""
+        path = paths.log_clock(self.cluster, name)
+        try:
+            if version < 0:
+                self.client.create(path, body, acl=self.meta.acl)
+            else:
+                self.client.set(path, body, version=version)
+            return True
+        except (NodeExistsError, BadVersionError):
+            return False
+        except NoNodeError:
+            raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
+
     def truncation_base(self, name: str) -> TruncationBase | None:
         """(T, the version vector before T) recorded by the last truncation, or None."""
         data, _ = self._raw(name)
@@ -285,16 +300,33 @@ class ClockStore:
             new_steps = tuple(sorted((*kept, *mine), key=lambda s: s[0]))
             old_reason = json.loads(data).get("reason", "") if data is not None else ""
             body = _dump(new_steps, old_reason or reason, record, (*derived, *mine))
-            try:
-                if version < 0:
-                    self.client.create(path, body, acl=self.meta.acl)
-                else:
-                    self.client.set(path, body, version=version)
+            if self._put(name, body, version):
                 return new_steps
-            except (NodeExistsError, BadVersionError):
-                continue
-            except NoNodeError:
-                raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
+        raise ConflictError(f"aborted: {path} kept changing", hint="retry")
+
+    def join_without_past(self, name: str, vv: Mapping[str, int], reason: str = "joined without its peers' deleted past") -> ClockBase:
+        """A location joins its network without the past its peers deleted (Eventuate #314,
+        ``init-replication --start-from now``): its deletion vector and current version vector
+        become at least ``vv`` — recorded as the log's truncation base at its first position
+        (and a derived step there: readers from the start count from it, so local records
+        written from now on follow that past). For a log that holds no record yet; merges with
+        an earlier join (another peer's deleted past), never lowers anything. Idempotent."""
+        path = paths.log_clock(self.cluster, name)
+        for _ in range(8):
+            data, version = self._raw(name)
+            steps = parse_base(data, path) if data is not None else ()
+            current = parse_truncation(data, path) if data is not None else None
+            if current is not None and current[0] > INITIAL:
+                raise ConflictError(f"log {name!r} in cluster {self.cluster!r} truncated already (at {current[0]}): it cannot join without its peers' past")
+            merged = {k: int(v) for k, v in merge(current[1] if current else {}, vv).items() if v > 0}
+            if current is not None and current[1] == merged:
+                return steps
+            derived = [d for d in (parse_derived(data, path) if data is not None else ()) if d[0] != INITIAL]
+            kept = tuple(s for s in steps if not (s[0] == INITIAL and current is not None and _same(s, current)))
+            new_steps = tuple(sorted((*kept, (INITIAL, merged)), key=lambda s: s[0]))
+            body = _dump(new_steps, reason, {"at": str(INITIAL), "vv": merged, "joined": True}, (*derived, (INITIAL, merged)))
+            if self._put(name, body, version):
+                return new_steps
         raise ConflictError(f"aborted: {path} kept changing", hint="retry")
 
     def raise_to(self, name: str, floor: Mapping[str, int], start: DLSN, reason: str = "") -> ClockBase:
@@ -311,16 +343,9 @@ class ClockStore:
             if all(already.get(k, 0) >= v for k, v in wanted.items()) and current.version >= 0:
                 return current.value
             steps = tuple(sorted((*current.value, (start, merge(already, wanted))), key=lambda s: s[0]))
-            try:
-                if current.version < 0:
-                    self.client.create(path, _dump(steps, reason, truncation, derived), acl=self.meta.acl)
-                else:
-                    self.client.set(path, _dump(steps, reason, truncation, derived), version=current.version)
+            if self._put(name, _dump(steps, reason, truncation, derived), current.version):
                 return steps
-            except (NodeExistsError, BadVersionError):
-                continue  # raised concurrently: merge again
-            except NoNodeError:
-                raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
+            # (raised concurrently: merge again)
         raise ConflictError(f"aborted: {path} kept changing", hint="retry")
 
     def clear(self, name: str) -> None:

@@ -3,6 +3,11 @@
 - an existing stream whose checkpoint the source still retains → resume from the checkpoint;
 - a new stream, the source still holds the whole log and the sink has nothing of its own to
   lose → stream from the start;
+- a new *causal* stream (active-active) whose source truncated, with a known deletion vector
+  → stream from the source's first retained position once the sink holds everything the source
+  deleted (``dlctl.replication.network``): at once when it does already, else it waits
+  (``wait-for-causal-past``) for the sink's other peers to bring it. No copy: a copy would put the
+  retained records ahead of the deleted ones at the sink, which other peers then drop;
 - otherwise (the sink already has data, the source truncated what the sink needs, or the
   stream's pin was overridden) → a bootstrap copy is required first.
 """
@@ -14,12 +19,14 @@ from enum import Enum
 
 from ..log.dlsn import DLSN, INITIAL
 from ..meta.records import SegmentRecord, SegmentState
+from .causal import describe_missing, missing_past
 
 
 class Decision(str, Enum):
     START = "start"
     RESUME = "resume"
     BOOTSTRAP = "bootstrap"
+    WAIT = "wait-for-causal-past"  # a causal stream that starts once the sink has the source's deleted past
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,11 @@ class LogFacts:
     sink_records: int
     checkpoint_next: DLSN | None = None  # the existing stream's checkpoint for this log
     needs_bootstrap: str = ""  # the stream's pin or checkpoint says data it needed was deleted
+    sink: str = ""  # the sink location's name
+    # Causal streams: the source's deletion vector (None: unknown, or not asked) and a lower
+    # bound of the sink's current version vector (``dlctl.replication.network``).
+    source_dvv: dict[str, int] | None = None
+    sink_cvv: dict[str, int] | None = None
 
 
 def first_retained(segments: list[SegmentRecord], max_segment_seq: int) -> DLSN | None:
@@ -55,6 +67,15 @@ def decide(facts: LogFacts, *, bidirectional: bool = False) -> tuple[Decision, s
         if retained(facts.checkpoint_next, facts.source_first):
             return Decision.RESUME, f"existing stream; its checkpoint {facts.checkpoint_next} is still retained at the source"
         return Decision.BOOTSTRAP, f"the source no longer holds checkpoint {facts.checkpoint_next} (it now starts at {facts.source_first})"
+    if bidirectional and _deleted_past(facts):
+        if facts.source_dvv is not None:
+            missing = missing_past(facts.source_dvv, facts.sink_cvv or {}, facts.sink)
+            if missing:
+                return Decision.WAIT, (
+                    f"new causal connection: the source deleted events the sink does not hold ({describe_missing(missing)}); "
+                    f"it streams from {facts.source_first or INITIAL} once the sink has them from its other peers"
+                )
+            return Decision.START, f"new causal connection: everything the source deleted is in the sink's causal past; stream from {facts.source_first or INITIAL}"
     if facts.source_first is not None:
         return Decision.BOOTSTRAP, f"the source no longer holds the whole log (it starts at {facts.source_first})"
     if facts.sink_records > 0 and (not bidirectional or facts.source_records > 0):
@@ -67,4 +88,18 @@ def decide(facts: LogFacts, *, bidirectional: bool = False) -> tuple[Decision, s
 def start_position(decision: Decision, facts: LogFacts) -> DLSN:
     if decision is Decision.RESUME and facts.checkpoint_next is not None:
         return facts.checkpoint_next
+    if decision in (Decision.START, Decision.WAIT) and facts.source_first is not None:
+        return facts.source_first  # a causal stream past the source's deleted events
     return INITIAL
+
+
+def _deleted_past(facts: LogFacts) -> bool:
+    """The source deleted events (it truncated, or joined its network without its peers' past:
+    a deletion vector with other locations' events)."""
+    return facts.source_first is not None or any(n > 0 and o != facts.sink for o, n in (facts.source_dvv or {}).items())
+
+
+def gated(decision: Decision, facts: LogFacts, *, bidirectional: bool) -> bool:
+    """A new causal connection from a source that deleted events: its worker checks the
+    location-addition rule before it reads anything."""
+    return bidirectional and facts.checkpoint_next is None and _deleted_past(facts) and decision in (Decision.START, Decision.WAIT)

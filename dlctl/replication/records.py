@@ -15,6 +15,7 @@ from typing import Any
 
 from ..log.dlsn import DLSN, INITIAL
 from ..names import validate_name
+from .filters import RecordFilter
 
 DEFAULT_PIN_MAX_AGE = 7 * 24 * 3600.0
 
@@ -43,6 +44,9 @@ class StreamConfig:
     # sink's own component and admits records that originated at the sink (its own records
     # come back), skipping only what the sink log holds already. Off again once recovered.
     unfiltered: bool = False
+    # Which records the stream carries (``dlctl.replication.filters``; "" all of them). Never
+    # on a connection that is or ever was on a cycle of the network (issue 21).
+    filter: str = ""
 
     def __post_init__(self) -> None:
         validate_name("stream", self.stream_id)
@@ -54,6 +58,8 @@ class StreamConfig:
             raise ValueError(f"stream {self.stream_id!r}: source and sink are the same cluster ({self.sink_cluster!r})")
         if self.throttle_bytes_per_second < 0 or self.pin_max_age_seconds <= 0:
             raise ValueError("throttle must be >= 0 and the pin maximum age > 0")
+        if self.filter:
+            RecordFilter.parse(self.filter)  # raises, naming the bad clause
 
     def to_json(self) -> bytes:
         return _dump(asdict(self))
@@ -125,6 +131,11 @@ class Checkpoint:
     source_end_records: int = 0
     source_end_processed: int = 0
     source_end_at: float = 0.0
+    # A causal stream over a new connection (``dlctl.replication.network``): it starts only once
+    # the sink holds everything the source deleted; meanwhile the worker records here which
+    # origins' events (first and last counter) the sink still lacks.
+    gated: bool = False
+    waiting_for: dict[str, list[int]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         raw = asdict(self)

@@ -53,7 +53,7 @@ from ..meta.records import Versioned
 from ..meta.store import MetaStore
 from ..meta.access import replication_role
 from ..ratelimit import TokenBucket
-from .causal import CausalityFilter, SourceClock
+from .causal import CausalityFilter, SourceClock, describe_missing, merge
 from .clock import ClockStore
 from .decision import first_retained
 from .origin import (
@@ -65,6 +65,8 @@ from .origin import (
     Origin,
     encode_vt,
 )
+from .filters import RecordFilter
+from .network import causal_gate
 from .positions import find_applied, log_end, records_from
 from .records import Checkpoint, StreamConfig
 from .store import StreamStore
@@ -136,6 +138,7 @@ class WorkerOptions:
     # Across a WAN every replica is a round trip away: ask a second one only when the first is
     # clearly slower than that, not on every read.
     speculative_floor: float = 0.25
+    causal_poll: float = 1.0  # a stream waiting for the causal past re-checks this often
 
 
 def _request_size(headers: Mapping[str, bytes]) -> int:
@@ -221,6 +224,11 @@ class StreamWorker:
         cp = self._checkpoint.value
         if cp.needs_bootstrap:
             raise NeedsBootstrap(f"stream {self.config.stream_id!r}, log {self.log_name!r} needs a bootstrap: {cp.needs_bootstrap}")
+        if cp.gated:
+            await self._await_causal_past()
+            if self.stop.is_set():
+                return
+            cp = self._checkpoint.value
         await self._check_retained(cp.next)
         self._appender = await open_appender(
             self.sink_meta, self.sink_pool, self.log_name, owner_id=f"replication:{self.config.stream_id}:{self.node_id}",
@@ -239,6 +247,7 @@ class StreamWorker:
         progress = _Progress(None, cp.processed_records, cp.applied_records, cp.applied_bytes, cp.last_applied_at)
         sink_dlsn = applied.sink if applied is not None else cp.sink_dlsn
         throttle = TokenBucket(self.config.throttle_bytes_per_second)
+        carried = RecordFilter.parse(self.config.filter) if self.config.filter else None
         source_prefix = f"{self.source}@"
         source_name = self.source.encode()
         self._reader = reader = LogReader(
@@ -298,8 +307,9 @@ class StreamWorker:
                 if already is not None and record.dlsn <= already:
                     if causal is not None:
                         causal.seen(vt)  # in the sink already, appended by an earlier run
-                elif causal is None or causal.admit(origin_cluster, vt):
-                    # (Not admitted: in the sink's causal past — seen already, or its own.)
+                elif (carried is None or carried.admits(record.key, headers)) and (causal is None or causal.admit(origin_cluster, vt)):
+                    # (Not admitted: outside the stream's filter, or in the sink's causal past —
+                    # seen already, or its own.)
                     out = {k: v for k, v in headers.items() if not k.startswith(RESERVED_PREFIX)} if headers else {}
                     if origin is None:  # written at the source: its origin is its source position
                         out[ORIGIN_CLUSTER] = source_name
@@ -347,6 +357,30 @@ class StreamWorker:
                 sink_dlsn = last_future.result()
             await self._write_checkpoint(replace(snapshot, sink_dlsn=sink_dlsn))
             await self._maybe_pin(force=True)
+
+    async def _await_causal_past(self) -> None:
+        """A new causal connection (``dlctl.replication.network``): read nothing until the sink
+        holds everything the source deleted. Meanwhile the checkpoint names what the sink lacks
+        (``replication status``: waiting-for-causal-past) and the pin keeps the source's retained
+        part. Once the rule holds, the causality filter starts from the sink's version vector, so
+        the source's retained records the sink has already are skipped."""
+        assert self._checkpoint is not None
+        sid = self.config.stream_id
+        while not self.stop.is_set():
+            missing, cvv = await self._zk(lambda: causal_gate(self.source_meta, self.sink_meta, self.log_name, stream_id=sid))
+            cp = self._checkpoint.value
+            if missing == {}:
+                log.info("stream %s, log %s: the sink holds the source's deleted past; streaming from %s", sid, self.log_name, cp.next)
+                await self._write_checkpoint(replace(cp, gated=False, waiting_for={}, sink_vv=merge(cp.sink_vv, cvv)))
+                return
+            wanted = {o: list(r) for o, r in (missing or {}).items()}
+            if missing is None:
+                await self._note_error("the source truncated without recording what it deleted: the stream cannot tell when the sink has it")
+            elif cp.waiting_for != wanted:
+                log.info("stream %s, log %s: waiting for the causal past: the sink lacks %s", sid, self.log_name, describe_missing(missing))
+                await self._write_checkpoint(replace(cp, waiting_for=wanted))
+            await self._maybe_pin()
+            await self._wait_stop(self.options.causal_poll)
 
     def _submit_group(self, appender: SinkAppender, group: list[Record]) -> asyncio.Future[DLSN] | None:
         """Submit the admitted records of one source request as one sink request (one entry),

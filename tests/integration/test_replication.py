@@ -362,10 +362,23 @@ def test_init_replication_refuses_with_exit_4_when_the_sink_already_has_data(sit
     run(write(b.meta(), "ledger", [b"local"]))
     code, out = dlctl(inventory, "init-replication", "--source", "a", "--sink", "b", "--dry-run", "-o", "json")
     assert code == 0 and any("ledger: bootstrap" in n and "already holds 1 record" in n for n in json.loads(out)["notes"])
-    code, out = dlctl(inventory, "init-replication", "--source", "a", "--sink", "b", "-o", "json")
-    if not ops.bootstrap_available():
-        assert code == 4
-        assert not StreamStore(b.meta()).exists("a-to-b")  # refused before anything changed
+    # On a machine without a Java runtime (PATH without java, no JAVA_HOME) the copy cannot run:
+    # refused with exit 4 before anything changed, saying why.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(Path(sys.executable).parent)
+    assert ops.bootstrap_available()  # here, the test's own process has Java
+    proc = subprocess.run(
+        [sys.executable, "-c", "from dlctl.cli.main import run; run()", "--config", str(inventory), "--yes", "init-replication", "--source", "a", "--sink", "b", "-o", "json"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 4, proc.stderr
+    said = " ".join(proc.stderr.split())  # (wrapped to the terminal's width)
+    assert "bootstrap copy is required for: ledger" in said and "Java runtime" in said
+    assert not StreamStore(b.meta()).exists("a-to-b")  # refused before anything changed
 
 
 def test_pins_keep_a_paused_streams_segments_until_the_maximum_age_then_status_reports_needs_bootstrap(sites: Sites):

@@ -18,6 +18,7 @@ from dlctl.replication.decision import (
     Decision,
     LogFacts,
     decide,
+    gated,
     first_retained,
     start_position,
 )
@@ -130,6 +131,28 @@ def test_bootstrap_decision(kw, bidirectional, expected, why):
     assert decision is expected and why in reason
     start = start_position(decision, facts(**kw))
     assert start == (kw["checkpoint_next"] if decision is Decision.RESUME else INITIAL)
+
+
+def test_a_new_causal_connection_from_a_truncated_source_streams_behind_the_location_addition_rule():
+    truncated = dict(source_first=DLSN(3, 0, 0), sink="d", source_dvv={"a": 2, "d": 9})
+    # The sink lacks a's events 1..2 (its own, d's, never count): it waits, and says which.
+    f = facts(**truncated, sink_cvv={"a": 0, "b": 4})
+    decision, reason = decide(f, bidirectional=True)
+    assert decision is Decision.WAIT and "(a 1..2)" in reason
+    assert start_position(decision, f) == DLSN(3, 0, 0) and gated(decision, f, bidirectional=True)
+    # The sink holds them already (through another peer): no wait, no copy.
+    f = facts(**truncated, sink_cvv={"a": 2})
+    decision, _ = decide(f, bidirectional=True)
+    assert decision is Decision.START and start_position(decision, f) == DLSN(3, 0, 0) and gated(decision, f, bidirectional=True)
+    # Unknown deletion vector (truncated with no base), or a one-way stream: a copy, as before.
+    assert decide(facts(source_first=DLSN(3, 0, 0), sink="d"), bidirectional=True)[0] is Decision.BOOTSTRAP
+    assert decide(facts(**truncated, sink_cvv={}), bidirectional=False)[0] is Decision.BOOTSTRAP
+    # An existing stream is no new connection: never gated.
+    f = facts(**truncated, sink_cvv={}, checkpoint_next=DLSN(4, 0, 0))
+    assert decide(f, bidirectional=True)[0] is Decision.RESUME and not gated(Decision.RESUME, f, bidirectional=True)
+    # A source that holds its whole log deleted nothing: a plain start, not gated.
+    f = facts(sink="d", source_dvv={}, sink_cvv={})
+    assert decide(f, bidirectional=True)[0] is Decision.START and not gated(Decision.START, f, bidirectional=True)
 
 
 # -- claims -----------------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""Replication filters: which records a stream carries (issue 21, Eventuate #314).
+
+``init-replication --filter CLAUSE`` (repeatable; a record passes when it matches every clause):
+
+- ``key=PATTERN``: the record key (UTF-8; undecodable bytes never match a pattern with letters)
+  matches the shell pattern (``fnmatch``, case-sensitive);
+- ``header.NAME=PATTERN``: the record has header NAME and its value matches the pattern.
+
+Where filters may sit is the network's business (``dlctl.ops.replication``): a filter drops part
+of an origin's events at the sink, so a second path into that sink, or a cycle through the
+filtered connection, would deliver an origin's events out of their order and the sink's owner
+would take the late ones for duplicates. So a filter is accepted only on a connection that
+never was on a cycle, into a location that the filtered connection alone feeds (stricter than
+#314, which also allows a redundant filtered connection under CVV conditions).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..names import validate_name
+
+
+@dataclass(frozen=True)
+class Clause:
+    field: str  # "key", or "header.NAME"
+    pattern: str
+
+    def matches(self, key: bytes, headers: Mapping[str, bytes] | None) -> bool:
+        if self.field == "key":
+            value = key
+        else:
+            found = (headers or {}).get(self.field[len("header."):])
+            if found is None:
+                return False
+            value = found
+        return fnmatch.fnmatchcase(value.decode("utf-8", "surrogateescape"), self.pattern)
+
+
+@dataclass(frozen=True)
+class RecordFilter:
+    clauses: tuple[Clause, ...]
+
+    @classmethod
+    def parse(cls, text: str | Sequence[str]) -> RecordFilter:
+        """From ``key=P;header.N=P`` (or a list of clauses); ValueError naming a bad clause."""
+        parts = [p.strip() for p in (text.split(";") if isinstance(text, str) else [c for t in text for c in t.split(";")])]
+        clauses = []
+        for part in (p for p in parts if p):
+            name, sep, pattern = part.partition("=")
+            if not sep or not pattern:
+                raise ValueError(f"filter clause {part!r}: expected key=PATTERN or header.NAME=PATTERN")
+            name = name.strip()
+            if name != "key":
+                if not name.startswith("header.") or not name[len("header."):]:
+                    raise ValueError(f"filter clause {part!r}: the field is 'key' or 'header.NAME', not {name!r}")
+                validate_name("header", name[len("header."):])
+            clauses.append(Clause(name, pattern))
+        if not clauses:
+            raise ValueError("an empty filter: give at least one clause key=PATTERN or header.NAME=PATTERN")
+        return cls(tuple(clauses))
+
+    def admits(self, key: bytes, headers: Mapping[str, bytes] | None) -> bool:
+        return all(c.matches(key, headers) for c in self.clauses)
+
+    def canonical(self) -> str:
+        return ";".join(f"{c.field}={c.pattern}" for c in self.clauses)
