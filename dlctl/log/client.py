@@ -23,6 +23,7 @@ from . import protocol as p
 from .auth import DEFAULT_CONTEXT, ClientHandshake
 from .errors import AgentError, AgentIOError, AgentUnavailableError, BadRequestError
 from .format import HEADER_SIZE, CorruptEntry, Entry, crc32c, decode, decode_header
+from .frame_reader import FrameReader
 from .tls import TlsFiles, bound_context, peer_cert_der
 
 
@@ -62,14 +63,16 @@ class _Callback:
             log.exception("request completion callback failed")
 
 
-class _Connection(asyncio.Protocol):
-    """One TCP/TLS connection: frame parsing, response dispatch, coalesced writes."""
+class _Connection(asyncio.BufferedProtocol):
+    """One TCP/TLS connection: frame parsing, response dispatch, coalesced writes. The transport
+    writes what it receives into the reader's buffers (``dlctl.log.frame_reader``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, where: str) -> None:
         self.loop = loop
         self.where = where
         self.transport: asyncio.Transport | None = None
-        self.decoder = p.FrameDecoder()
+        self.reader = FrameReader(self._dispatch, body_for=self._body_for)
+        self.into: dict[int, bytearray] = {}  # buffers lent for the answers to these requests (``_call``)
         self.pending: dict[int, asyncio.Future[p.Frame] | _Callback] = {}
         # Deadlines are swept by one timer per connection rather than one timer per request:
         # arming and cancelling a TimerHandle per request costs more than the request itself.
@@ -86,11 +89,12 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
-        self.decoder.feed(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            while (frame := self.decoder.next_frame()) is not None:
-                self._dispatch(frame)
+            self.reader.received(nbytes)
         except p.ProtocolError as exc:
             self.abort(f"agent {self.where} sent an invalid frame: {exc}")
 
@@ -112,6 +116,14 @@ class _Connection(asyncio.Protocol):
             self._writable = None
 
     # -------------------------------------------------------------------------------------------
+    def _body_for(self, request_id: int, size: int) -> memoryview | None:
+        """Where the large answer to ``request_id`` is received: the buffer lent for it, if it fits."""
+        if self.into:
+            buf = self.into.pop(request_id, None)
+            if buf is not None and len(buf) >= size:
+                return memoryview(buf)[:size]
+        return None
+
     def _dispatch(self, frame: p.Frame) -> None:
         if not frame.opcode & p.RESPONSE:
             raise p.ProtocolError(f"request frame (opcode {frame.opcode}) from the agent", fatal=True)
@@ -128,6 +140,8 @@ class _Connection(asyncio.Protocol):
             self.abort(f"agent {self.where} closed the connection: {message}")
             return
         fut = self.pending.pop(frame.request_id, None)
+        if self.into:
+            self.into.pop(frame.request_id, None)  # a small answer (an error): the buffer was not used
         if fut is not None:  # absent: it timed out or was cancelled
             self.deadlines.pop(frame.request_id, None)
             if not fut.done():
@@ -138,6 +152,7 @@ class _Connection(asyncio.Protocol):
         self.lost = True
         pending, self.pending = self.pending, {}
         self.deadlines.clear()
+        self.into.clear()
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
             self._sweep_handle = None
@@ -182,6 +197,7 @@ class _Connection(asyncio.Protocol):
     def forget(self, request_id: int) -> None:
         self.pending.pop(request_id, None)
         self.deadlines.pop(request_id, None)
+        self.into.pop(request_id, None)
 
     def _arm(self, when: float) -> None:
         if self._sweep_handle is not None:
@@ -346,7 +362,9 @@ class AgentClient:
             conn.transport.close()
 
     # Requests -----------------------------------------------------------------------------------
-    async def _call(self, op: int, build: Any, *args: Any, timeout: float | None = None, whole: bool = False) -> bytes:
+    async def _call(
+        self, op: int, build: Any, *args: Any, timeout: float | None = None, whole: bool = False, in_place: bool = False, into: bytearray | None = None
+    ) -> bytes:
         conn = self._conn
         if conn is None or not conn.ready:
             conn = await self._connection()
@@ -362,8 +380,10 @@ class AgentClient:
         fut: asyncio.Future[p.Frame] = loop.create_future()
         limit = self.request_timeout if timeout is None else timeout
         conn.track(rid, fut, limit)
+        if into is not None:
+            conn.into[rid] = into
         conn.send(frame)
-        return await self._reply(conn, rid, op, fut, limit, whole)
+        return await self._reply(conn, rid, op, fut, limit, whole, in_place)
 
     def _verify_entry(self, data: bytes, log_id: int, segment_seq: int, entry_id: int) -> Entry:
         where = f"entry {log_id}/{segment_seq}/{entry_id} from agent {self.address}"
@@ -439,11 +459,20 @@ class AgentClient:
         self._check_entry(data, log_id, segment_seq, entry_id)
         return data
 
-    async def read_range(self, log_id: int, segment_seq: int, first: int, last: int, max_bytes: int) -> tuple[bytes, list[tuple[int, int]]]:
+    async def read_range(
+        self, log_id: int, segment_seq: int, first: int, last: int, max_bytes: int, *, in_place: bool = False, into: bytearray | None = None
+    ) -> tuple[bytes, list[tuple[int, int]]]:
         """Consecutive entries from ``first`` (READ_RANGE: up to ``last``, the replica's first
         gap or about ``max_bytes``) as one buffer and each entry's (start, end) in it; every
-        entry CRC-verified and its ids checked, as ``read`` does."""
-        data = await self._call(p.Op.READ_RANGE, p.read_range_request, log_id, segment_seq, first, last, max_bytes, whole=True)
+        entry CRC-verified and its ids checked, as ``read`` does. ``in_place``: the buffer may
+        be the ``bytearray`` the answer was received into (no copy), for a caller that only
+        forwards slices of it (a copy's ADD_BATCH, a store's write). ``into`` (implies
+        ``in_place``): receive a large answer into this buffer when it fits (the result is
+        then a memoryview of it); the caller may reuse it once it no longer needs the result,
+        and only if this call returned (after a failure the connection may still write into it)."""
+        data = await self._call(
+            p.Op.READ_RANGE, p.read_range_request, log_id, segment_seq, first, last, max_bytes, whole=True, in_place=in_place or into is not None, into=into
+        )
         where = f"entries {log_id}/{segment_seq}/{first}..{last} from agent {self.address}"
         skip = p.OK_RESULT_OFFSET  # ``whole``: the entries follow the response preamble
         try:
@@ -556,10 +585,13 @@ class AgentClient:
     async def _appended(self, conn: _Connection, rid: int, fut: asyncio.Future[p.Frame]) -> list[tuple[int, int, int]]:
         return p.decode_dlsns(await self._reply(conn, rid, p.Op.APPEND, fut, self.request_timeout))
 
-    async def _reply(self, conn: _Connection, rid: int, op: int, fut: asyncio.Future[p.Frame], limit: float, whole: bool = False) -> bytes:
+    async def _reply(
+        self, conn: _Connection, rid: int, op: int, fut: asyncio.Future[p.Frame], limit: float, whole: bool = False, in_place: bool = False
+    ) -> bytes:
         """Wait for the response to request ``rid``; its result body, or its typed error.
         ``whole``: the response body itself, the result from ``p.OK_RESULT_OFFSET`` on (a
-        large result is not copied once more)."""
+        large result is not copied once more); ``in_place`` too: a large one as the bytearray
+        it was received into (not copied at all)."""
         try:
             reply = await fut
         except _Timeout:
@@ -567,18 +599,27 @@ class AgentClient:
         except BaseException:
             conn.forget(rid)  # cancelled: a late response is dropped
             raise
-        return self._result(conn, rid, op, reply, whole)
+        return self._result(conn, rid, op, reply, whole, in_place)
 
     def _timed_out(self, op: int, limit: float) -> AgentUnavailableError:
         return AgentUnavailableError(f"{p.Op(op).name} request to agent {self.address} timed out after {limit:g}s")
 
-    def _result(self, conn: _Connection, rid: int, op: int, reply: p.Frame, whole: bool = False) -> bytes:
-        """The result body of response ``reply`` to request ``rid``, or its typed error."""
+    def _result(self, conn: _Connection, rid: int, op: int, reply: p.Frame, whole: bool = False, in_place: bool = False) -> bytes:
+        """The result body of response ``reply`` to request ``rid``, or its typed error (``whole``,
+        ``in_place``: as ``_reply``)."""
         try:
             if reply.opcode != op | p.RESPONSE:
                 raise p.ProtocolError(f"response to request {rid} has opcode {reply.opcode}, expected {op | p.RESPONSE}")
-            if whole and reply.body[: p.OK_RESULT_OFFSET] == p.OK_PREAMBLE:
-                return reply.body
+            body = reply.body
+            if body[: p.OK_RESULT_OFFSET] == p.OK_PREAMBLE:
+                # A large body arrives as the bytearray it was received into: bytes for the
+                # caller (one copy, of the result only), unless it takes the buffer in place.
+                if whole:
+                    return body if in_place or type(body) is bytes else bytes(body)
+                if type(body) is not bytes:
+                    return bytes(memoryview(body)[p.OK_RESULT_OFFSET :])
+            elif type(body) is not bytes:
+                reply = reply._replace(body=bytes(body))
             return p.decode_response(reply)
         except p.ProtocolError as exc:
             conn.abort(f"agent {self.address} sent an invalid response: {exc}")

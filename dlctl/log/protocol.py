@@ -263,10 +263,14 @@ def _outgoing(head: bytes, body: Buffer) -> Outgoing:
     return (head, body) if len(body) >= SPLIT_BYTES else head + body
 
 
+TLS_WRITE_PIECE = 256 * 1024  # a large body goes to a TLS transport in pieces of this size (``OutQueue``)
+
+
 class OutQueue:
     """The frames a connection queued in this loop turn, written with one call: a lone buffer
     as it is; several joined, unless one of them is a large body (a split ``Outgoing``), when
-    the transport gets them as they are (uvloop: one writev, no copy)."""
+    the transport gets them as they are (uvloop: one writev, no copy) — under TLS in pieces of
+    ``TLS_WRITE_PIECE`` bytes, so the first is on the wire before the rest is encrypted."""
 
     __slots__ = ("_frames", "_split")
 
@@ -296,7 +300,17 @@ class OutQueue:
         self.clear()
         if transport is None or not frames:
             return
-        if len(frames) == 1:
+        if split and transport.get_extra_info("ssl_object") is not None:
+            # TLS encrypts what one call hands over before any of it goes out: in pieces, the
+            # peer is decrypting the first while the next are encrypted.
+            for frame in frames:
+                if len(frame) <= TLS_WRITE_PIECE:
+                    transport.write(frame)
+                    continue
+                with memoryview(frame) as view:
+                    for at in range(0, len(view), TLS_WRITE_PIECE):
+                        transport.write(view[at : at + TLS_WRITE_PIECE])
+        elif len(frames) == 1:
             transport.write(frames[0])
         elif split:
             transport.writelines(frames)

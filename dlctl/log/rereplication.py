@@ -495,7 +495,7 @@ async def copy_replica(
                     pos += 1
                     continue
                 try:
-                    data, spans_ = await client.read_range(log_id, segment.seq, pos, last, batch_cap)
+                    data, spans_ = await client.read_range(log_id, segment.seq, pos, last, batch_cap, in_place=True)
                 except AgentError as exc:
                     if not _unknown_op(exc):
                         raise

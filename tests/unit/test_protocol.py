@@ -491,8 +491,12 @@ def test_split_frames_are_the_same_bytes_and_keep_a_large_body_uncopied(rid: int
 class _Recorder:
     """A transport that records how it was called (write_frames is pure dispatch)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: bool = False) -> None:
         self.calls: list[tuple[str, object]] = []
+        self.tls = tls
+
+    def get_extra_info(self, name: str) -> object:
+        return object() if name == "ssl_object" and self.tls else None
 
     def write(self, data: bytes) -> None:
         self.calls.append(("write", data))
@@ -520,3 +524,23 @@ def test_out_queue_joins_small_frames_and_hands_large_bodies_over_as_they_are() 
         q.push(b"z")
         q.write(None)  # a closing connection drops what is queued
         assert not q
+
+
+def test_out_queue_hands_a_large_body_to_a_tls_transport_in_pieces_so_it_goes_out_while_the_rest_is_encrypted() -> None:
+    piece = p.TLS_WRITE_PIECE
+    body = bytes(range(256)) * ((2 * piece + 100) // 256 + 1)
+    q = p.OutQueue()
+    for frame in (b"h", (b"head", body), b"x"):
+        q.push(frame)
+    t = _Recorder(tls=True)
+    q.write(t)
+    assert [kind for kind, _ in t.calls] == ["write"] * len(t.calls)
+    written = [bytes(data) for _, data in t.calls]  # type: ignore[call-overload]
+    assert b"".join(written) == b"h" + b"head" + body + b"x"  # the same bytes, in order
+    assert max(map(len, written)) == piece and len(written) == 3 + -(-len(body) // piece)
+    small = p.OutQueue()
+    small.push(b"a")
+    small.push(b"b")
+    t = _Recorder(tls=True)
+    small.write(t)
+    assert t.calls == [("write", b"ab")]  # small frames are joined as without TLS
