@@ -819,11 +819,14 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
             held = _async(target, lambda pool, name=name: dr.held_vv(target.meta, pool, name, x))
             pending = dr_truncated.PENDING.format(first=item.first) if item.mode == "bootstrap" else ""
             current = streams.get_checkpoint(c.stream_id, name)
-            streams.update_checkpoint(c.stream_id, current, replace(current.value, next=item.first, source_vv=dict(item.vv), sink_vv=held, sink_dlsn=None, needs_bootstrap=pending, last_error=""))
+            streams.update_checkpoint(c.stream_id, current, replace(
+                current.value, next=item.first, source_vv=dict(item.vv), sink_vv=held, sink_dlsn=None, needs_bootstrap=pending, last_error="", gated=item.gated, waiting_for={},
+            ))
             PinStore(source.meta).reset(repl.PinRecord(holder=c.stream_id, log=name, position=item.first, sink_cluster=x, max_age_seconds=c.pin_max_age_seconds))
             out[f"{c.stream_id}/{name}"] = {
                 "start": "from the start, unfiltered",
-                "stream": f"from {item.first} ({c.source_cluster} deleted what lay before), unfiltered",
+                "stream": f"from {item.first} ({c.source_cluster} deleted what lay before), unfiltered"
+                + (f", once {x} holds what {c.source_cluster} deleted again (from {', '.join(item.gap['covered_by'])})" if item.gated and item.gap else ""),
                 "bootstrap": f"bootstrap copy from {item.first} ({c.source_cluster} deleted what lay before), then streaming, unfiltered",
             }[item.mode]
         for c, _ in incoming:

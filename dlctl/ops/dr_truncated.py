@@ -31,6 +31,10 @@ Two things make that hard, and this module decides them per (stream, log):
     frozen until the copy is committed, and their filters then start from what X holds.
   - X's log holds **something**: no copy; the stream reads P from T (with the clock at T)
     through the unfiltered causality filter, which skips every record X already holds.
+  - Another stream into X comes from a peer that holds the whole log (it can bring back what P
+    deleted): no copy either; P's stream waits until X holds everything P deleted (the
+    location-addition rule, re-checked as X's other streams deliver: #314's recovery in rounds),
+    then reads P from T like the case above.
 
 Resumable: the decisions are kept in ``dr recover``'s operation record; a log whose copy
 finished has its stream checkpoint's ``needs_bootstrap`` cleared (by ``stream_hook`` together
@@ -111,13 +115,18 @@ class Incoming:
     first: DLSN  # where the source's log starts now (INITIAL: nothing deleted)
     vv: dict[str, int]  # the source's version vector before ``first``
     gap: dict[str, Any] | None = None
+    # Another stream into X may bring back what the source deleted: this one starts only once X
+    # holds it (the location-addition rule, ``dlctl.replication.network``; #314's recovery in
+    # rounds), else the source's retained records would arrive ahead of the deleted ones and
+    # X's owner would take those for duplicates.
+    gated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stream": self.stream, "log": self.log, "mode": self.mode, "first": str(self.first), "vv": dict(self.vv), "gap": self.gap}
+        return {"stream": self.stream, "log": self.log, "mode": self.mode, "first": str(self.first), "vv": dict(self.vv), "gap": self.gap, "gated": self.gated}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Incoming:
-        return cls(raw["stream"], raw["log"], raw["mode"], DLSN.parse(raw["first"]), {str(k): int(v) for k, v in raw["vv"].items()}, raw.get("gap"))
+        return cls(raw["stream"], raw["log"], raw["mode"], DLSN.parse(raw["first"]), {str(k): int(v) for k, v in raw["vv"].items()}, raw.get("gap"), bool(raw.get("gated")))
 
 
 def decide(
@@ -182,6 +191,10 @@ def decide(
             + (f" may come back from {', '.join(complete_sources)}" if complete_sources else f" is lost for {x} (no other stream into {x} holds it)")
         ),
     }
+    if complete_sources:
+        # What P deleted comes back from those sources: P's stream waits until X holds it, then
+        # reads P from T skipping what X holds (no copy: a copy would land ahead of it).
+        return Incoming(config.stream_id, name, "stream", first, vv, gap, gated=True)
     mode = "bootstrap" if x_holds == 0 and name not in copying else "stream"
     return Incoming(config.stream_id, name, mode, first, vv, gap)
 

@@ -81,10 +81,11 @@ def current_version_vector(sink: MetaStore, log: str, *, exclude: str | None = N
     return {o: n for o, n in out.items() if n > 0}
 
 
-def causal_gate(source: MetaStore, sink: MetaStore, log: str, *, stream_id: str) -> tuple[dict[str, tuple[int, int]] | None, dict[str, int]]:
+def causal_gate(source: MetaStore, sink: MetaStore, log: str, *, stream_id: str, own_events: bool = False) -> tuple[dict[str, tuple[int, int]] | None, dict[str, int]]:
     """(what sink location ``sink.cluster`` still lacks of what ``source`` deleted from ``log``
     — empty: stream ``stream_id`` may start; None: the source's deletion vector is unknown —,
-    the sink's current version vector it was judged against)."""
+    the sink's current version vector it was judged against). ``own_events``: the sink lost
+    data (``dr recover``: an unfiltered stream), so its own events count too."""
     cvv = current_version_vector(sink, log, exclude=stream_id)
     dvv = deletion_vector(source, log)
-    return (None if dvv is None else missing_past(dvv, cvv, sink.cluster)), cvv
+    return (None if dvv is None else missing_past(dvv, cvv, "" if own_events else sink.cluster)), cvv

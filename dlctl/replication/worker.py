@@ -367,7 +367,7 @@ class StreamWorker:
         assert self._checkpoint is not None
         sid = self.config.stream_id
         while not self.stop.is_set():
-            missing, cvv = await self._zk(lambda: causal_gate(self.source_meta, self.sink_meta, self.log_name, stream_id=sid))
+            missing, cvv = await self._zk(lambda: causal_gate(self.source_meta, self.sink_meta, self.log_name, stream_id=sid, own_events=self.config.unfiltered))
             cp = self._checkpoint.value
             if missing == {}:
                 log.info("stream %s, log %s: the sink holds the source's deleted past; streaming from %s", sid, self.log_name, cp.next)

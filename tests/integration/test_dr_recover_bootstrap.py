@@ -110,14 +110,8 @@ def test_dr_recover_of_a_wiped_location_whose_peer_truncated_bootstraps_what_the
         return StreamStore(a.meta()).get_checkpoint("b-to-a", LOG).value.next
 
     run(eventually(lambda: b_to_a_next() >= b_end, timeout=60, message="b -> a checkpoint at b's end"))
-    completed = [s.value for s in b.meta().segments(LOG) if s.value.state is SegmentState.COMPLETED]
-    assert len(completed) >= 3, f"b's log has only {len(completed)} completed segments"
-    cut = completed[len(completed) // 2].seq
     inv = sites.write_inventory(tmp_path / "inv.toml")
-    code, out = dlctl(inv, "--cluster", "b", "-o", "json", "truncate", LOG, "--to", f"{cut}/0/0")
-    assert code == 0, out
-    code, out = dlctl(inv, "--cluster", "b", "-o", "json", "gc", "--nice", "0")
-    assert code == 0, out
+    cut = truncate_half(b, inv)
     retained = identities(b)
     deleted = total - len(retained)
     assert 0 < deleted < total
@@ -159,6 +153,19 @@ def test_dr_recover_of_a_wiped_location_whose_peer_truncated_bootstraps_what_the
     assert a_counters[-30:] == list(range(old_a_max + 1, old_a_max + 31))
     ids_b = identities(b)
     assert len(ids_b) == len(set(ids_b)), "b holds duplicates"
+
+
+def truncate_half(site, inv: Path) -> int:
+    """``dlctl truncate`` the site's log at the start of its middle completed segment, then
+    ``dlctl gc``: the segment number cut at."""
+    completed = [s.value for s in site.meta().segments(LOG) if s.value.state is SegmentState.COMPLETED]
+    assert len(completed) >= 3, f"{site.name}'s log has only {len(completed)} completed segments"
+    cut = completed[len(completed) // 2].seq
+    code, out = dlctl(inv, "--cluster", site.name, "-o", "json", "truncate", LOG, "--to", f"{cut}/0/0")
+    assert code == 0, out
+    code, out = dlctl(inv, "--cluster", site.name, "-o", "json", "gc", "--nice", "0")
+    assert code == 0, out
+    return cut
 
 
 async def _end(site) -> DLSN:
@@ -247,3 +254,52 @@ def test_dr_recover_of_a_location_restored_from_an_old_backup_whose_peer_truncat
     assert a_counters[-30:] == list(range(old_a_max + 1, old_a_max + 31))
     ids_b = identities(b)
     assert len(ids_b) == len(set(ids_b)), "b holds duplicates"
+
+
+@pytest.fixture
+def trio(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
+    zk_server.ensure_running()
+    procs = ProcessRegistry(tmp_path / "procs")
+    with FaultNetwork() as network:
+        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, clusters=("a", "b", "c"), nodes=1)
+
+
+def test_dr_recover_from_a_peer_that_truncated_waits_for_the_peer_that_still_holds_the_past_and_loses_nothing(trio: Sites, tmp_path: Path):
+    """#314's event recovery: the wiped location a recovers from b only once it holds what b
+    deleted, which c (a complete peer) brings back first. Copying b's retained records into a
+    first would put them ahead of the deleted ones, which a's owner then takes for duplicates
+    when c delivers them."""
+    sites = trio
+    a, b, c = sites["a"], sites["b"], sites["c"]
+    one = LogConfig(ensemble_size=1, write_quorum=1, ack_quorum=1, roll_bytes=8 * 1024)
+    for site in (a, b, c):
+        site.meta().create_log(LOG, one)
+    apply(ops.init_plan(a.session(), b.session(), patterns=(LOG,), bidirectional=True).plan)
+    for source, sink in (("b", "c"), ("c", "a")):
+        apply(ops.init_plan(sites[source].session(), sites[sink].session(), patterns=(LOG,), causal=True).plan)
+    total = 0
+    for r in range(3):
+        for site in (b, a):
+            run(write_rounds(site, f"{site.name}-{r}", 1, 100), timeout=60)
+            total += 100
+            for other in (a, b, c):
+                run(eventually(lambda other=other, n=total: _at_least(other, n), timeout=60, message=f"{total} records at {other.name}"))
+    everything = set(identities(c))
+    assert len(everything) == total and set(identities(a)) == everything
+
+    b_end = run(_end(b), timeout=30)
+    for sink, stream in (("a", "b-to-a"), ("c", "b-to-c")):
+        run(eventually(lambda sink=sink, stream=stream: StreamStore(sites[sink].meta()).get_checkpoint(stream, LOG).value.next >= b_end, timeout=60, message=f"{stream} at b's end"))
+    inv = sites.write_inventory(tmp_path / "inv.toml")
+    truncate_half(b, inv)
+    assert 0 < len(identities(b)) < total
+
+    a.wipe_disks()
+    code, out = dlctl(inv, "-o", "json", "dr", "recover", "--cluster", "a")
+    assert code in (ExitCode.OK, ExitCode.PARTIAL) and isinstance(out, dict) and out["ok"], out
+    gaps = [g for s in out["steps"] if s["action"] == "finish" for g in s["result"]["gaps"]]
+    assert all(g["covered_by"] == ["c"] for g in gaps), gaps  # what b deleted, c held
+    run(eventually(lambda: _at_least(a, total), timeout=90, message="a holds every record again"), timeout=120)
+    held = identities(a)
+    assert len(held) == len(set(held)), "a holds duplicates"
+    assert set(held) == everything, f"a lacks {len(everything - set(held))} record(s)"
