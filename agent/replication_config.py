@@ -6,6 +6,7 @@
     claim_grace_seconds = 10       # claim work left unclaimed this long even above the fair share
     checkpoint_seconds = 0.5       # how often a worker checkpoints while records flow
     pin_seconds = 5                # how often a worker refreshes its retention pin at the source
+    source_filtering = true        # causal streams: records the sink holds stay at the source
 
     [replication.sources.east]     # how to reach source cluster "east" (one table per source)
     zookeeper = "10.0.0.5:2181"    # optional: default is the connect string in the stream config
@@ -35,7 +36,7 @@ from dlctl.meta.zk import ZK_TLS_KEYS, parse_tls
 from dlctl.names import validate_name
 from dlctl.replication.source import SourceSettings
 
-_KEYS = {"enabled", "poll_seconds", "claim_grace_seconds", "checkpoint_seconds", "pin_seconds", "sources"}
+_KEYS = {"enabled", "poll_seconds", "claim_grace_seconds", "checkpoint_seconds", "pin_seconds", "source_filtering", "sources"}
 _TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
 _ZK_TLS_PREFIX = "zookeeper_tls_"
 _SOURCE_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "region", "addresses", *_TLS_KEYS, *(_ZK_TLS_PREFIX + k for k in ZK_TLS_KEYS)}
@@ -48,6 +49,7 @@ class ReplicationSettings:
     claim_grace_seconds: float = 10.0
     checkpoint_seconds: float = 0.5
     pin_seconds: float = 5.0
+    source_filtering: bool = True
     sources: dict[str, SourceSettings] = field(default_factory=dict)
 
 
@@ -57,9 +59,10 @@ def parse_replication(raw: Any, path: Path) -> ReplicationSettings:
     extra = sorted(set(raw) - _KEYS)
     if extra:
         raise ConfigError(f"{path}: unknown key(s) in [replication]: {', '.join(extra)}", hint=f"known keys: {', '.join(sorted(_KEYS))}")
-    enabled = raw.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{path}: [replication] key 'enabled' must be true or false, got {enabled!r}")
+    enabled, source_filtering = raw.get("enabled", True), raw.get("source_filtering", True)
+    for key, value in (("enabled", enabled), ("source_filtering", source_filtering)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: [replication] key '{key}' must be true or false, got {value!r}")
 
     def seconds(key: str, default: float, low: float, high: float) -> float:
         value = raw.get(key, default)
@@ -79,6 +82,7 @@ def parse_replication(raw: Any, path: Path) -> ReplicationSettings:
         claim_grace_seconds=seconds("claim_grace_seconds", 10.0, 0.0, 3600),
         checkpoint_seconds=seconds("checkpoint_seconds", 0.5, 0.01, 600),
         pin_seconds=seconds("pin_seconds", 5.0, 0.05, 3600),
+        source_filtering=source_filtering,
         sources=sources,
     )
 

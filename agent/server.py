@@ -56,6 +56,7 @@ from dlctl.log.format import HEADER_SIZE as ENTRY_HEADER_SIZE
 from dlctl.log.format import NO_ENTRY, CorruptEntry, decode_header, validate_ids
 from dlctl.log.tls import TlsFiles, bound_context
 from dlctl.logthrottle import LogThrottle
+from dlctl.replication.seen import stub_seen
 
 from .fdlimit import descriptor_usage
 from .limits import ServerLimits
@@ -89,6 +90,16 @@ def _check_entry(entry: bytes) -> None:
 MAX_TLS_REFUSALS = 16  # refused connections told why inside TLS at once (each costs a handshake)
 REFUSAL_HANDSHAKE_SECONDS = 2.0
 PRE_AUTH_CLOSE_GRACE = 0.2  # seconds an unauthenticated TLS connection has to take its error
+
+
+def skip_seen(entry: bytes, seen: p.Seen) -> bytes | memoryview:
+    """``entry`` with the records the reading stream's sink holds as stubs (FLAG_SKIP_SEEN,
+    ``dlctl.replication.seen``); whole when its records cannot be parsed (the sink's own checks
+    then name what is wrong)."""
+    try:
+        return stub_seen(entry, *seen)
+    except ValueError:
+        return entry
 
 
 class AgentServer:
@@ -697,6 +708,8 @@ class _Conn(asyncio.Protocol):
         elif op is p.Op.READ_ENTRY:
             if flags & p.FLAG_FENCE:
                 self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args, room=self.room)), 0)
+            elif flags & p.FLAG_SKIP_SEEN:
+                self._run_sync(op, rid, lambda log_id, seg, entry_id, seen: skip_seen(server.read_entry(log_id, seg, entry_id), seen), args)
             else:
                 self._run_sync(op, rid, server.read_entry, args)
         elif op is p.Op.READ_RANGE:
@@ -899,7 +912,7 @@ class _Conn(asyncio.Protocol):
             self._update_reading()
             self._process()
 
-    async def _long_poll(self, rid: int, log_id: int, seg: int, previous: int, timeout_ms: int) -> None:
+    async def _long_poll(self, rid: int, log_id: int, seg: int, previous: int, timeout_ms: int, seen: p.Seen | None = None) -> None:
         server = self.server
         try:
             try:
@@ -908,6 +921,10 @@ class _Conn(asyncio.Protocol):
                 if not self.eof or self.closing:
                     raise
                 result = await server.long_poll(log_id, seg, previous, 0, room=self.room)  # hurried by a half-close
+            if seen is not None:
+                lac, entry = p.decode_long_poll_result(result)
+                if entry is not None:
+                    result = p.encode_long_poll_result(lac, bytes(skip_seen(entry, seen)))
         except Exception as exc:  # noqa: BLE001
             self.send(self._error(p.Op.LONG_POLL, rid, exc))
         else:

@@ -227,6 +227,7 @@ class ReplicationService:
                         checkpoint_interval=self.settings.checkpoint_seconds,
                         pin_interval=self.settings.pin_seconds,
                         region=settings.region or self.region,
+                        source_filtering=self.settings.source_filtering,
                     ),
                 )
                 running.worker = worker

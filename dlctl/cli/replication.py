@@ -123,7 +123,7 @@ def list_command(app: AppContext) -> None:
 
 
 def _status_table(status: dict) -> Table:
-    columns = ["log", "state", "lag_records", "lag_bytes", "lag_seconds", "last_applied", "last_contact_ago", "worker", "worker_region", "last_error", "needs_bootstrap", "waiting_for"]
+    columns = ["log", "state", "lag_records", "lag_bytes", "lag_seconds", "last_applied", "last_contact_ago", "worker", "worker_region", "last_error", "needs_bootstrap", "waiting_for", "left_at_source"]
     return Table(status["logs"], columns, title=f"stream {status['stream']}: {status['source']} -> {status['sink']} ({status['state']})")
 
 

@@ -506,21 +506,25 @@ class AgentClient:
                 f"{where}: the agent returned entry {header.log_id}/{header.segment_seq}/{header.entry_id} instead"
             )
 
-    async def read_entry(self, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> Entry:
-        """Like ``read`` but decoded."""
-        data = await self._call(p.Op.READ_ENTRY, p.read_entry_request, log_id, segment_seq, entry_id, fence)
+    async def read_entry(self, log_id: int, segment_seq: int, entry_id: int, fence: bool = False, seen: p.Seen | None = None) -> Entry:
+        """Like ``read`` but decoded. ``seen``: a replication stream's sink (location, version
+        vector): its records in that causal past come as stubs (``dlctl.replication.seen``)."""
+        build = functools.partial(p.read_entry_request, seen=seen) if seen is not None else p.read_entry_request
+        data = await self._call(p.Op.READ_ENTRY, build, log_id, segment_seq, entry_id, fence)
         return self._verify_entry(data, log_id, segment_seq, entry_id)
 
     async def read_lac(self, log_id: int, segment_seq: int) -> int:
         return p.decode_lac(await self._call(p.Op.READ_LAC, p.read_lac_request, log_id, segment_seq))
 
     async def long_poll(
-        self, log_id: int, segment_seq: int, previous_lac: int, timeout: float
+        self, log_id: int, segment_seq: int, previous_lac: int, timeout: float, seen: p.Seen | None = None
     ) -> tuple[int, bytes | None]:
-        """Wait up to ``timeout`` s for LAC > ``previous_lac``; returns (LAC, entry previous+1 or None)."""
+        """Wait up to ``timeout`` s for LAC > ``previous_lac``; returns (LAC, entry previous+1 or
+        None). ``seen``: as for ``read_entry``."""
         timeout_ms = max(0, int(timeout * 1000))
+        build = functools.partial(p.long_poll_request, seen=seen) if seen is not None else p.long_poll_request
         result = await self._call(
-            p.Op.LONG_POLL, p.long_poll_request, log_id, segment_seq, previous_lac, timeout_ms,
+            p.Op.LONG_POLL, build, log_id, segment_seq, previous_lac, timeout_ms,
             timeout=timeout + self.request_timeout,
         )
         lac, entry = p.decode_long_poll_result(result)

@@ -37,11 +37,13 @@ Operations (request body -> result on success)::
     2   ADD_ENTRY       RECOVERY (0x1),            encoded entry           -
                         UNCACHED (0x2)
     3   READ_ENTRY      FENCE (0x1): fence first   log u64, seg u64,       encoded entry
-                        (recovery read)            entry i64
+                        (recovery read);           entry i64, [SEEN]
+                        SKIP_SEEN (0x2): SEEN
+                        follows
     4   READ_LAC        -                          log u64, seg u64        LAC i64
-    5   LONG_POLL       -                          log u64, seg u64,       LAC i64, then the encoded
-                                                   previous LAC i64,       entry previous+1 when LAC >
-                                                   timeout ms u32          previous and this replica has it
+    5   LONG_POLL       SKIP_SEEN (0x2): SEEN      log u64, seg u64,       LAC i64, then the encoded
+                        follows                    previous LAC i64,       entry previous+1 when LAC >
+                                                   timeout ms u32, [SEEN]  previous and this replica has it
     6   FENCE           -                          log u64, seg u64        last entry id i64, LAC i64
     7   DIGEST          -                          log u64, seg u64,       log u64, seg u64, entries u64,
                                                    first i64, last i64     first i64, last i64, LAC i64,
@@ -75,6 +77,11 @@ Operations (request body -> result on success)::
                                                    first i64, last i64,    reason u16+UTF-8 (empty: all
                                                    max bytes u32, source   of first..last), then each
                                                    u16+UTF-8 (a node id)   stored entry's CRC-32C u32
+
+SEEN (FLAG_SKIP_SEEN: a replication stream's sink) is a location u16+UTF-8, a count u16, then count
+times a location u16+UTF-8 and a counter u64 (its version vector). The entry comes back with the
+records in that causal past as stubs (key and payload left out, ``dl.seen``;
+dlctl.replication.seen), so they do not cross the WAN.
 
 READ_RANGE is the bulk read of a copy (the bootstrap reads whole segments): one request and one
 disk read for many consecutive entries. The agent verifies every entry's CRC as READ_ENTRY does,
@@ -170,6 +177,10 @@ FLAG_RECOVERY = 0x1  # ADD_ENTRY: recovery add from the fencing writer; accepted
 # drops it from the page cache once durable instead of filling memory with it (see GroupCommitter).
 FLAG_UNCACHED = 0x2
 FLAG_FENCE = 0x1  # READ_ENTRY: fence the replica (durably) before reading
+# READ_ENTRY, LONG_POLL: a replication stream's sink holds these events (a location and a
+# version vector follow the request): records in its causal past come back as stubs, their
+# payload left behind (dlctl.replication.seen), so they never cross the WAN.
+FLAG_SKIP_SEEN = 0x2
 FLAG_RESET_ORDER = 0x1  # APPEND: the client has seen its failures and resends from the oldest
 FLAG_IDEMPOTENT = 0x2  # APPEND: the producer's epoch and the request's sequence number follow its id
 FLAG_RETRY = 0x4  # APPEND (idempotent): an earlier attempt of this request may have been written
@@ -205,7 +216,8 @@ _ALLOWED_FLAGS: dict[int, int] = {int(op): 0 for op in Op}
 _ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.ADD_BATCH] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.PULL_RANGE] = FLAG_UNCACHED
-_ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE
+_ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE | FLAG_SKIP_SEEN
+_ALLOWED_FLAGS[Op.LONG_POLL] = FLAG_SKIP_SEEN
 _ALLOWED_FLAGS[Op.APPEND] = FLAG_RESET_ORDER | FLAG_IDEMPOTENT | FLAG_RETRY | FLAG_FORWARD
 
 
@@ -503,8 +515,50 @@ def add_batch_request(request_id: int, entries: Sequence[Buffer], recovery: bool
     return outgoing_bytes(add_batch_request_parts(request_id, entries, recovery, uncached))
 
 
-def read_entry_request(request_id: int, log_id: int, segment_seq: int, entry_id: int, fence: bool = False) -> bytes:
-    return encode_frame(Op.READ_ENTRY, FLAG_FENCE if fence else 0, request_id, _pack(_ENTRY_REF, log_id, segment_seq, entry_id))
+Seen = tuple[str, dict[str, int]]  # (the sink location, the version vector of what it holds)
+MAX_SEEN_LOCATIONS = 1024
+
+
+def encode_seen(seen: Seen) -> bytes:
+    """FLAG_SKIP_SEEN's field: the location (a name), u16 count, then (name, u64 counter) pairs."""
+    here, vv = seen
+    if len(vv) > MAX_SEEN_LOCATIONS:
+        raise ValueError(f"a version vector of {len(vv)} locations (at most {MAX_SEEN_LOCATIONS})")
+    parts = [_text_field(here, "location"), _U16.pack(len(vv))]
+    for loc, count in sorted(vv.items()):
+        parts += (_text_field(loc, "location"), _U64.pack(count))
+    return b"".join(parts)
+
+
+def _take_seen(body: bytes, pos: int, op: str) -> Seen:
+    """``encode_seen``'s field at ``pos``, which must end the body."""
+    here, pos = _take_text(body, pos, op, "location")
+    if len(body) < pos + _U16.size:
+        raise ProtocolError(f"{op} body has no version vector size")
+    (count,) = _U16.unpack_from(body, pos)
+    pos += _U16.size
+    if count > MAX_SEEN_LOCATIONS:
+        raise ProtocolError(f"{op} version vector of {count} locations (at most {MAX_SEEN_LOCATIONS})")
+    vv: dict[str, int] = {}
+    for _ in range(count):
+        loc, pos = _take_text(body, pos, op, "location")
+        if len(body) < pos + _U64.size:
+            raise ProtocolError(f"{op} version vector overruns the body")
+        (vv[loc],) = _U64.unpack_from(body, pos)
+        pos += _U64.size
+    if pos != len(body):
+        raise ProtocolError(f"{op} body has {len(body) - pos} bytes after the version vector")
+    return here, vv
+
+
+def read_entry_request(request_id: int, log_id: int, segment_seq: int, entry_id: int, fence: bool = False, seen: Seen | None = None) -> bytes:
+    """``seen``: answer records in that location's causal past as stubs (FLAG_SKIP_SEEN)."""
+    body = _pack(_ENTRY_REF, log_id, segment_seq, entry_id)
+    if seen is not None:
+        if fence:
+            raise ValueError("a fencing read returns entries whole: no FLAG_SKIP_SEEN")
+        return encode_frame(Op.READ_ENTRY, FLAG_SKIP_SEEN, request_id, body + encode_seen(seen))
+    return encode_frame(Op.READ_ENTRY, FLAG_FENCE if fence else 0, request_id, body)
 
 
 def read_range_request(request_id: int, log_id: int, segment_seq: int, first: int, last: int, max_bytes: int) -> bytes:
@@ -524,9 +578,12 @@ def read_lac_request(request_id: int, log_id: int, segment_seq: int) -> bytes:
     return encode_frame(Op.READ_LAC, 0, request_id, _pack(_SEG, log_id, segment_seq))
 
 
-def long_poll_request(request_id: int, log_id: int, segment_seq: int, previous_lac: int, timeout_ms: int) -> bytes:
+def long_poll_request(request_id: int, log_id: int, segment_seq: int, previous_lac: int, timeout_ms: int, seen: Seen | None = None) -> bytes:
     timeout_ms = max(0, min(int(timeout_ms), MAX_LONG_POLL_MS))
-    return encode_frame(Op.LONG_POLL, 0, request_id, _pack(_LONG_POLL, log_id, segment_seq, previous_lac, timeout_ms))
+    body = _pack(_LONG_POLL, log_id, segment_seq, previous_lac, timeout_ms)
+    if seen is not None:
+        return encode_frame(Op.LONG_POLL, FLAG_SKIP_SEEN, request_id, body + encode_seen(seen))
+    return encode_frame(Op.LONG_POLL, 0, request_id, body)
 
 
 def fence_request(request_id: int, log_id: int, segment_seq: int) -> bytes:
@@ -619,6 +676,15 @@ def _unpack_exact(st: struct.Struct, body: bytes, what: str) -> tuple[Any, ...]:
     return st.unpack(body)
 
 
+def _with_seen(st: struct.Struct, body: bytes, flags: int, what: str) -> tuple[Any, ...]:
+    """The fixed fields, then (FLAG_SKIP_SEEN) the ``Seen`` field as one more argument."""
+    if not flags & FLAG_SKIP_SEEN:
+        return _unpack_exact(st, body, what)
+    if len(body) < st.size:
+        raise ProtocolError(f"{what} body is {len(body)} bytes, shorter than {st.size}")
+    return (*st.unpack_from(body, 0), _take_seen(body, st.size, what))
+
+
 def decode_request(frame: Frame) -> Request:
     """Validate a request frame's opcode, flags and body layout (not the id ranges: see format.validate_ids)."""
     opcode, flags, request_id, body = frame
@@ -649,7 +715,9 @@ def decode_request(frame: Frame) -> Request:
             raise ProtocolError(f"ADD_BATCH request {request_id}: {exc}; nothing stored") from None
         args = (body, spans)
     elif op is Op.READ_ENTRY:
-        args = _unpack_exact(_ENTRY_REF, body, op.name)
+        args = _with_seen(_ENTRY_REF, body, flags, op.name)
+        if flags & FLAG_SKIP_SEEN and flags & FLAG_FENCE:
+            raise ProtocolError(f"READ_ENTRY request {request_id}: FENCE with SKIP_SEEN (a fencing read returns entries whole)")
     elif op is Op.READ_RANGE:
         args = _unpack_exact(_RANGE_REQ, body, op.name)
         if args[3] < args[2]:
@@ -671,7 +739,7 @@ def decode_request(frame: Frame) -> Request:
     elif op in (Op.READ_LAC, Op.FENCE, Op.DELETE_SEGMENT):
         args = _unpack_exact(_SEG, body, op.name)
     elif op is Op.LONG_POLL:
-        args = _unpack_exact(_LONG_POLL, body, op.name)
+        args = _with_seen(_LONG_POLL, body, flags, op.name)
     elif op is Op.DIGEST:
         log_id, seg, first, last = _unpack_exact(_DIGEST_REQ, body, op.name)
         args = (log_id, seg, first, None if last < 0 else last)

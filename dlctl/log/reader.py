@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import DlctlError, UsageError
@@ -41,6 +41,7 @@ from .dlsn import DLSN
 from .errors import AgentError
 from .format import HEADER_SIZE, Entry, decode
 from .pool import AgentPool
+from .protocol import Seen
 from .readpolicy import (
     AdaptiveTimeout,
     ReadAhead,
@@ -132,7 +133,11 @@ class LogReader:
         speculative_timeout: AdaptiveTimeout | None = None,
         suspect_seconds: float = 5.0,
         long_poll_timeout: float = 5.0,
+        seen: Callable[[], Seen | None] | None = None,
     ) -> None:
+        """``seen``: asked at every read, the (location, version vector) of what the reading
+        replication stream's sink holds: records in that causal past come as stubs
+        (``dlctl.replication.seen``); None: every record whole."""
         if start_dlsn is not None and start_txid is not None:
             raise UsageError("give the reader a start DLSN or a start txid, not both")
         if long_poll_timeout <= 0:
@@ -142,6 +147,7 @@ class LogReader:
         self.read_ahead = read_ahead or ReadAhead()
         self.replicas = ReplicaReader(pool, region=region, rack=rack, timeout=speculative_timeout, suspect_seconds=suspect_seconds)
         self.long_poll_timeout = long_poll_timeout
+        self._seen = seen or (lambda: None)
         self.stats = ReaderStats()
         self.log_id = 0
         self.truncation_point: DLSN | None = None  # as read at open (and after a skip)
@@ -503,7 +509,7 @@ class LogReader:
             future.set_result(decode(data))  # verified by the client already; cheap to redo
             self.stats.entries_from_polls += 1
         else:
-            future = asyncio.ensure_future(self.replicas.read(self.log_id, seg, entry_id))
+            future = asyncio.ensure_future(self.replicas.read(self.log_id, seg, entry_id, self._seen()))
         fetched = _Fetch(seg.seq, entry_id, future)
         self._buffer.append(fetched)
         self._in_flight += 1
@@ -579,7 +585,7 @@ class LogReader:
 
     async def _long_poll(self, node: str, seq: int, previous: int) -> tuple[int, bytes | None]:
         client = await self.pool.client(node)
-        return await client.long_poll(self.log_id, seq, previous, self.long_poll_timeout)
+        return await client.long_poll(self.log_id, seq, previous, self.long_poll_timeout, seen=self._seen())
 
     def _poll_done(self, task: asyncio.Task[tuple[int, bytes | None]], node: str, seq: int, previous: int) -> None:
         if self._polls.get(node) is task:

@@ -19,6 +19,7 @@ from ..meta.records import SegmentRecord
 from .errors import AgentError, AgentUnavailableError, NoSuchEntryError, NoSuchSegmentError
 from .format import Entry
 from .pool import AgentPool
+from .protocol import Seen
 from .readpolicy import AdaptiveTimeout, SuspectList, order_replicas
 
 
@@ -67,12 +68,13 @@ class ReplicaReader:
     def order(self, nodes: tuple[str, ...], lacking: frozenset[str] = frozenset()) -> tuple[str, ...]:
         return order_replicas(nodes, self.pool.nodes, self.region, self.rack, self.suspects.active(self._clock()), lacking)
 
-    async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int) -> Entry:
+    async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int, seen: Seen | None = None) -> Entry:
         client = await self.pool.client(node)
-        return await client.read_entry(log_id, segment_seq, entry_id)
+        return await client.read_entry(log_id, segment_seq, entry_id, seen=seen)
 
-    async def read(self, log_id: int, segment: SegmentRecord, entry_id: int) -> Entry:
-        """Entry ``entry_id`` of ``segment``, CRC-verified (by the client) and from its write set."""
+    async def read(self, log_id: int, segment: SegmentRecord, entry_id: int, seen: Seen | None = None) -> Entry:
+        """Entry ``entry_id`` of ``segment``, CRC-verified (by the client) and from its write set.
+        ``seen``: see ``AgentClient.read_entry``."""
         self.stats.reads += 1
         write_set = segment.write_set(entry_id)
         order = iter(self.order(write_set, segment.lacking(entry_id) if segment.short else frozenset()))
@@ -87,7 +89,8 @@ class ReplicaReader:
             if node is None:
                 return
             remaining -= 1
-            task = asyncio.ensure_future(self._read_one(node, log_id, segment.seq, entry_id))
+            one = self._read_one(node, log_id, segment.seq, entry_id) if seen is None else self._read_one(node, log_id, segment.seq, entry_id, seen=seen)
+            task = asyncio.ensure_future(one)
             running[task] = (node, loop.time())
 
         launch()

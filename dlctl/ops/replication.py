@@ -705,6 +705,7 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
                 "last_applied": str(DLSN(last.segment_seq, last.entry_id, last.slot - 1)) if last and last.slot > 0 else None,
                 "next": str(last) if last else None,
                 "applied_records": cp.applied_records if cp else 0,
+                "left_at_source": cp.left_at_source if cp else 0,
                 "last_contact_ago": _age(cp.last_contact, now) if cp else None,
                 "worker": (claim or {}).get("node"),
                 "worker_region": nodes.get((claim or {}).get("node", ""), {}).get("region") if claim else None,

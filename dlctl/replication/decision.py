@@ -2,7 +2,8 @@
 
 - an existing stream whose checkpoint the source still retains → resume from the checkpoint;
 - a new stream, the source still holds the whole log and the sink has nothing of its own to
-  lose → stream from the start;
+  lose, or the stream is causal (the causality filter merges what the sink holds) → stream
+  from the start;
 - a new *causal* stream (active-active) whose source truncated, with a known deletion vector
   → stream from the source's first retained position once the sink holds everything the source
   deleted (``dlctl.replication.network``): at once when it does already, else it waits
@@ -78,7 +79,11 @@ def decide(facts: LogFacts, *, bidirectional: bool = False) -> tuple[Decision, s
             return Decision.START, f"new causal connection: everything the source deleted is in the sink's causal past; stream from {facts.source_first or INITIAL}"
     if facts.source_first is not None:
         return Decision.BOOTSTRAP, f"the source no longer holds the whole log (it starts at {facts.source_first})"
-    if facts.sink_records > 0 and (not bidirectional or facts.source_records > 0):
+    if facts.sink_records > 0 and bidirectional and facts.source_records > 0:
+        # A copy cannot go before the sink's own records; the causality filter skips what the
+        # sink holds and merges the rest, as for any record of an active-active network.
+        return Decision.START, f"new causal stream; the source holds the whole log ({facts.source_records} record(s)) and the causality filter skips what the sink's {facts.sink_records} hold"
+    if facts.sink_records > 0 and not bidirectional:
         return Decision.BOOTSTRAP, f"the sink log already holds {facts.sink_records} record(s)"
     if facts.source_records == 0:
         return Decision.START, "new stream; the source log is empty"

@@ -115,6 +115,7 @@ class Checkpoint:
     processed_records: int = 0  # source records handled (appended or filtered) by this stream
     applied_records: int = 0  # of those, appended to the sink
     applied_bytes: int = 0  # payload bytes appended
+    left_at_source: int = 0  # of the others, those the source sent as stubs (the sink held them)
     updated: float = 0.0
     last_applied_at: float = 0.0  # when a record was last appended
     last_contact: float = 0.0  # when the source last answered (a record or a caught-up read)

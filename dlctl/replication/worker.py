@@ -66,7 +66,8 @@ from .origin import (
     encode_vt,
 )
 from .filters import RecordFilter
-from .network import causal_gate
+from .network import causal_gate, current_version_vector
+from .seen import SEEN_MARK
 from .positions import find_applied, log_end, records_from
 from .records import Checkpoint, StreamConfig
 from .store import StreamStore
@@ -139,6 +140,9 @@ class WorkerOptions:
     # clearly slower than that, not on every read.
     speculative_floor: float = 0.25
     causal_poll: float = 1.0  # a stream waiting for the causal past re-checks this often
+    # Causal streams: send the sink's version vector with every read, so the source leaves the
+    # records the sink holds behind (``dlctl.replication.seen``).
+    source_filtering: bool = True
 
 
 def _request_size(headers: Mapping[str, bytes]) -> int:
@@ -160,6 +164,7 @@ class _Progress:
     applied: int
     applied_bytes: int
     last_applied_at: float
+    left_at_source: int = 0  # records the source sent as stubs (the sink held them)
 
 
 class StreamWorker:
@@ -202,6 +207,10 @@ class StreamWorker:
         self._pin_task: asyncio.Task[str] | None = None
         self._end_task: asyncio.Task[None] | None = None
         self._source_end: dict[str, Any] = {}  # Checkpoint.source_end* fields, last measured
+        self._sink_cvv: dict[str, int] = {}  # what the sink log holds, as its streams checkpointed it
+        self._cvv_task: asyncio.Task[None] | None = None
+        self._last_cvv = 0.0
+        self._filtering = False  # reads carry the sink's version vector (source-side filtering)
         self._split_warned = False  # said once that a source request was too large to keep whole
 
     @property
@@ -244,14 +253,24 @@ class StreamWorker:
         base = await self._zk(ClockStore(self.source_meta).steps, self.log_name)
         clock = SourceClock(self.source, cp.source_vv, base=base, start=cp.next)
         causal = CausalityFilter(self.here, cp.sink_vv, unfiltered=self.config.unfiltered) if self.config.bidirectional or self.config.unfiltered else None
-        progress = _Progress(None, cp.processed_records, cp.applied_records, cp.applied_bytes, cp.last_applied_at)
+        progress = _Progress(None, cp.processed_records, cp.applied_records, cp.applied_bytes, cp.last_applied_at, cp.left_at_source)
         sink_dlsn = applied.sink if applied is not None else cp.sink_dlsn
         throttle = TokenBucket(self.config.throttle_bytes_per_second)
         carried = RecordFilter.parse(self.config.filter) if self.config.filter else None
         source_prefix = f"{self.source}@"
         source_name = self.source.encode()
+        seen = None
+        if causal is not None and not causal.unfiltered and self.options.source_filtering:
+            here = self.here
+            # Per read, what the sink log holds: this stream's filter, and what every stream into
+            # the sink has checkpointed (``_sink_cvv``, refreshed in the background). Both only grow.
+            seen = lambda: (here, merge(causal.vv, self._sink_cvv))  # noqa: E731
+            self._filtering = True
+            self._maybe_refresh_sink_cvv(force=True)
+            assert self._cvv_task is not None
+            await self._cvv_task  # the first reads already leave behind what the sink holds
         self._reader = reader = LogReader(
-            self.source_meta, self.source_pool, self.log_name, start_dlsn=cp.next, region=self.options.region,
+            self.source_meta, self.source_pool, self.log_name, start_dlsn=cp.next, region=self.options.region, seen=seen,
             read_ahead=ReadAhead(self.options.read_ahead_entries, self.options.read_ahead_bytes),
             speculative_timeout=AdaptiveTimeout(floor=self.options.speculative_floor, ceiling=max(1.0, 2 * self.options.speculative_floor)),
         )
@@ -307,6 +326,9 @@ class StreamWorker:
                 if already is not None and record.dlsn <= already:
                     if causal is not None:
                         causal.seen(vt)  # in the sink already, appended by an earlier run
+                elif SEEN_MARK in headers and causal is not None:
+                    causal.seen(vt)  # the sink holds it: the source left its payload behind
+                    progress.left_at_source += 1
                 elif (carried is None or carried.admits(record.key, headers)) and (causal is None or causal.admit(origin_cluster, vt)):
                     # (Not admitted: outside the stream's filter, or in the sink's causal past —
                     # seen already, or its own.)
@@ -349,6 +371,8 @@ class StreamWorker:
                 next_checkpoint = time.monotonic() + self.options.checkpoint_interval
                 await self._maybe_pin()
                 self._maybe_measure_end()
+                if self._filtering:
+                    self._maybe_refresh_sink_cvv()
         # Stopping: apply what was submitted, then a final checkpoint.
         if progress.last is not None:
             snapshot = self._snapshot(progress, clock, causal)
@@ -414,6 +438,7 @@ class StreamWorker:
             applied_records=progress.applied,
             applied_bytes=progress.applied_bytes,
             last_applied_at=progress.last_applied_at,
+            left_at_source=progress.left_at_source,
             last_contact=self._last_contact,
             caught_up_at=self._caught_up_at,
             worker=self.node_id,
@@ -440,6 +465,8 @@ class StreamWorker:
             if cp is not None and time.time() - cp.value.updated > self.options.checkpoint_interval:
                 await self._write_checkpoint(replace(cp.value, last_contact=self._last_contact, caught_up_at=self._caught_up_at, **self._source_end))
         await self._maybe_pin()
+        if self._filtering:
+            self._maybe_refresh_sink_cvv()
 
     async def _probe(self) -> bool:
         nodes = await self.source_pool.refresh() if not self.source_pool.nodes else self.source_pool.nodes
@@ -479,6 +506,25 @@ class StreamWorker:
         if force:
             await asyncio.wait([self._pin_task])
             await self._collect_pin()
+
+    def _maybe_refresh_sink_cvv(self, force: bool = False) -> None:
+        """Read what the streams into the sink have checkpointed (``current_version_vector``) in
+        the background, at most every ``contact_interval`` unless ``force``: the source-side
+        filter's view of the sink log grows with it."""
+        if self._cvv_task is not None and not self._cvv_task.done():
+            return
+        now = time.monotonic()
+        if not force and now - self._last_cvv < self.options.contact_interval:
+            return
+        self._last_cvv = now
+
+        async def refresh() -> None:
+            try:
+                self._sink_cvv = merge(self._sink_cvv, await self._zk(current_version_vector, self.sink_meta, self.log_name))
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper trouble: the last view stays (it only filters less)
+                log.debug("stream %s, log %s: reading the sink's version vector: %r", self.config.stream_id, self.log_name, exc)
+
+        self._cvv_task = asyncio.ensure_future(refresh())
 
     def _maybe_measure_end(self, force: bool = False) -> None:
         """Measure the source's end in the background, one measure at a time, at most every
@@ -567,9 +613,10 @@ class StreamWorker:
             pass
 
     async def _shutdown(self) -> None:
-        if self._end_task is not None:
-            self._end_task.cancel()
-            await asyncio.gather(self._end_task, return_exceptions=True)
+        for task in (self._end_task, self._cvv_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._pin_task is not None:
             self._pin_task.cancel()
             await asyncio.gather(self._pin_task, return_exceptions=True)

@@ -24,7 +24,6 @@ import asyncio
 import statistics
 import struct
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from harness.agents import harness_credentials
 from harness.faultproxy import FaultNetwork
 from harness.procs import ProcessRegistry
 from harness.twoclusters import replication_sites
-from harness.zk import ZooKeeperServer
+from harness.zk import bench_zookeeper
 
 from dlctl.log.pool import AgentPool
 from dlctl.log.reader import LogReader
@@ -174,10 +173,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--skip-catch-up", action="store_true")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-replication-"))
-    procs = ProcessRegistry(work / "procs")
-    zk = ZooKeeperServer(work / "zk", procs, name="zk-bench")
-    zk.start()
+    work, procs, zk = bench_zookeeper("bench-replication-")
     try:
         if not args.skip_catch_up:
             with FaultNetwork() as network:

@@ -108,9 +108,13 @@ class Sites:
         return path
 
 
-def replication_extra(sources: dict[str, tuple[str, dict[str, str]]], *, poll: float = 0.2, grace: float = 2.0, checkpoint: float = 0.2, pin: float = 0.5) -> str:
-    """The ``[replication]`` table of a sink agent; ``sources``: cluster -> (zookeeper, addresses)."""
+def replication_extra(
+    sources: dict[str, tuple[str, dict[str, str]]], *, poll: float = 0.2, grace: float = 2.0, checkpoint: float = 0.2, pin: float = 0.5, options: str = "",
+) -> str:
+    """The ``[replication]`` table of a sink agent; ``sources``: cluster -> (zookeeper, addresses);
+    ``options``: more ``key = value`` lines of the table."""
     lines = ["[replication]", f"poll_seconds = {poll}", f"claim_grace_seconds = {grace}", f"checkpoint_seconds = {checkpoint}", f"pin_seconds = {pin}"]
+    lines += [line for line in options.splitlines() if line.strip()]
     for name, (zookeeper, addresses) in sources.items():
         lines.append(f"[replication.sources.{name}]")
         lines.append(f'zookeeper = "{zookeeper}"')
@@ -129,12 +133,14 @@ def replication_sites(
     proxied: bool = True,
     agent_options: str = "",
     private_zk: dict[str, ZooKeeperServer] | None = None,
+    replication_options: str = "",
 ) -> Iterator[Sites]:
     """Body of a fixture: ``yield from replication_sites(...)``. Every cluster is a sink of
     every other one (agents are configured for all sources; streams decide what runs).
     ``proxied=False``: sink agents reach sources directly (no fault proxy in the path).
     ``private_zk``: clusters that get a ZooKeeper server of their own (a test may kill it with
-    the cluster's agents: the whole location goes down); the others share ``zk_server``."""
+    the cluster's agents: the whole location goes down); the others share ``zk_server``.
+    ``replication_options``: more lines of every agent's ``[replication]`` table."""
     ns = ZkNamespace(zk_server, label=label)
     spaces = {c: ZkNamespace(server, label=f"{label}-{c}") for c, server in (private_zk or {}).items()}
     try:
@@ -160,7 +166,7 @@ def replication_sites(
                     addresses[n] = f"{p.host}:{p.port}"
                 routes[sink][source] = (f"{zk_proxy.host}:{zk_proxy.port}{spaces[source].path}", addresses)
         for c in clusters:
-            extra = agent_options + replication_extra(routes[c])
+            extra = agent_options + replication_extra(routes[c], options=replication_options)
             agents[c] = {}
             for n, node in placeholders[c].items():
                 # Rewrite the config with the replication table (AgentNode wrote it already).

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import socket
+import tempfile
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -549,3 +550,13 @@ class ZkNamespace:
 
     def __repr__(self) -> str:
         return f"<ZkNamespace {self.connect_string}>"
+
+
+def bench_zookeeper(prefix: str) -> tuple[Path, ProcessRegistry, ZooKeeperServer]:
+    """For a benchmark script: a fresh work directory, its process registry (close it at the
+    end: it stops everything started), and a started ZooKeeper server."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    procs = ProcessRegistry(work / "procs")
+    zk = ZooKeeperServer(work / "zk", procs, name=f"zk-{prefix.strip('-')}")
+    zk.start()
+    return work, procs, zk

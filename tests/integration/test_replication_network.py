@@ -160,7 +160,7 @@ def test_a_one_way_stream_starts_where_the_operator_says(four: Sites, tmp_path: 
     import datetime
     import time
 
-    a, b, c = four["a"], four["b"], four["c"]
+    a, b, c, d = (four[n] for n in "abcd")
     inventory = four.write_inventory(tmp_path / "inventory.toml", default="a")
     a.meta().create_log(LOG, ONE_COPY)
     first = [run(append_one(a.meta(), f"r{i}".encode())) for i in range(3)]
@@ -182,9 +182,16 @@ def test_a_one_way_stream_starts_where_the_operator_says(four: Sites, tmp_path: 
     assert expected[-2:] == later and len(expected) <= 3
     run(eventually(lambda: _at_least(c, len(expected)), timeout=30, message="C streams from the first segment completed after the cut"))
     assert held(c) == [("a", p) for p in expected]
-    # A position the source no longer holds, or a causal stream given a position: refused, nothing changed.
+    # A causal stream given a position: refused (exit 2), nothing changed.
     code, _, err = run_cli(inventory, "init-replication", "--source", "a", "--sink", "d", "--causal", "--logs", LOG, "--start-from", str(first[1]))
     assert code == 2 and "only 'now'" in " ".join(err.split())
+    assert "a-to-d" not in StreamStore(d.meta()).list_streams()
+    # From now: only what is written after.
+    code, out, err = run_cli(inventory, "-o", "json", "init-replication", "--source", "a", "--sink", "d", "--logs", LOG, "--start-from", "now")
+    assert code == 0, err
+    newest = run(append_one(a.meta(), b"r5"))
+    run(eventually(lambda: _at_least(d, 1), timeout=30, message="D streams from now"))
+    assert held(d) == [("a", newest)]
 
 
 def test_filters_sit_only_where_no_record_can_be_lost_and_the_topology_shows_the_network_and_its_history(four: Sites, tmp_path: Path):
@@ -268,3 +275,50 @@ def test_a_retired_location_leaves_the_network_for_good(four: Sites, tmp_path: P
     after = run(append_one(a.meta(), b"after"))
     run(eventually(lambda: _at_least(b, 2), timeout=30, message="B still gets A's records"))
     assert held(c) == [("a", first)] and held(b) == [("a", first), ("a", after)]
+
+
+def test_records_the_sink_holds_stay_at_the_source(four: Sites, tmp_path: Path):
+    """Source-side filtering: a new connection B -> C into a C that holds A's records already
+    (from A directly) carries them as stubs — their payloads never cross B -> C — while the same
+    records cross B -> D whole into a D that lacks them (the byte counts can tell)."""
+    a, b, c, d = (four[n] for n in "abcd")
+    inventory = four.write_inventory(tmp_path / "inventory.toml", default="a")
+    a.meta().create_log(LOG, LogConfig(ensemble_size=1, write_quorum=1, ack_quorum=1))
+    for source, sink in (("a", "b"), ("a", "c")):
+        code, _, err = run_cli(inventory, "init-replication", "--source", source, "--sink", sink, "--causal", "--logs", LOG)
+        assert code == 0, err
+    count, size = 200, 4000
+    ids = [("a", p) for p in run(append_many(a.meta(), [bytes([65 + i % 26]) * size for i in range(count)]))]
+    for site in (b, c):
+        run(eventually(lambda site=site: _at_least(site, count), timeout=60, message=f"{site.name} holds A's records"))
+    run(eventually(lambda: StreamStore(c.meta()).get_checkpoint("a-to-c", LOG).value.next > ids[-1][1], timeout=30, message="A -> C checkpointed past the last record"))
+
+    def edge_bytes(source: str, sink: str) -> int:
+        return sum(p.bytes_forwarded["down"] for p in four.network.proxies if p.name.startswith(source) and p.name.endswith(f"-for-{sink}") and not p.name.startswith("zk-"))
+
+    before = {sink: edge_bytes("b", sink) for sink in "cd"}
+    for sink in "cd":
+        code, _, err = run_cli(inventory, "init-replication", "--source", "b", "--sink", sink, "--causal", "--logs", LOG)
+        assert code == 0, err
+    run(eventually(lambda: _at_least(d, count), timeout=60, message="D holds A's records (through B)"))
+    run(eventually(lambda: StreamStore(c.meta()).get_checkpoint("b-to-c", LOG).value.processed_records >= count, timeout=60, message="B -> C read B's log"))
+    cp = StreamStore(c.meta()).get_checkpoint("b-to-c", LOG).value
+    assert (cp.applied_records, cp.left_at_source) == (0, count)
+    assert held(c) == ids and held(d) == ids  # each once, in order
+    crossed = {sink: edge_bytes("b", sink) - before[sink] for sink in "cd"}
+    print(f"B -> C {crossed['c']} bytes, B -> D {crossed['d']} bytes")
+    assert crossed["d"] > count * size  # the payloads crossed to D ...
+    # ... and stayed at B for C: the two streams read the same log the same way but for that.
+    assert crossed["d"] - crossed["c"] > 0.9 * count * size, crossed
+
+
+async def append_many(meta, payloads: list[bytes]) -> list[DLSN]:
+    """One after the other (an entry each: the streams' status probes, which read an entry now
+    and then, stay small next to the payloads)."""
+    pool = AgentPool(meta, harness_credentials())
+    producer = LogProducer(meta, pool, LOG)
+    try:
+        return [await producer.submit(p) for p in payloads]
+    finally:
+        await producer.close()
+        await pool.close()

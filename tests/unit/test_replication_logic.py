@@ -118,7 +118,7 @@ def facts(**kw) -> LogFacts:
         ({"sink_exists": True, "sink_records": 0}, False, Decision.START, "whole log"),
         ({"sink_exists": True, "sink_records": 3}, False, Decision.BOOTSTRAP, "already holds 3"),
         ({"sink_exists": True, "sink_records": 3, "source_records": 0}, True, Decision.START, "empty"),
-        ({"sink_exists": True, "sink_records": 3}, True, Decision.BOOTSTRAP, "already holds"),
+        ({"sink_exists": True, "sink_records": 3}, True, Decision.START, "causality filter skips what the sink's 3 hold"),
         ({"source_first": DLSN(2, 0, 0)}, False, Decision.BOOTSTRAP, "no longer holds the whole log"),
         ({"checkpoint_next": DLSN(3, 1, 0), "source_first": DLSN(2, 0, 0)}, False, Decision.RESUME, "still retained"),
         ({"checkpoint_next": DLSN(1, 1, 0), "source_first": DLSN(2, 0, 0)}, False, Decision.BOOTSTRAP, "no longer holds checkpoint"),
