@@ -47,7 +47,7 @@ from ..replication.decision import (
 from ..replication.causal import describe_missing, merge, missing_past
 from ..replication.clock import ClockStore
 from ..replication.filters import RecordFilter
-from ..replication.history import HistoryStore, NetworkEvent, current_filters, ever_on_cycle, on_cycle, replay
+from ..replication.history import HistoryStore, NetworkEvent, current_filters, ever_on_cycle, replay
 from ..replication.history import merge as merge_history
 from ..replication.network import current_version_vector, deletion_vector
 from ..replication.records import (
@@ -370,21 +370,28 @@ def _check_filter_placement(source: ClusterSession, sink: ClusterSession, peers:
             f"--filter on {src} -> {snk}: {snk} is (or was) fed by {', '.join(others)} too; records filtered out on one path and delivered by another would arrive out of their origin's order and be dropped",
             hint="filter a connection into a location that it alone feeds",
         )
+    onward = sorted({v for u, v in edges if u == snk} | {e.sink for e in history if e.kind == "connect" and e.source == snk})
+    if onward:
+        raise RefusedError(
+            f"--filter on {src} -> {snk}: {snk} passes records on (to {', '.join(onward)}); the holes a filter leaves would reach them ahead of the records another path brings, which they would then drop",
+            hint="filter a connection into a terminal location (one that replicates to nobody)",
+        )
 
 
 def _refuse_next_to_a_filter(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession]) -> None:
-    """A new connection that would put a filtered connection on a cycle, or feed a location a
-    filtered connection feeds: refused (``dlctl.replication.filters``)."""
+    """A new connection out of a location a filtered connection feeds (which would also be the
+    only way to put that connection on a cycle), or into one: refused
+    (``dlctl.replication.filters``)."""
     src, snk = source.cluster.name, sink.cluster.name
     edges, _ = _network(source, sink, peers)
     filtered = {e for e, f in edges.items() if f and e != (src, snk)}
     if not filtered:
         return
-    looped = sorted(filtered & on_cycle(set(edges) | {(src, snk)}))
-    if looped:
+    feeding = sorted(u for u, v in filtered if v == src)
+    if feeding:
         raise RefusedError(
-            f"{src} -> {snk} would close a cycle through the filtered connection(s) {', '.join(f'{u} -> {v}' for u, v in looped)}: a filter on a cycle loses records (Eventuate #314)",
-            hint="see `dlctl replication topology`; remove the filter first (re-run init-replication for that stream without --filter)",
+            f"{src} receives over a filtered connection (from {', '.join(feeding)}): a location a filter feeds is terminal, it passes nothing on (the filter's holes would reach {snk} ahead of what other paths bring)",
+            hint="remove the filter first (re-run init-replication for that stream without --filter)",
         )
     beside = sorted(u for u, v in filtered if v == snk)
     if beside:

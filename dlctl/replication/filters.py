@@ -10,8 +10,13 @@ Where filters may sit is the network's business (``dlctl.ops.replication``): a f
 of an origin's events at the sink, so a second path into that sink, or a cycle through the
 filtered connection, would deliver an origin's events out of their order and the sink's owner
 would take the late ones for duplicates. So a filter is accepted only on a connection that
-never was on a cycle, into a location that the filtered connection alone feeds (stricter than
-#314, which also allows a redundant filtered connection under CVV conditions).
+never was on a cycle, into a *terminal* location: one that the filtered connection alone feeds
+and that passes nothing on (its holes would otherwise reach a third location ahead of what
+another path brings). Stricter than #314, which also allows a redundant filtered connection
+under CVV conditions; the unit model (``tests/unit/test_replication_network_model.py``) loses
+records when any of these rules is left out. #314's recovery over filtered connections (only
+for terminal locations, the filter OR-ed with "originated at the recovered location") then
+needs nothing more: such a location is terminal, and its own events are nowhere else.
 """
 
 from __future__ import annotations

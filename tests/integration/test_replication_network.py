@@ -204,10 +204,10 @@ def test_filters_sit_only_where_no_record_can_be_lost_and_the_topology_shows_the
         code, _, err = run_cli(inventory, "init-replication", *argv, "--logs", LOG)
         assert code == 0, err
     # Refused, with the reason, changing nothing: a filter that would sit on a cycle, a connection
-    # closing a cycle through the filtered one, a second feed of the filtered connection's sink.
+    # out of the filtered connection's sink (it is terminal), a second feed of that sink.
     refusals = [
         (("--source", "c", "--sink", "a", "--causal", "--filter", "key=x"), "on a cycle"),
-        (("--source", "d", "--sink", "a", "--causal"), "cycle through the filtered connection"),
+        (("--source", "d", "--sink", "a", "--causal"), "a location a filter feeds is terminal"),
         (("--source", "a", "--sink", "d", "--causal"), "fed by a filtered connection from c"),
         (("--source", "a", "--sink", "b", "--filter", "key=x"), "is or was on a cycle"),
     ]
@@ -322,3 +322,26 @@ async def append_many(meta, payloads: list[bytes]) -> list[DLSN]:
     finally:
         await producer.close()
         await pool.close()
+
+
+def test_a_location_a_filter_feeds_is_terminal_and_dr_recover_brings_back_what_the_filter_admits(four: Sites, tmp_path: Path):
+    """#314: recovery over filtered connections only for terminal locations — and a location a
+    filter feeds is terminal by construction (a connection out of it is refused): dr recover of
+    it gets back exactly what the filter admits."""
+    a, b = four["a"], four["b"]
+    inventory = four.write_inventory(tmp_path / "inventory.toml", default="a")
+    a.meta().create_log(LOG, LogConfig(ensemble_size=1, write_quorum=1, ack_quorum=1))
+    code, _, err = run_cli(inventory, "init-replication", "--source", "a", "--sink", "b", "--causal", "--filter", "key=keep-*", "--logs", LOG)
+    assert code == 0, err
+    keys = [b"keep-1", b"drop-1", b"keep-2"]
+    ids = [("a", run(append_one(a.meta(), k, key=k))) for k in keys]
+    run(eventually(lambda: _at_least(b, 2), timeout=30, message="B holds what its filter admits"))
+    assert held(b) == [ids[0], ids[2]]
+
+    code, _, err = run_cli(inventory, "init-replication", "--source", "b", "--sink", "c", "--causal", "--logs", LOG)
+    assert code == 4 and "a location a filter feeds is terminal" in " ".join(err.split()), err
+    b.wipe_disks()
+    code, out, err = run_cli(inventory, "-o", "json", "dr", "recover", "--cluster", "b")
+    assert code == 0, err
+    run(eventually(lambda: _at_least(b, 2), timeout=60, message="B got the admitted records back"))
+    assert held(b) == [ids[0], ids[2]]
