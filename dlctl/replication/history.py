@@ -91,12 +91,16 @@ class HistoryStore:
             return False
         return True
 
-    def events(self) -> list[NetworkEvent]:
-        where = paths.network_events(self.cluster)
+    def names(self) -> list[str]:
         try:
-            names = sorted(self.meta.client.get_children(where))
+            return sorted(self.meta.client.get_children(paths.network_events(self.cluster)))
         except NoNodeError:
             return []
+
+    def events(self, names: Iterable[str] | None = None) -> list[NetworkEvent]:
+        """The events recorded here (or those of ``names``), oldest first."""
+        where = paths.network_events(self.cluster)
+        names = self.names() if names is None else sorted(names)
         out = []
         for name in names:
             try:
@@ -178,8 +182,9 @@ def ever_on_cycle(history: Iterable[NetworkEvent], also: Iterable[Edge] = ()) ->
 
 def sync(source: MetaStore, sink: MetaStore) -> int:
     """Copy to ``sink`` the network events ``source`` recorded that ``sink`` has not (how the
-    history reaches every location: along the streams, from each source to its sinks). The
-    number copied."""
-    have = {e.id for e in HistoryStore(sink).events()}
-    store = HistoryStore(sink)
-    return sum(1 for event in HistoryStore(source).events() if event.id not in have and store.record(event))
+    history reaches every location: along the streams, from each source to its sinks). Only
+    the names are compared (an event's node name holds its id); only missing events are read.
+    The number copied."""
+    theirs, mine = HistoryStore(source), HistoryStore(sink)
+    missing = sorted(set(theirs.names()) - set(mine.names()))
+    return sum(1 for event in theirs.events(missing) if mine.record(event))
