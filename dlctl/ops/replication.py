@@ -291,8 +291,10 @@ def _direction(
         decisions.append(LogDecision(stream_id, name, decision, reason, start, gated(decision, facts, bidirectional=config.bidirectional), waiting))
     where = f"{snk}/{stream_id}"
     if existing is None:
-        steps.append(Step("register-stream", where, f"register stream {stream_id} ({src} -> {snk}) in {snk}: config, state setting-up", run=lambda: streams.create(config) and None))
+        # Recorded first: a run cut short after it records the connection again (harmless: the
+        # history replays to the same network), never a stream without its record.
         steps.append(_history_step(source, sink, NetworkEvent("connect", src, snk, stream_id, config.bidirectional, config.logs, filter=config.filter)))
+        steps.append(Step("register-stream", where, f"register stream {stream_id} ({src} -> {snk}) in {snk}: config, state setting-up", run=lambda: streams.create(config) and None))
     elif existing.value.logs != config.logs or existing.value.throttle_bytes_per_second != throttle or existing.value.pin_max_age_seconds != pin_max_age or existing.value.filter != config.filter:
         steps.append(Step("update-stream", where, f"update stream {stream_id}: logs {', '.join(config.logs)}" + (f"; filter {config.filter or 'none'}" if existing.value.filter != config.filter else ""), run=lambda: streams.update_config(streams.get_config(stream_id), config) and None))
         if existing.value.filter != config.filter:
@@ -582,8 +584,10 @@ def register_at_steps(
         streams.create(config)
         return "registered"
 
-    steps = [Step("register-stream", f"{snk}/{stream_id}", f"register stream {stream_id} ({src} -> {snk}) in {snk}" + (f": {why}" if why else ""), run=register)]
-    steps.append(_history_step(source, sink, NetworkEvent("connect", src, snk, stream_id, False, config.logs, note=why)))
+    steps = [
+        _history_step(source, sink, NetworkEvent("connect", src, snk, stream_id, False, config.logs, note=why)),
+        Step("register-stream", f"{snk}/{stream_id}", f"register stream {stream_id} ({src} -> {snk}) in {snk}" + (f": {why}" if why else ""), run=register),
+    ]
     for name, (position, vv) in sorted(starts.items()):
         pin = PinRecord(holder=stream_id, log=name, position=position, sink_cluster=snk, max_age_seconds=pin_max_age)
         steps.append(Step("pin", f"{src}/{name}", f"pin {src}/{name} from {position} for {stream_id}", run=lambda pin=pin: pins.reset(pin) and None))
@@ -822,8 +826,9 @@ def delete_plan(sink: ClusterSession, source: ClusterSession | None, stream_id: 
     if source is not None:
         pins = PinStore(source.meta)
         steps.append(Step("delete-pins", f"{source.cluster.name}/pins/{stream_id}", f"delete the retention pins of {stream_id} in {source.cluster.name}", run=lambda: pins.delete(stream_id)))
-    steps.append(Step("delete-stream", f"{sink.cluster.name}/{stream_id}", f"delete stream {stream_id} (config, state, checkpoints) in {sink.cluster.name}", run=lambda: streams.delete(stream_id)))
+    # Recorded before the stream goes (a re-run can no longer read what it was).
     steps.append(_history_step(source, sink, NetworkEvent("disconnect", config.source_cluster, config.sink_cluster, stream_id, config.bidirectional, config.logs, filter=config.filter)))
+    steps.append(Step("delete-stream", f"{sink.cluster.name}/{stream_id}", f"delete stream {stream_id} (config, state, checkpoints) in {sink.cluster.name}", run=lambda: streams.delete(stream_id)))
     notes = [] if source is not None else [f"source cluster {config.source_cluster!r} is not in the inventory: its pins stay (they expire after {config.pin_max_age_seconds:.0f}s)"]
     if not config.bidirectional:
         notes.append(f"the sink logs stay replicas of {stream_id} (they refuse application writes); promote them with `dlctl dr promote --cluster {config.sink_cluster}`")
