@@ -56,7 +56,7 @@ from dlctl.log.format import HEADER_SIZE as ENTRY_HEADER_SIZE
 from dlctl.log.format import NO_ENTRY, CorruptEntry, decode_header, validate_ids
 from dlctl.log.tls import TlsFiles, bound_context
 from dlctl.logthrottle import LogThrottle
-from dlctl.replication.seen import stub_seen
+from dlctl.replication.seen import stub_seen, summary_only
 
 from .fdlimit import descriptor_usage
 from .limits import ServerLimits
@@ -92,12 +92,12 @@ REFUSAL_HANDSHAKE_SECONDS = 2.0
 PRE_AUTH_CLOSE_GRACE = 0.2  # seconds an unauthenticated TLS connection has to take its error
 
 
-def skip_seen(entry: bytes, seen: p.Seen) -> bytes | memoryview:
-    """``entry`` with the records the reading stream's sink holds as stubs (FLAG_SKIP_SEEN,
-    ``dlctl.replication.seen``); whole when its records cannot be parsed (the sink's own checks
-    then name what is wrong)."""
+def trim_entry(entry: bytes, seen: p.Seen | None, summary: bool = False) -> bytes | memoryview:
+    """``entry`` with the records the reading stream's sink holds as stubs (FLAG_SKIP_SEEN), or
+    every data record (FLAG_SUMMARY; ``dlctl.replication.seen``); whole when its records cannot
+    be parsed (the reader's own checks then name what is wrong)."""
     try:
-        return stub_seen(entry, *seen)
+        return summary_only(entry) if summary else stub_seen(entry, *seen) if seen is not None else entry
     except ValueError:
         return entry
 
@@ -708,8 +708,9 @@ class _Conn(asyncio.Protocol):
         elif op is p.Op.READ_ENTRY:
             if flags & p.FLAG_FENCE:
                 self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args, room=self.room)), 0)
-            elif flags & p.FLAG_SKIP_SEEN:
-                self._run_sync(op, rid, lambda log_id, seg, entry_id, seen: skip_seen(server.read_entry(log_id, seg, entry_id), seen), args)
+            elif flags & (p.FLAG_SKIP_SEEN | p.FLAG_SUMMARY):
+                seen = args[3] if flags & p.FLAG_SKIP_SEEN else None
+                self._run_sync(op, rid, lambda log_id, seg, entry_id, *_: trim_entry(server.read_entry(log_id, seg, entry_id), seen, bool(flags & p.FLAG_SUMMARY)), args)
             else:
                 self._run_sync(op, rid, server.read_entry, args)
         elif op is p.Op.READ_RANGE:
@@ -924,7 +925,7 @@ class _Conn(asyncio.Protocol):
             if seen is not None:
                 lac, entry = p.decode_long_poll_result(result)
                 if entry is not None:
-                    result = p.encode_long_poll_result(lac, bytes(skip_seen(entry, seen)))
+                    result = p.encode_long_poll_result(lac, bytes(trim_entry(entry, seen)))
         except Exception as exc:  # noqa: BLE001
             self.send(self._error(p.Op.LONG_POLL, rid, exc))
         else:

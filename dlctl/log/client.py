@@ -255,6 +255,7 @@ class AgentClient:
         self._connecting: asyncio.Future[_Connection] | None = None
         self._ids = itertools.count(1)
         self._closed = False
+        self._plain_reads = False  # the agent predates FLAG_SKIP_SEEN / FLAG_SUMMARY: whole entries
 
     def __repr__(self) -> str:  # the secret stays out of reprs and logs
         return f"AgentClient({self.host}:{self.port}, connected={self.connected})"
@@ -506,11 +507,22 @@ class AgentClient:
                 f"{where}: the agent returned entry {header.log_id}/{header.segment_seq}/{header.entry_id} instead"
             )
 
-    async def read_entry(self, log_id: int, segment_seq: int, entry_id: int, fence: bool = False, seen: p.Seen | None = None) -> Entry:
+    async def read_entry(
+        self, log_id: int, segment_seq: int, entry_id: int, fence: bool = False, seen: p.Seen | None = None, summary: bool = False,
+    ) -> Entry:
         """Like ``read`` but decoded. ``seen``: a replication stream's sink (location, version
-        vector): its records in that causal past come as stubs (``dlctl.replication.seen``)."""
-        build = functools.partial(p.read_entry_request, seen=seen) if seen is not None else p.read_entry_request
-        data = await self._call(p.Op.READ_ENTRY, build, log_id, segment_seq, entry_id, fence)
+        vector): its records in that causal past come as stubs (``dlctl.replication.seen``);
+        ``summary``: every data record does (a probe that counts). An agent that predates them
+        answers whole entries (asked again without, and from then on)."""
+        trimmed = not self._plain_reads and (seen is not None or summary)
+        build = functools.partial(p.read_entry_request, seen=seen, summary=summary) if trimmed else p.read_entry_request
+        try:
+            data = await self._call(p.Op.READ_ENTRY, build, log_id, segment_seq, entry_id, fence)
+        except BadRequestError as exc:
+            if not trimmed or "unknown flags" not in exc.message:
+                raise
+            self._plain_reads = True
+            return await self.read_entry(log_id, segment_seq, entry_id, fence)
         return self._verify_entry(data, log_id, segment_seq, entry_id)
 
     async def read_lac(self, log_id: int, segment_seq: int) -> int:
@@ -522,11 +534,18 @@ class AgentClient:
         """Wait up to ``timeout`` s for LAC > ``previous_lac``; returns (LAC, entry previous+1 or
         None). ``seen``: as for ``read_entry``."""
         timeout_ms = max(0, int(timeout * 1000))
-        build = functools.partial(p.long_poll_request, seen=seen) if seen is not None else p.long_poll_request
-        result = await self._call(
-            p.Op.LONG_POLL, build, log_id, segment_seq, previous_lac, timeout_ms,
-            timeout=timeout + self.request_timeout,
-        )
+        trimmed = seen is not None and not self._plain_reads
+        build = functools.partial(p.long_poll_request, seen=seen) if trimmed else p.long_poll_request
+        try:
+            result = await self._call(
+                p.Op.LONG_POLL, build, log_id, segment_seq, previous_lac, timeout_ms,
+                timeout=timeout + self.request_timeout,
+            )
+        except BadRequestError as exc:
+            if not trimmed or "unknown flags" not in exc.message:
+                raise
+            self._plain_reads = True
+            return await self.long_poll(log_id, segment_seq, previous_lac, timeout)
         lac, entry = p.decode_long_poll_result(result)
         if entry is not None:
             self._verify_entry(entry, log_id, segment_seq, previous_lac + 1)

@@ -39,7 +39,8 @@ Operations (request body -> result on success)::
     3   READ_ENTRY      FENCE (0x1): fence first   log u64, seg u64,       encoded entry
                         (recovery read);           entry i64, [SEEN]
                         SKIP_SEEN (0x2): SEEN
-                        follows
+                        follows; SUMMARY (0x4):
+                        data records as stubs
     4   READ_LAC        -                          log u64, seg u64        LAC i64
     5   LONG_POLL       SKIP_SEEN (0x2): SEEN      log u64, seg u64,       LAC i64, then the encoded
                         follows                    previous LAC i64,       entry previous+1 when LAC >
@@ -181,6 +182,9 @@ FLAG_FENCE = 0x1  # READ_ENTRY: fence the replica (durably) before reading
 # version vector follow the request): records in its causal past come back as stubs, their
 # payload left behind (dlctl.replication.seen), so they never cross the WAN.
 FLAG_SKIP_SEEN = 0x2
+# READ_ENTRY: the caller counts records and reads totals (a stream's lag, a log's end): every
+# record but control records comes back without key and payload (dlctl.replication.seen).
+FLAG_SUMMARY = 0x4
 FLAG_RESET_ORDER = 0x1  # APPEND: the client has seen its failures and resends from the oldest
 FLAG_IDEMPOTENT = 0x2  # APPEND: the producer's epoch and the request's sequence number follow its id
 FLAG_RETRY = 0x4  # APPEND (idempotent): an earlier attempt of this request may have been written
@@ -216,7 +220,7 @@ _ALLOWED_FLAGS: dict[int, int] = {int(op): 0 for op in Op}
 _ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.ADD_BATCH] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.PULL_RANGE] = FLAG_UNCACHED
-_ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE | FLAG_SKIP_SEEN
+_ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE | FLAG_SKIP_SEEN | FLAG_SUMMARY
 _ALLOWED_FLAGS[Op.LONG_POLL] = FLAG_SKIP_SEEN
 _ALLOWED_FLAGS[Op.APPEND] = FLAG_RESET_ORDER | FLAG_IDEMPOTENT | FLAG_RETRY | FLAG_FORWARD
 
@@ -551,14 +555,18 @@ def _take_seen(body: bytes, pos: int, op: str) -> Seen:
     return here, vv
 
 
-def read_entry_request(request_id: int, log_id: int, segment_seq: int, entry_id: int, fence: bool = False, seen: Seen | None = None) -> bytes:
-    """``seen``: answer records in that location's causal past as stubs (FLAG_SKIP_SEEN)."""
+def read_entry_request(
+    request_id: int, log_id: int, segment_seq: int, entry_id: int, fence: bool = False, seen: Seen | None = None, summary: bool = False,
+) -> bytes:
+    """``seen``: answer records in that location's causal past as stubs (FLAG_SKIP_SEEN);
+    ``summary``: every data record as a stub (FLAG_SUMMARY)."""
     body = _pack(_ENTRY_REF, log_id, segment_seq, entry_id)
+    if fence and (seen is not None or summary):
+        raise ValueError("a fencing read returns entries whole: no FLAG_SKIP_SEEN or FLAG_SUMMARY")
+    flags = (FLAG_FENCE if fence else 0) | (FLAG_SUMMARY if summary else 0)
     if seen is not None:
-        if fence:
-            raise ValueError("a fencing read returns entries whole: no FLAG_SKIP_SEEN")
-        return encode_frame(Op.READ_ENTRY, FLAG_SKIP_SEEN, request_id, body + encode_seen(seen))
-    return encode_frame(Op.READ_ENTRY, FLAG_FENCE if fence else 0, request_id, body)
+        return encode_frame(Op.READ_ENTRY, flags | FLAG_SKIP_SEEN, request_id, body + encode_seen(seen))
+    return encode_frame(Op.READ_ENTRY, flags, request_id, body)
 
 
 def read_range_request(request_id: int, log_id: int, segment_seq: int, first: int, last: int, max_bytes: int) -> bytes:
@@ -716,8 +724,8 @@ def decode_request(frame: Frame) -> Request:
         args = (body, spans)
     elif op is Op.READ_ENTRY:
         args = _with_seen(_ENTRY_REF, body, flags, op.name)
-        if flags & FLAG_SKIP_SEEN and flags & FLAG_FENCE:
-            raise ProtocolError(f"READ_ENTRY request {request_id}: FENCE with SKIP_SEEN (a fencing read returns entries whole)")
+        if flags & (FLAG_SKIP_SEEN | FLAG_SUMMARY) and flags & FLAG_FENCE:
+            raise ProtocolError(f"READ_ENTRY request {request_id}: FENCE with SKIP_SEEN or SUMMARY (a fencing read returns entries whole)")
     elif op is Op.READ_RANGE:
         args = _unpack_exact(_RANGE_REQ, body, op.name)
         if args[3] < args[2]:

@@ -68,13 +68,13 @@ class ReplicaReader:
     def order(self, nodes: tuple[str, ...], lacking: frozenset[str] = frozenset()) -> tuple[str, ...]:
         return order_replicas(nodes, self.pool.nodes, self.region, self.rack, self.suspects.active(self._clock()), lacking)
 
-    async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int, seen: Seen | None = None) -> Entry:
+    async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int, seen: Seen | None = None, summary: bool = False) -> Entry:
         client = await self.pool.client(node)
-        return await client.read_entry(log_id, segment_seq, entry_id, seen=seen)
+        return await client.read_entry(log_id, segment_seq, entry_id, seen=seen, summary=summary)
 
-    async def read(self, log_id: int, segment: SegmentRecord, entry_id: int, seen: Seen | None = None) -> Entry:
+    async def read(self, log_id: int, segment: SegmentRecord, entry_id: int, seen: Seen | None = None, summary: bool = False) -> Entry:
         """Entry ``entry_id`` of ``segment``, CRC-verified (by the client) and from its write set.
-        ``seen``: see ``AgentClient.read_entry``."""
+        ``seen``, ``summary``: see ``AgentClient.read_entry``."""
         self.stats.reads += 1
         write_set = segment.write_set(entry_id)
         order = iter(self.order(write_set, segment.lacking(entry_id) if segment.short else frozenset()))
@@ -89,7 +89,8 @@ class ReplicaReader:
             if node is None:
                 return
             remaining -= 1
-            one = self._read_one(node, log_id, segment.seq, entry_id) if seen is None else self._read_one(node, log_id, segment.seq, entry_id, seen=seen)
+            trim = {k: v for k, v in (("seen", seen), ("summary", summary)) if v}  # (subclasses read whole ranges)
+            one = self._read_one(node, log_id, segment.seq, entry_id, **trim)
             task = asyncio.ensure_future(one)
             running[task] = (node, loop.time())
 

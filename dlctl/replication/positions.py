@@ -85,7 +85,7 @@ async def _summary(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, ent
     """(records, bytes) of the segment up to and including ``entry_id``."""
     if entry_id < 0:
         return 0, 0
-    entry = await replicas.read(log_id, seg, entry_id)
+    entry = await replicas.read(log_id, seg, entry_id, summary=True)  # its totals, not its payloads
     summary = entry_summary(fmt.encode(entry))
     if summary is None:
         raise ValueError(f"entry {entry_id} of segment {seg.seq} carries no totals record")
@@ -94,7 +94,7 @@ async def _summary(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, ent
 
 async def _last_data(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, last: int) -> DLSN | None:
     for entry_id in range(last, seg.min_active_entry - 1, -1):
-        entry = await replicas.read(log_id, seg, entry_id)
+        entry = await replicas.read(log_id, seg, entry_id, summary=True)  # which slots hold data, not the data
         records = list(decode_records(entry.payload))
         for slot in range(len(records) - 1, -1, -1):
             if not records[slot].control:

@@ -72,3 +72,43 @@ def test_the_seen_field_round_trips_on_reads_and_long_polls_and_bad_ones_are_ref
     for bad_body, flags in ((body[:-3], p.FLAG_SKIP_SEEN), (body + b"x", p.FLAG_SKIP_SEEN), (body, p.FLAG_SKIP_SEEN | p.FLAG_FENCE), (body, 0)):
         with pytest.raises(p.ProtocolError):
             p.decode_request(good._replace(flags=flags, body=bad_body))
+
+
+def test_a_summary_read_keeps_the_slots_and_the_totals_and_drops_every_payload():
+    from dlctl.log.recovery import entry_summary
+    from dlctl.replication.seen import summary_only
+
+    totals = Record(12, (2).to_bytes(8, "big") + (105).to_bytes(8, "big"), control=True)
+    raw = entry([Record(10, b"x" * 100, b"k"), relayed("a", {"a": 1}, b"y" * 5), totals])
+    out = summary_only(raw)
+    got = list(decode_records(fmt.decode(out).payload))
+    assert [r.control for r in got] == [False, False, True] and [r.payload for r in got[:2]] == [b"", b""]
+    assert got[2] == totals and entry_summary(out) == entry_summary(raw)
+    assert len(out) < len(raw)
+    (frame,) = p.decode_frames(p.read_entry_request(3, 5, 2, 9, summary=True))
+    assert p.decode_request(frame).flags == p.FLAG_SUMMARY
+
+
+def test_an_agent_that_predates_trimmed_reads_is_asked_again_for_whole_entries():
+    """Pure client logic: the first answer is the old agent's BAD_REQUEST naming the flags."""
+    import asyncio
+
+    from dlctl.log.client import AgentClient
+    from dlctl.log.errors import BadRequestError
+
+    whole = entry([relayed("a", {"a": 1})])
+    client = AgentClient("127.0.0.1", 1, b"s" * 32)
+    sent: list[bytes] = []
+
+    async def call(op, build, *args, **kwargs):
+        frame = build(1, *args)
+        sent.append(frame)
+        if p.decode_request(p.decode_frames(frame)[0]).flags:
+            raise BadRequestError("unknown flags 0x2 for READ_ENTRY in request 1")
+        return whole
+
+    client._call = call  # type: ignore[method-assign]
+    got = asyncio.run(client.read_entry(5, 2, 9, seen=("c", {"a": 5})))
+    assert fmt.encode(got) == whole and len(sent) == 2
+    asyncio.run(client.read_entry(5, 2, 9, summary=True))  # remembered: no trimmed request again
+    assert len(sent) == 3 and p.decode_request(p.decode_frames(sent[-1])[0]).flags == 0
