@@ -19,11 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.exceptions import KazooException
-
 from ..errors import (
     ConflictError,
-    DlctlError,
     NotFoundError,
     RefusedError,
     TimeoutExpired,
@@ -47,8 +44,7 @@ from ..replication.decision import (
 from ..replication.causal import describe_missing, merge, missing_past
 from ..replication.clock import ClockStore
 from ..replication.filters import RecordFilter
-from ..replication.history import HistoryStore, NetworkEvent, current_filters, ever_on_cycle, replay
-from ..replication.history import merge as merge_history
+from ..replication.history import NetworkEvent
 from ..replication.network import current_version_vector, deletion_vector
 from ..replication.records import (
     Checkpoint,
@@ -57,6 +53,7 @@ from ..replication.records import (
     default_stream_id,
 )
 from ..replication.store import StreamStore
+from . import network_rules as rules
 from .session import ClusterSession
 
 BOOTSTRAP_MODES = ("auto", "never", "always")
@@ -263,7 +260,7 @@ def _direction(
         filter=record_filter,
     )
     if existing is None:
-        _refuse_next_to_a_filter(source, sink, peers)
+        rules.refuse_next_to_a_filter(source, sink, peers)
     decisions: list[LogDecision] = []
     steps: list[Step] = []
     checkpoints = set(streams.checkpoints(stream_id)) if existing else set()
@@ -293,12 +290,12 @@ def _direction(
     if existing is None:
         # Recorded first: a run cut short after it records the connection again (harmless: the
         # history replays to the same network), never a stream without its record.
-        steps.append(_history_step(source, sink, NetworkEvent("connect", src, snk, stream_id, config.bidirectional, config.logs, filter=config.filter)))
+        steps.append(rules.history_step(source, sink, NetworkEvent("connect", src, snk, stream_id, config.bidirectional, config.logs, filter=config.filter)))
         steps.append(Step("register-stream", where, f"register stream {stream_id} ({src} -> {snk}) in {snk}: config, state setting-up", run=lambda: streams.create(config) and None))
     elif existing.value.logs != config.logs or existing.value.throttle_bytes_per_second != throttle or existing.value.pin_max_age_seconds != pin_max_age or existing.value.filter != config.filter:
         steps.append(Step("update-stream", where, f"update stream {stream_id}: logs {', '.join(config.logs)}" + (f"; filter {config.filter or 'none'}" if existing.value.filter != config.filter else ""), run=lambda: streams.update_config(streams.get_config(stream_id), config) and None))
         if existing.value.filter != config.filter:
-            steps.append(_history_step(source, sink, NetworkEvent("filter", src, snk, stream_id, config.bidirectional, config.logs, filter=config.filter)))
+            steps.append(rules.history_step(source, sink, NetworkEvent("filter", src, snk, stream_id, config.bidirectional, config.logs, filter=config.filter)))
     for d in decisions:
         if d.decision is Decision.BOOTSTRAP:
             steps.append(_bootstrap_step(source, sink, stream_id, d))
@@ -329,89 +326,6 @@ def _direction(
     if activate:
         steps.append(Step("activate", where, f"start stream {stream_id}: workers in {snk} pick it up", run=lambda: _activate(streams, stream_id)))
     return steps, decisions
-
-
-def _network(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession] = ()) -> tuple[dict[tuple[str, str], str], list[NetworkEvent]]:
-    """(every connection these locations know of — their streams, and what their merged network
-    history leaves — with its filter; that history). The source and sink must answer; a peer
-    out of reach adds nothing (the history its streams passed on still counts)."""
-    histories: list[list[NetworkEvent]] = []
-    streams_now: dict[tuple[str, str], str] = {}
-    ends = {source.cluster.name, sink.cluster.name}
-    for session in (source, sink, *(p for p in peers if p.cluster.name not in ends)):
-        try:
-            histories.append(HistoryStore(session.meta).events())
-            streams = StreamStore(session.meta)
-            for stream_id in streams.list_streams():
-                try:
-                    cfg = streams.get_config(stream_id).value
-                except (NotFoundError, ValueError):
-                    continue
-                streams_now[(cfg.source_cluster, cfg.sink_cluster)] = cfg.filter
-        except (KazooException, DlctlError):
-            if session.cluster.name in ends:
-                raise
-    history = merge_history(*histories)
-    return {**current_filters(history), **streams_now}, history
-
-
-def _check_filter_placement(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession]) -> None:
-    """A filter only on a connection that never was on a cycle, into a location it alone feeds
-    (``dlctl.replication.filters`` says why). Refused otherwise, naming the reason."""
-    src, snk = source.cluster.name, sink.cluster.name
-    edges, history = _network(source, sink, peers)
-    edge = (src, snk)
-    if edge in ever_on_cycle(history, set(edges) | {edge}):
-        raise RefusedError(
-            f"--filter on {src} -> {snk}: that connection is or was on a cycle of the network; a filter there would lose records (Eventuate #314)",
-            hint="see `dlctl replication topology`; filter a connection into a location that it alone feeds",
-        )
-    others = sorted({u for u, v in edges if v == snk and u != src} | {e.source for e in history if e.kind == "connect" and e.sink == snk and e.source != src})
-    if others:
-        raise RefusedError(
-            f"--filter on {src} -> {snk}: {snk} is (or was) fed by {', '.join(others)} too; records filtered out on one path and delivered by another would arrive out of their origin's order and be dropped",
-            hint="filter a connection into a location that it alone feeds",
-        )
-    onward = sorted({v for u, v in edges if u == snk} | {e.sink for e in history if e.kind == "connect" and e.source == snk})
-    if onward:
-        raise RefusedError(
-            f"--filter on {src} -> {snk}: {snk} passes records on (to {', '.join(onward)}); the holes a filter leaves would reach them ahead of the records another path brings, which they would then drop",
-            hint="filter a connection into a terminal location (one that replicates to nobody)",
-        )
-
-
-def _refuse_next_to_a_filter(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession]) -> None:
-    """A new connection out of a location a filtered connection feeds (which would also be the
-    only way to put that connection on a cycle), or into one: refused
-    (``dlctl.replication.filters``)."""
-    src, snk = source.cluster.name, sink.cluster.name
-    edges, _ = _network(source, sink, peers)
-    filtered = {e for e, f in edges.items() if f and e != (src, snk)}
-    if not filtered:
-        return
-    feeding = sorted(u for u, v in filtered if v == src)
-    if feeding:
-        raise RefusedError(
-            f"{src} receives over a filtered connection (from {', '.join(feeding)}): a location a filter feeds is terminal, it passes nothing on (the filter's holes would reach {snk} ahead of what other paths bring)",
-            hint="remove the filter first (re-run init-replication for that stream without --filter)",
-        )
-    beside = sorted(u for u, v in filtered if v == snk)
-    if beside:
-        raise RefusedError(
-            f"{snk} is fed by a filtered connection from {', '.join(beside)}: a second connection into it would deliver filtered-out records out of their origin's order",
-            hint="remove the filter first (re-run init-replication for that stream without --filter), or delete that stream",
-        )
-
-
-def _history_step(source: ClusterSession | None, sink: ClusterSession, event: NetworkEvent) -> Step:
-    """Record a change of the network at both its ends (``dlctl.replication.history``); the
-    sink agents pass it on along their streams."""
-    ends = [s for s in (sink, source) if s is not None]
-
-    def record() -> str:
-        return "recorded" if any([HistoryStore(s.meta).record(event) for s in ends]) else "recorded already"
-
-    return Step("record-history", f"{sink.cluster.name}/network", f"record in the network history of {' and '.join(s.cluster.name for s in ends)}: {event.kind} {event.source} -> {event.sink}", run=record)
 
 
 def _mark_replica(access: AccessStore, name: str, stream_id: str) -> str:
@@ -520,8 +434,7 @@ def init_plan(
         raise NotFoundError(f"no log of cluster {source.cluster.name!r} matches {' '.join(patterns)}", hint="list logs with `dlctl log list`")
     if bidirectional and causal:
         raise UsageError("--bidirectional and --causal: a bidirectional pair is causal already; give one of them")
-    _, history = _network(source, sink, peers)
-    gone = sorted(replay(history)[2] & {source.cluster.name, sink.cluster.name})
+    gone = rules.retired_among(source, sink, peers)
     if gone:
         raise RefusedError(
             f"location(s) {', '.join(gone)} were retired from the replication network: a retired location never comes back (its counters live on in others' vector timestamps)",
@@ -535,7 +448,7 @@ def init_plan(
             raise UsageError(f"--filter: {exc}") from None
         if bidirectional:
             raise RefusedError("--filter on a bidirectional pair: a pair is a cycle, and a filter on a cycle loses records (Eventuate #314)", hint="filter a one-way connection into a location that it alone feeds")
-        _check_filter_placement(source, sink, peers)
+        rules.check_filter_placement(source, sink, peers)
     joins: dict[str, dict[str, int]] = {}
     if start_from is not None and (bidirectional or causal):
         if start_from.kind != "now":
@@ -585,7 +498,7 @@ def register_at_steps(
         return "registered"
 
     steps = [
-        _history_step(source, sink, NetworkEvent("connect", src, snk, stream_id, False, config.logs, note=why)),
+        rules.history_step(source, sink, NetworkEvent("connect", src, snk, stream_id, False, config.logs, note=why)),
         Step("register-stream", f"{snk}/{stream_id}", f"register stream {stream_id} ({src} -> {snk}) in {snk}" + (f": {why}" if why else ""), run=register),
     ]
     for name, (position, vv) in sorted(starts.items()):
@@ -827,7 +740,7 @@ def delete_plan(sink: ClusterSession, source: ClusterSession | None, stream_id: 
         pins = PinStore(source.meta)
         steps.append(Step("delete-pins", f"{source.cluster.name}/pins/{stream_id}", f"delete the retention pins of {stream_id} in {source.cluster.name}", run=lambda: pins.delete(stream_id)))
     # Recorded before the stream goes (a re-run can no longer read what it was).
-    steps.append(_history_step(source, sink, NetworkEvent("disconnect", config.source_cluster, config.sink_cluster, stream_id, config.bidirectional, config.logs, filter=config.filter)))
+    steps.append(rules.history_step(source, sink, NetworkEvent("disconnect", config.source_cluster, config.sink_cluster, stream_id, config.bidirectional, config.logs, filter=config.filter)))
     steps.append(Step("delete-stream", f"{sink.cluster.name}/{stream_id}", f"delete stream {stream_id} (config, state, checkpoints) in {sink.cluster.name}", run=lambda: streams.delete(stream_id)))
     notes = [] if source is not None else [f"source cluster {config.source_cluster!r} is not in the inventory: its pins stay (they expire after {config.pin_max_age_seconds:.0f}s)"]
     if not config.bidirectional:
