@@ -22,8 +22,6 @@ from collections.abc import Callable
 
 from . import protocol as p
 
-_LENGTH = p._LENGTH  # noqa: SLF001 - the frame length prefix, as the decoder reads it
-
 
 class FrameReader:
     """``get_buffer`` / ``received`` for a ``BufferedProtocol``; each complete frame goes to
@@ -95,15 +93,9 @@ class FrameReader:
         while True:
             start, end = self._start, self._end
             avail = end - start
-            if avail < 5:
+            total = p.frame_total(buf, start, avail, self.max_frame)
+            if total is None:
                 break
-            (length,) = _LENGTH.unpack_from(buf, start)
-            if length < p.FRAME_HEADER_SIZE - 4 or length + 4 > self.max_frame:
-                raise p.ProtocolError(f"frame length {length} outside {p.FRAME_HEADER_SIZE - 4}..{self.max_frame - 4}", fatal=True)
-            version = buf[start + 4]
-            if version != p.PROTOCOL_VERSION:
-                raise p.ProtocolError(f"unsupported protocol version {version} (expected {p.PROTOCOL_VERSION})", fatal=True)
-            total = 4 + length
             if avail >= total:
                 _, _, opcode, flags, request_id = p.FRAME_HEADER.unpack_from(buf, start)
                 body = bytes(view[start + p.FRAME_HEADER_SIZE : start + total])

@@ -339,6 +339,23 @@ def outgoing_bytes(frame: Outgoing) -> bytes:
     return frame if isinstance(frame, bytes) else b"".join(frame)
 
 
+def frame_total(buf: Buffer, pos: int, avail: int, max_frame: int) -> int | None:
+    """The size (length prefix included) of the frame starting at ``pos`` of ``buf``, of which
+    ``avail`` bytes are there; None until its length and version are; a fatal
+    ``ProtocolError`` for a length outside the limits or another protocol version."""
+    if avail < 4:
+        return None
+    (length,) = _LENGTH.unpack_from(buf, pos)
+    if length < FRAME_HEADER_SIZE - 4 or length + 4 > max_frame:
+        raise ProtocolError(f"frame length {length} outside {FRAME_HEADER_SIZE - 4}..{max_frame - 4}", fatal=True)
+    if avail < 5:
+        return None
+    version = buf[pos + 4]
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"unsupported protocol version {version} (expected {PROTOCOL_VERSION})", fatal=True)
+    return 4 + length
+
+
 class FrameDecoder:
     """Incremental frame parser: ``feed`` bytes as they arrive, take frames with ``next_frame``.
 
@@ -402,21 +419,12 @@ class FrameDecoder:
             return Frame(opcode, flags, request_id, body)  # type: ignore[arg-type]
         buf, pos = self._buf, self._pos
         avail = len(buf) - pos
-        if avail < 4:
+        total = frame_total(buf, pos, avail, self.max_frame)
+        if total is None:
             return None
-        (length,) = _LENGTH.unpack_from(buf, pos)
-        if length < FRAME_HEADER_SIZE - 4 or length + 4 > self.max_frame:
-            raise ProtocolError(
-                f"frame length {length} outside {FRAME_HEADER_SIZE - 4}..{self.max_frame - 4}", fatal=True
-            )
-        if avail < 5:
-            return None
-        version = buf[pos + 4]
-        if version != PROTOCOL_VERSION:
-            raise ProtocolError(f"unsupported protocol version {version} (expected {PROTOCOL_VERSION})", fatal=True)
-        end = pos + 4 + length
+        end = pos + total
         if len(buf) < end:
-            if length + 4 >= self.LARGE_FRAME and avail >= FRAME_HEADER_SIZE:
+            if total >= self.LARGE_FRAME and avail >= FRAME_HEADER_SIZE:
                 self._collect(end)
             return None
         _, _, opcode, flags, request_id = FRAME_HEADER.unpack_from(buf, pos)

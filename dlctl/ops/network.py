@@ -112,12 +112,12 @@ def retire_plan(location: str, sessions: Sequence[ClusterSession]) -> Plan:
     validate_name("location", location)
     steps: list[Step] = []
     notes: list[str] = []
-    found: dict[str, tuple[ClusterSession, list[str]]] = {}  # reachable location -> (session, its streams touching ``location``)
+    # reachable location -> (session, the streams it is the sink of that touch ``location``: id -> source)
+    found: dict[str, tuple[ClusterSession, dict[str, str]]] = {}
     known = any(s.cluster.name == location for s in sessions)
     for session in sessions:
         try:
-            streams = StreamStore(session.meta)
-            touching = [i for i in streams.list_streams() if location in _ends(streams, i)]
+            touching = {i: u for i, (u, v) in _stream_ends(session).items() if location in (u, v)}
             known = known or bool(touching) or any(location in (e.source, e.sink) for e in H.HistoryStore(session.meta).events())
         except (KazooException, DlctlError) as exc:
             notes.append(f"{session.cluster.name} is out of reach ({exc}): it learns of the retirement from its sources' history, or when retire is re-run")
@@ -125,8 +125,7 @@ def retire_plan(location: str, sessions: Sequence[ClusterSession]) -> Plan:
         found[session.cluster.name] = (session, touching)
     reachable = [session for session, _ in found.values()]
     for session, touching in found.values():
-        for stream_id in touching:
-            source_name = StreamStore(session.meta).get_config(stream_id).value.source_cluster
+        for stream_id, source_name in touching.items():
             source = found[source_name][0] if source_name in found else None  # out of reach: its pins expire
             steps += list(delete_plan(session, source, stream_id).steps)
     if not known:
@@ -142,20 +141,14 @@ def retire_plan(location: str, sessions: Sequence[ClusterSession]) -> Plan:
     return Plan.of(f"replication retire {location}", steps, notes)
 
 
-def retired(sessions: Sequence[ClusterSession]) -> set[str]:
-    """The locations the reachable ones' network history says are retired."""
-    histories = []
-    for session in sessions:
+def _stream_ends(session: ClusterSession) -> dict[str, tuple[str, str]]:
+    """Stream id -> (source, sink) of the streams ``session``'s location is the sink of."""
+    streams = StreamStore(session.meta)
+    out = {}
+    for stream_id in streams.list_streams():
         try:
-            histories.append(H.HistoryStore(session.meta).events())
-        except (KazooException, DlctlError):
+            config = streams.get_config(stream_id).value
+        except (NotFoundError, ValueError):
             continue
-    return H.replay(H.merge(*histories))[2]
-
-
-def _ends(streams: StreamStore, stream_id: str) -> tuple[str, str]:
-    try:
-        config = streams.get_config(stream_id).value
-    except (NotFoundError, ValueError):
-        return ("", "")
-    return (config.source_cluster, config.sink_cluster)
+        out[stream_id] = (config.source_cluster, config.sink_cluster)
+    return out

@@ -7,6 +7,7 @@ of the network at both its ends."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from kazoo.exceptions import KazooException
 
@@ -18,10 +19,23 @@ from ..replication.store import StreamStore
 from .session import ClusterSession
 
 
-def network_view(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession] = ()) -> tuple[dict[tuple[str, str], str], list[NetworkEvent]]:
-    """(every connection these locations know of — their streams, and what their merged network
-    history leaves — with its filter; that history). The source and sink must answer; a peer
-    out of reach adds nothing (the history its streams passed on still counts)."""
+@dataclass(frozen=True)
+class NetworkView:
+    """The network as the locations in reach know it: every connection (their streams, and what
+    their merged network history leaves) with its filter, and that history. Read once per plan;
+    the rules below decide on it without reading again."""
+
+    edges: dict[tuple[str, str], str]
+    history: list[NetworkEvent]
+
+    def retired_among(self, *names: str) -> list[str]:
+        """Which of ``names`` the network history says were retired."""
+        return sorted(replay(self.history)[2] & set(names))
+
+
+def network_view(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession] = ()) -> NetworkView:
+    """Read the network from ``source``, ``sink`` (both must answer) and ``peers`` (one out of
+    reach adds nothing; the history its streams passed on still counts)."""
     histories: list[list[NetworkEvent]] = []
     streams_now: dict[tuple[str, str], str] = {}
     ends = {source.cluster.name, sink.cluster.name}
@@ -39,14 +53,14 @@ def network_view(source: ClusterSession, sink: ClusterSession, peers: Iterable[C
             if session.cluster.name in ends:
                 raise
     history = merge_history(*histories)
-    return {**current_filters(history), **streams_now}, history
+    return NetworkView({**current_filters(history), **streams_now}, history)
 
 
-def check_filter_placement(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession]) -> None:
+def check_filter_placement(view: NetworkView, src: str, snk: str) -> None:
     """A filter only on a connection that never was on a cycle, into a location it alone feeds
-    (``dlctl.replication.filters`` says why). Refused otherwise, naming the reason."""
-    src, snk = source.cluster.name, sink.cluster.name
-    edges, history = network_view(source, sink, peers)
+    and that passes nothing on (``dlctl.replication.filters`` says why). Refused otherwise,
+    naming the reason."""
+    edges, history = view.edges, view.history
     edge = (src, snk)
     if edge in ever_on_cycle(history, set(edges) | {edge}):
         raise RefusedError(
@@ -67,13 +81,11 @@ def check_filter_placement(source: ClusterSession, sink: ClusterSession, peers: 
         )
 
 
-def refuse_next_to_a_filter(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession]) -> None:
+def refuse_next_to_a_filter(view: NetworkView, src: str, snk: str) -> None:
     """A new connection out of a location a filtered connection feeds (which would also be the
     only way to put that connection on a cycle), or into one: refused
     (``dlctl.replication.filters``)."""
-    src, snk = source.cluster.name, sink.cluster.name
-    edges, _ = network_view(source, sink, peers)
-    filtered = {e for e, f in edges.items() if f and e != (src, snk)}
+    filtered = {e for e, f in view.edges.items() if f and e != (src, snk)}
     if not filtered:
         return
     feeding = sorted(u for u, v in filtered if v == src)
@@ -100,8 +112,3 @@ def history_step(source: ClusterSession | None, sink: ClusterSession, event: Net
 
     return Step("record-history", f"{sink.cluster.name}/network", f"record in the network history of {' and '.join(s.cluster.name for s in ends)}: {event.kind} {event.source} -> {event.sink}", run=record)
 
-
-def retired_among(source: ClusterSession, sink: ClusterSession, peers: Iterable[ClusterSession]) -> list[str]:
-    """Which of ``source`` and ``sink`` the network history says were retired."""
-    _, history = network_view(source, sink, peers)
-    return sorted(replay(history)[2] & {source.cluster.name, sink.cluster.name})

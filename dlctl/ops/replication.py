@@ -225,7 +225,7 @@ def _direction(
     source_join: dict[str, dict[str, int]] | None = None,
     sink_join: dict[str, dict[str, int]] | None = None,
     record_filter: str = "",
-    peers: Sequence[ClusterSession] = (),
+    view: rules.NetworkView,
 ) -> tuple[list[Step], list[LogDecision]]:
     """``source_join``/``sink_join``: per log, the deleted past the source/sink joins without
     (``--start-from now`` on a causal stream; the sink's is recorded by this direction's steps)."""
@@ -260,7 +260,7 @@ def _direction(
         filter=record_filter,
     )
     if existing is None:
-        rules.refuse_next_to_a_filter(source, sink, peers)
+        rules.refuse_next_to_a_filter(view, src, snk)
     decisions: list[LogDecision] = []
     steps: list[Step] = []
     checkpoints = set(streams.checkpoints(stream_id)) if existing else set()
@@ -434,7 +434,8 @@ def init_plan(
         raise NotFoundError(f"no log of cluster {source.cluster.name!r} matches {' '.join(patterns)}", hint="list logs with `dlctl log list`")
     if bidirectional and causal:
         raise UsageError("--bidirectional and --causal: a bidirectional pair is causal already; give one of them")
-    gone = rules.retired_among(source, sink, peers)
+    view = rules.network_view(source, sink, peers)  # read once: every rule below decides on it
+    gone = view.retired_among(source.cluster.name, sink.cluster.name)
     if gone:
         raise RefusedError(
             f"location(s) {', '.join(gone)} were retired from the replication network: a retired location never comes back (its counters live on in others' vector timestamps)",
@@ -448,13 +449,13 @@ def init_plan(
             raise UsageError(f"--filter: {exc}") from None
         if bidirectional:
             raise RefusedError("--filter on a bidirectional pair: a pair is a cycle, and a filter on a cycle loses records (Eventuate #314)", hint="filter a one-way connection into a location that it alone feeds")
-        rules.check_filter_placement(source, sink, peers)
+        rules.check_filter_placement(view, source.cluster.name, sink.cluster.name)
     joins: dict[str, dict[str, int]] = {}
     if start_from is not None and (bidirectional or causal):
         if start_from.kind != "now":
             raise UsageError("--start-from on a causal stream takes only 'now': where it starts is the location-addition rule's to decide")
         joins = _join_vectors(source, sink, logs)
-    opts: dict[str, Any] = dict(bidirectional=bidirectional or causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age, peers=peers)
+    opts: dict[str, Any] = dict(bidirectional=bidirectional or causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age, view=view)
     steps, decisions = _direction(source, sink, logs, **opts, start_from=start_from, sink_join=joins, record_filter=record_filter)
     if bidirectional:
         back_steps, back_decisions = _direction(sink, source, logs, **opts, source_join=joins)

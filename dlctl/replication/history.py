@@ -142,35 +142,32 @@ def on_cycle(edges: Iterable[Edge]) -> set[Edge]:
     return {(u, v) for u, v in edges if reaches(v, u)}
 
 
-def current_filters(history: Iterable[NetworkEvent]) -> dict[Edge, str]:
-    """The connections the history leaves, each with its filter ("" none)."""
-    out: dict[Edge, str] = {}
+def _replay(history: Iterable[NetworkEvent]) -> tuple[dict[Edge, str], set[Edge], set[str]]:
+    edges: dict[Edge, str] = {}  # each connection the history leaves, with its filter ("" none)
+    ever: set[Edge] = set()
+    retired: set[str] = set()
     for event in history:
         if event.kind in ("connect", "filter"):
-            out[event.edge] = event.filter
+            edges[event.edge] = event.filter
         elif event.kind == "disconnect":
-            out.pop(event.edge, None)
+            edges.pop(event.edge, None)
         elif event.kind == "retire":
-            out = {e: f for e, f in out.items() if event.source not in e}
-    return out
+            retired.add(event.source)
+            edges = {e: f for e, f in edges.items() if event.source not in e}
+        ever |= on_cycle(edges)
+    return edges, ever, retired
+
+
+def current_filters(history: Iterable[NetworkEvent]) -> dict[Edge, str]:
+    """The connections the history leaves, each with its filter ("" none)."""
+    return _replay(history)[0]
 
 
 def replay(history: Iterable[NetworkEvent]) -> tuple[set[Edge], set[Edge], set[str]]:
     """(the edges the history leaves, every edge that lay on a cycle at some point, the retired
     locations)."""
-    edges: set[Edge] = set()
-    ever: set[Edge] = set()
-    retired: set[str] = set()
-    for event in history:
-        if event.kind == "connect":
-            edges.add(event.edge)
-        elif event.kind == "disconnect":
-            edges.discard(event.edge)
-        elif event.kind == "retire":
-            retired.add(event.source)
-            edges = {e for e in edges if event.source not in e}
-        ever |= on_cycle(edges)
-    return edges, ever, retired
+    edges, ever, retired = _replay(history)
+    return set(edges), ever, retired
 
 
 def ever_on_cycle(history: Iterable[NetworkEvent], also: Iterable[Edge] = ()) -> set[Edge]:
