@@ -56,49 +56,79 @@ def network_view(source: ClusterSession, sink: ClusterSession, peers: Iterable[C
     return NetworkView({**current_filters(history), **streams_now}, history)
 
 
-def check_filter_placement(view: NetworkView, src: str, snk: str) -> None:
-    """A filter only on a connection that never was on a cycle, into a location it alone feeds
-    and that passes nothing on (``dlctl.replication.filters`` says why). Refused otherwise,
-    naming the reason."""
-    edges, history = view.edges, view.history
+def _fed_through(view: NetworkView, location: str) -> dict[str, set[str]]:
+    """Every filter that fed ``location``, now or in the history, with the sources it came from."""
+    out: dict[str, set[str]] = {}
+    for (u, v), f in view.edges.items():
+        if v == location and f:
+            out.setdefault(f, set()).add(u)
+    for e in view.history:
+        if e.kind in ("connect", "filter") and e.sink == location and e.filter:
+            out.setdefault(e.filter, set()).add(e.source)
+    return out
+
+
+def check_connection(view: NetworkView, src: str, snk: str, record_filter: str, *, causal: bool) -> None:
+    """The filter rules for the connection ``src -> snk`` carrying ``record_filter`` ("" none),
+    new or re-declared (``dlctl.replication.filters`` says why). Refused, naming the reason:
+
+    - out of a location a filter feeds or fed (it is terminal: the filter's holes would reach
+      ``snk`` ahead of what other paths bring);
+    - into a location a filter feeds or fed, unless it carries that same filter: a wider filter
+      or none would never bring the records held back before (the sink's owner takes an
+      origin's earlier records for held once a later one arrived), a narrower one would leave
+      holes beside a path without them. The same filter is #314's redundant filtered connection
+      (two feeds at once) and fail-over (a second feed once the first is gone); every feed of such
+      a location is causal (its causality filter skips what the location holds; a plain one-way
+      stream makes its sink's logs replicas of its source, which take no other writer);
+    - a filter on a connection that is or was on a cycle, into a location that passes records on
+      (now or before), or beside an unfiltered feed of the same location."""
+    fed = _fed_through(view, src)
+    if fed:
+        feeding = sorted({u for sources in fed.values() for u in sources})
+        raise RefusedError(
+            f"{src} receives (or received) over a filtered connection (from {', '.join(feeding)}): a location a filter feeds is terminal, it passes nothing on (the filter's holes would reach {snk} ahead of what other paths bring)",
+            hint="replicate to that location only; take records onward from the filtered connection's source instead",
+        )
+    other = sorted((f, sorted(sources)) for f, sources in _fed_through(view, snk).items() if f != record_filter)
+    if other:
+        f, sources = other[0]
+        carried = f"filter {record_filter}" if record_filter else "no filter"
+        raise RefusedError(
+            f"{snk} is (or was) fed by a filtered connection from {', '.join(sources)} (filter {f}); a connection into it with {carried} would never bring the records that filter held back (the sink takes an origin's earlier records for held once a later one arrived)",
+            hint=f"a further feed of {snk} carries the same filter ({f}): --filter " + " --filter ".join(f.split(";")),
+        )
+    if not record_filter:
+        return
+    others = {u for sources in _fed_through(view, snk).values() for u in sources} - {src}
+    if others and not causal:
+        raise RefusedError(
+            f"--filter on {src} -> {snk}: {snk} is (or was) fed through its filter by {', '.join(sorted(others))}; a further feed of it must be causal, so that it skips what {snk} holds",
+            hint="add --causal",
+        )
+    plain = sorted({e.source for e in view.history if e.kind in ("connect", "filter") and e.sink == snk and e.source in others and not e.causal})
+    if plain:
+        raise RefusedError(
+            f"--filter on {src} -> {snk}: {snk} is (or was) fed by the one-way stream(s) from {', '.join(plain)}, whose sink logs are replicas of them and take no other writer; a location with several feeds has causal ones only",
+            hint=f"set up the first feed of {snk} with --causal too",
+        )
     edge = (src, snk)
-    if edge in ever_on_cycle(history, set(edges) | {edge}):
+    if edge in ever_on_cycle(view.history, set(view.edges) | {edge}):
         raise RefusedError(
             f"--filter on {src} -> {snk}: that connection is or was on a cycle of the network; a filter there would lose records (Eventuate #314)",
-            hint="see `dlctl replication topology`; filter a connection into a location that it alone feeds",
+            hint="see `dlctl replication topology`; filter a connection into a location that passes nothing on",
         )
-    others = sorted({u for u, v in edges if v == snk and u != src} | {e.source for e in history if e.kind == "connect" and e.sink == snk and e.source != src})
-    if others:
+    unfiltered = sorted({u for (u, v), f in view.edges.items() if v == snk and u != src and not f})
+    if unfiltered:
         raise RefusedError(
-            f"--filter on {src} -> {snk}: {snk} is (or was) fed by {', '.join(others)} too; records filtered out on one path and delivered by another would arrive out of their origin's order and be dropped",
-            hint="filter a connection into a location that it alone feeds",
+            f"--filter on {src} -> {snk}: {snk} is fed by {', '.join(unfiltered)} without a filter too; records filtered out on one path and delivered by another would arrive out of their origin's order and be dropped",
+            hint="filter every feed of a location alike, or none",
         )
-    onward = sorted({v for u, v in edges if u == snk} | {e.sink for e in history if e.kind == "connect" and e.source == snk})
+    onward = sorted({v for u, v in view.edges if u == snk} | {e.sink for e in view.history if e.kind == "connect" and e.source == snk})
     if onward:
         raise RefusedError(
             f"--filter on {src} -> {snk}: {snk} passes records on (to {', '.join(onward)}); the holes a filter leaves would reach them ahead of the records another path brings, which they would then drop",
             hint="filter a connection into a terminal location (one that replicates to nobody)",
-        )
-
-
-def refuse_next_to_a_filter(view: NetworkView, src: str, snk: str) -> None:
-    """A new connection out of a location a filtered connection feeds (which would also be the
-    only way to put that connection on a cycle), or into one: refused
-    (``dlctl.replication.filters``)."""
-    filtered = {e for e, f in view.edges.items() if f and e != (src, snk)}
-    if not filtered:
-        return
-    feeding = sorted(u for u, v in filtered if v == src)
-    if feeding:
-        raise RefusedError(
-            f"{src} receives over a filtered connection (from {', '.join(feeding)}): a location a filter feeds is terminal, it passes nothing on (the filter's holes would reach {snk} ahead of what other paths bring)",
-            hint="remove the filter first (re-run init-replication for that stream without --filter)",
-        )
-    beside = sorted(u for u, v in filtered if v == snk)
-    if beside:
-        raise RefusedError(
-            f"{snk} is fed by a filtered connection from {', '.join(beside)}: a second connection into it would deliver filtered-out records out of their origin's order",
-            hint="remove the filter first (re-run init-replication for that stream without --filter), or delete that stream",
         )
 
 

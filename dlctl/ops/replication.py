@@ -230,6 +230,7 @@ def _direction(
     """``source_join``/``sink_join``: per log, the deleted past the source/sink joins without
     (``--start-from now`` on a causal stream; the sink's is recorded by this direction's steps)."""
     src, snk = source.cluster.name, sink.cluster.name
+    rules.check_connection(view, src, snk, record_filter, causal=bidirectional)  # the network's rules before the stream's
     stream_id = default_stream_id(src, snk)
     streams = StreamStore(sink.meta)
     pins = PinStore(source.meta)
@@ -259,8 +260,6 @@ def _direction(
         created=existing.value.created if existing else time.time(),
         filter=record_filter,
     )
-    if existing is None:
-        rules.refuse_next_to_a_filter(view, src, snk)
     decisions: list[LogDecision] = []
     steps: list[Step] = []
     checkpoints = set(streams.checkpoints(stream_id)) if existing else set()
@@ -448,8 +447,7 @@ def init_plan(
         except ValueError as exc:
             raise UsageError(f"--filter: {exc}") from None
         if bidirectional:
-            raise RefusedError("--filter on a bidirectional pair: a pair is a cycle, and a filter on a cycle loses records (Eventuate #314)", hint="filter a one-way connection into a location that it alone feeds")
-        rules.check_filter_placement(view, source.cluster.name, sink.cluster.name)
+            raise RefusedError("--filter on a bidirectional pair: a pair is a cycle, and a filter on a cycle loses records (Eventuate #314)", hint="filter a one-way connection into a location that passes nothing on")
     joins: dict[str, dict[str, int]] = {}
     if start_from is not None and (bidirectional or causal):
         if start_from.kind != "now":

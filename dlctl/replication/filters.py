@@ -6,17 +6,21 @@
   matches the shell pattern (``fnmatch``, case-sensitive);
 - ``header.NAME=PATTERN``: the record has header NAME and its value matches the pattern.
 
-Where filters may sit is the network's business (``dlctl.ops.replication``): a filter drops part
-of an origin's events at the sink, so a second path into that sink, or a cycle through the
-filtered connection, would deliver an origin's events out of their order and the sink's owner
-would take the late ones for duplicates. So a filter is accepted only on a connection that
-never was on a cycle, into a *terminal* location: one that the filtered connection alone feeds
-and that passes nothing on (its holes would otherwise reach a third location ahead of what
-another path brings). Stricter than #314, which also allows a redundant filtered connection
-under CVV conditions; the unit model (``tests/unit/test_replication_network_model.py``) loses
-records when any of these rules is left out. #314's recovery over filtered connections (only
-for terminal locations, the filter OR-ed with "originated at the recovered location") then
-needs nothing more: such a location is terminal, and its own events are nowhere else.
+Where filters may sit is the network's business (``dlctl.ops.network_rules.check_connection``):
+a filter drops part of an origin's events at the sink, and the sink's owner takes an origin's
+earlier events for held once a later one arrived. So a second path into that sink without the
+same filter, or a cycle through the filtered connection, would deliver an origin's events out
+of their order and lose the late ones; and a filter once widened or removed would never bring
+what it held back. A filter is accepted only on a connection that never was on a cycle, into a
+*terminal* location (one that passes nothing on, now or before: its holes would otherwise reach
+a third location ahead of what another path brings), and every feed of that location, then and
+later, carries the same filter: #314's redundant filtered connections (two feeds at once) and
+fail-over (another feed once the first is lost), reduced to terminal locations, where #314's
+write-time CVV check has nothing to check (a terminal location sends nothing back). The unit
+model (``tests/unit/test_replication_network_model.py``) runs the rule itself and loses records
+without it. #314's recovery over filtered connections (only for terminal locations, the filter
+OR-ed with "originated at the recovered location") then needs nothing more: such a location is
+terminal, and its own events are nowhere else.
 """
 
 from __future__ import annotations

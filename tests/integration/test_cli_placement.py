@@ -43,6 +43,7 @@ def dlctl(capsys, *argv):
 
 def test_check_reproduces_the_documented_example_without_a_cluster(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("DLCTL_CONFIG", str(tmp_path / "missing.toml"))  # no cluster is needed
+    monkeypatch.delenv("COLUMNS", raising=False)  # piped output keeps whole cells (pytest-xdist workers set COLUMNS)
     code, report, err = dlctl(capsys, "placement", "check", "--regions", "3", "--nodes-per-region", "20", "-m", "2", "-e", "15", "-w", "15", "-a", "8")
     assert code == ExitCode.REFUSED
     assert report["verdict"] == "refused" and "8 replicas in 1 region(s)" in report["reason"] and "A must be ≥ 9" in report["fix"]

@@ -200,7 +200,7 @@ def test_filters_sit_only_where_no_record_can_be_lost_and_the_topology_shows_the
     a, b, c, d = (four[n] for n in "abcd")
     inventory = four.write_inventory(tmp_path / "inventory.toml", default="a")
     a.meta().create_log(LOG, ONE_COPY)
-    for argv in (("--source", "a", "--sink", "b", "--bidirectional"), ("--source", "b", "--sink", "c", "--causal"), ("--source", "c", "--sink", "d", "--filter", "key=eu-*")):
+    for argv in (("--source", "a", "--sink", "b", "--bidirectional"), ("--source", "b", "--sink", "c", "--causal"), ("--source", "c", "--sink", "d", "--causal", "--filter", "key=eu-*")):
         code, _, err = run_cli(inventory, "init-replication", *argv, "--logs", LOG)
         assert code == 0, err
     # Refused, with the reason, changing nothing: a filter that would sit on a cycle, a connection
@@ -246,7 +246,29 @@ def test_filters_sit_only_where_no_record_can_be_lost_and_the_topology_shows_the
     assert not edges["a", "b"]["on_cycle"] and edges["a", "b"]["ever_on_cycle"]
     assert view["history"][-1]["kind"] == "disconnect" and (view["history"][-1]["source"], view["history"][-1]["sink"]) == ("b", "a")
     code, text, err = run_cli(inventory, "replication", "topology")
-    assert code == 0 and "a ===> b   [was on a cycle, causal]" in text and "c ===> d   [one-way, filter c->d: key=eu-*]" in text, text
+    assert code == 0 and "a ===> b   [was on a cycle, causal]" in text and "c ===> d   [causal, filter c->d: key=eu-*]" in text, text
+
+    # #314's redundant filtered connection and fail-over: a second feed of D carrying the same
+    # filter joins while C -> D runs; then C -> D goes (C lost) and B -> D carries on alone. A
+    # feed with another filter, or none (also C -> D re-declared without its filter), is refused.
+    for argv, why in (
+        (("--source", "b", "--sink", "d", "--filter", "key=*-2"), "filter key=eu-*"),
+        (("--source", "b", "--sink", "d"), "never bring the records that filter held back"),
+        (("--source", "c", "--sink", "d", "--causal"), "never bring the records that filter held back"),
+        (("--source", "b", "--sink", "d", "--filter", "key=eu-*"), "must be causal"),
+    ):
+        code, _, err = run_cli(inventory, "init-replication", *argv, "--logs", LOG)
+        assert code == 4 and why in " ".join(err.split()), (argv, err)
+    assert StreamStore(d.meta()).get_config("c-to-d").value.filter == "key=eu-*"
+    code, _, err = run_cli(inventory, "init-replication", "--source", "b", "--sink", "d", "--causal", "--filter", "key=eu-*", "--logs", LOG)
+    assert code == 0, err
+    ids += [("a", run(append_one(a.meta(), k, key=k))) for k in (b"eu-3", b"us-2")]
+    run(eventually(lambda: _at_least(d, 3), timeout=60, message="D holds eu-3"))
+    code, _, err = run_cli(inventory, "--cluster", "d", "replication", "delete", "c-to-d")
+    assert code == 0, err
+    ids += [("a", run(append_one(a.meta(), b"eu-4", key=b"eu-4")))]
+    run(eventually(lambda: _at_least(d, 4), timeout=60, message="D holds eu-4 through B"))
+    assert held(d) == [ids[0], ids[2], ids[3], ids[5]]  # each eu- record once, in A's order
 
 
 def test_a_retired_location_leaves_the_network_for_good(four: Sites, tmp_path: Path):

@@ -24,8 +24,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlctl.log.dlsn import DLSN
+from dlctl.errors import RefusedError
+from dlctl.ops.network_rules import NetworkView, check_connection
 from dlctl.replication.causal import CausalityFilter, SourceClock, describe_missing, merge, missing_past
-from dlctl.replication.history import NetworkEvent, ever_on_cycle, on_cycle
+from dlctl.replication.history import NetworkEvent
 from dlctl.replication.origin import Origin
 
 
@@ -51,18 +53,20 @@ class Stream:
     position: int
     clock: SourceClock
     gated: bool = False  # a new connection not started yet
-    filtered: bool = False  # carries only records with an even number (``EVEN``)
+    filter: str = ""  # carries only the records ``FILTERS[filter]`` admits ("" all)
 
 
-def EVEN(ident: tuple[str, int]) -> bool:
-    return ident[1] % 2 == 0
+FILTERS = {"even": lambda ident: ident[1] % 2 == 0, "three": lambda ident: ident[1] % 3 == 0}
+
+
+def carries(stream: Stream, ident: tuple[str, int]) -> bool:
+    return not stream.filter or FILTERS[stream.filter](ident)
 
 
 class Network:
     def __init__(self, names: str, pairs: list[tuple[str, str]], *, rule: bool = True, placement: bool = True) -> None:
-        """``rule``: the location-addition rule; ``placement``: filters only where
-        ``dlctl.ops.replication`` allows them (never on a past or present cycle, into a location
-        the filtered connection alone feeds, and no second feed of such a location)."""
+        """``rule``: the location-addition rule; ``placement``: connections only where
+        ``dlctl.ops.network_rules.check_connection`` (the code under test) allows them."""
         self.locations = {n: Location(n) for n in names}
         self.filters = {n: CausalityFilter(n) for n in names}  # one per location: the log's owner
         self.streams: list[Stream] = []
@@ -72,7 +76,7 @@ class Network:
         self.retired: set[str] = set()
         for x, y in pairs:  # the network at the start
             self.streams += [Stream(x, y, 0, SourceClock(x)), Stream(y, x, 0, SourceClock(y))]
-            self.history += [NetworkEvent("connect", x, y), NetworkEvent("connect", y, x)]
+            self.history += [NetworkEvent("connect", x, y, causal=True), NetworkEvent("connect", y, x, causal=True)]
 
     # -- operations --------------------------------------------------------------------------
 
@@ -86,25 +90,25 @@ class Network:
         here.log.append(Entry(ident, None))
         here.highest[loc] = here.writes
 
-    def connect(self, source: str, sink: str, *, filtered: bool = False) -> bool:
+    def connect(self, source: str, sink: str, *, filter: str = "") -> bool:
         """A new connection source -> sink: from the source's first retained record, behind the
         rule (False: refused)."""
         if any(s.source == source and s.sink == sink for s in self.streams) or source == sink or {source, sink} & self.retired:
             return False
-        edges = {(s.source, s.sink) for s in self.streams}
         if self.placement:
-            with_filters = {(s.source, s.sink) for s in self.streams if s.filtered}
-            if with_filters & on_cycle(edges | {(source, sink)}) or any(v in (source, sink) for _, v in with_filters):
-                return False  # it would close a cycle through a filter, feed a filtered sink or relay from one
-            if filtered and (
-                (source, sink) in ever_on_cycle(self.history, edges | {(source, sink)})
-                or any(sink in (e.sink, e.source) for e in self.history if e.kind == "connect")
-            ):
-                return False  # a filter on a (past) cycle, or into a location fed by another or passing records on
+            try:
+                check_connection(NetworkView({(s.source, s.sink): s.filter for s in self.streams}, list(self.history)), source, sink, filter, causal=True)
+            except RefusedError:
+                return False
         src = self.locations[source]
-        self.streams.append(Stream(source, sink, src.first, SourceClock(source, dict(src.dvv)), gated=True, filtered=filtered))
-        self.history.append(NetworkEvent("connect", source, sink, filter="even" if filtered else ""))
+        self.streams.append(Stream(source, sink, src.first, SourceClock(source, dict(src.dvv)), gated=True, filter=filter))
+        self.history.append(NetworkEvent("connect", source, sink, causal=True, filter=filter))
         return True
+
+    def disconnect(self, source: str, sink: str) -> None:
+        """``dlctl replication delete``: the connection goes (its sink keeps what it got)."""
+        self.streams = [s for s in self.streams if (s.source, s.sink) != (source, sink)]
+        self.history.append(NetworkEvent("disconnect", source, sink, causal=True))
 
     def retire(self, loc: str) -> None:
         """``dlctl replication retire``: its connections go, it never comes back."""
@@ -136,7 +140,7 @@ class Network:
         stream.position += 1
         vt = stream.clock.stamp(entry.origin)
         origin_cluster = entry.origin.cluster if entry.origin else stream.source
-        if stream.filtered and not EVEN(entry.ident):
+        if not carries(stream, entry.ident):
             return True
         if not self.filters[stream.sink].admit(origin_cluster, vt):
             return True
@@ -171,7 +175,7 @@ def reaches(net: Network, ident: tuple[str, int], sink: str) -> bool:
     while todo:
         here = todo.pop()
         for s in net.streams:
-            if s.source == here and s.sink not in seen and (not s.filtered or EVEN(ident)):
+            if s.source == here and s.sink not in seen and carries(s, ident):
                 seen.add(s.sink)
                 todo.append(s.sink)
     return sink in seen
@@ -239,7 +243,7 @@ def test_without_the_rule_the_anomaly_loses_records_and_the_judge_sees_it():
         raise AssertionError("the judge missed the lost records")
 
 
-KINDS = ["write", "step", "step", "truncate", "connect", "filtered", "retire"]
+KINDS = ["write", "step", "step", "truncate", "connect", "filtered", "disconnect", "retire"]
 operations = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 15), st.integers(0, 15)), max_size=80)
 
 
@@ -255,8 +259,13 @@ def play(ops: list[tuple[str, int, int]], *, rule: bool = True, placement: bool 
             net.step(n % len(net.streams))
         elif kind == "truncate":
             net.truncate(names[n % 5], m % 4)
-        elif kind in ("connect", "filtered"):
-            net.connect(names[n % 5], names[m % 5], filtered=kind == "filtered")
+        elif kind == "connect":
+            net.connect(names[n % 5], names[m % 5])
+        elif kind == "filtered":  # one of two filters, so feeds with different filters meet
+            net.connect(names[n % 5], names[m % 5], filter="even" if n % 3 else "three")
+        elif kind == "disconnect" and net.streams and m % 2 == 0:
+            gone = net.streams[n % len(net.streams)]
+            net.disconnect(gone.source, gone.sink)
         elif kind == "retire" and m % 4 == 0:
             net.retire(names[n % 5])
     net.drain()
@@ -303,3 +312,75 @@ def test_the_same_histories_lose_records_with_filters_placed_anywhere():
         except AssertionError:
             lost += 1
     assert lost > 0, "no history lost a record with filters anywhere: the model cannot see it"
+
+
+def failing_over(*, second: str, placement: bool = True) -> Network:
+    """#314's fail-over and redundant filtered connections, for a terminal location: A <-> B, D
+    fed by A through ``even``; a second feed B -> D carrying ``second`` joins while A -> D
+    runs, then A -> D goes (A lost)."""
+    net = Network("abd", [("a", "b")], placement=placement)
+    assert net.connect("a", "d", filter="even")
+    for _ in range(4):
+        net.write("a")
+    net.drain()
+    joined = net.connect("b", "d", filter=second)
+    for _ in range(4):
+        net.write("b")
+        net.write("a")
+    net.drain()
+    net.disconnect("a", "d")
+    for _ in range(4):
+        net.write("a")
+    net.drain()
+    assert joined or placement
+    return net
+
+
+def test_a_second_feed_with_the_same_filter_and_a_fail_over_lose_nothing():
+    net = failing_over(second="even")
+    assert [s.filter for s in net.streams if s.sink == "d"] == ["even"]  # B -> D took over
+    judge(net)
+    assert {e.ident for e in net.locations["d"].log} == {i for i in net.past if i[1] % 2 == 0}
+
+
+def test_a_second_feed_with_another_filter_is_refused_and_would_lose_records():
+    net = failing_over(second="three")
+    assert not any(s.sink == "d" for s in net.streams)  # refused: D has no feed left
+    for second in ("three", ""):  # without the rule: records the first filter held back never come
+        net = failing_over(second=second, placement=False)
+        try:
+            judge(net)
+        except AssertionError as exc:
+            assert "never got" in str(exc), exc
+        else:
+            raise AssertionError(f"the judge missed a second feed with filter {second!r}")
+
+
+def test_deletion_in_a_directed_cycle_waits_for_the_causal_past_and_loses_nothing():
+    """#314's deletion anomaly on a directed cycle A -> B -> C -> A: B -> C lags, A truncates
+    e1 and e2, then D joins as A -> D -> C. Without the rule D hands e3 to C first and C drops
+    e1, e2 for ever; with it A -> D waits (visibly) until C -> D brings A's past."""
+    for rule in (True, False):
+        net = Network("abcd", [], rule=rule)
+        for x, y in (("a", "b"), ("b", "c"), ("c", "a")):
+            assert net.connect(x, y)
+        index = {(s.source, s.sink): i for i, s in enumerate(net.streams)}
+        for _ in range(3):
+            net.write("a")
+            net.step(index["a", "b"])
+        net.truncate("a", 2)
+        assert net.connect("a", "d") and net.connect("d", "c")
+        for _ in range(5):  # every stream but B -> C moves on
+            for i, s in enumerate(net.streams):
+                if (s.source, s.sink) != ("b", "c"):
+                    net.step(i)
+        if rule:
+            assert net.waiting() == ["a -> d: a 1..2"] and net.locations["c"].log == []
+            assert net.connect("c", "d")
+            net.drain()
+            judge(net)
+            assert [e.ident for e in net.locations["c"].log] == [("a", 1), ("a", 2), ("a", 3)]
+            assert [e.ident for e in net.locations["d"].log] == [("a", 1), ("a", 2), ("a", 3)]
+        else:
+            net.drain()
+            assert [e.ident for e in net.locations["c"].log] == [("a", 3)]  # e1, e2 gone for ever
