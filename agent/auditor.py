@@ -58,9 +58,14 @@ from dlctl.ratelimit import TokenBucket
 
 from .config import AuditorSettings
 from .election import ElectedRole
+from .metrics import AgentMetrics
 
 log = logging.getLogger("dlagent.auditor")
 
+
+# The two kinds of work whose segments make up dlagent_repair_pending_segments.
+REREPLICATION = "rereplication"  # replicas of agents gone past the grace, copied to new members
+REFILL = "refill"  # live members' replicas missing, damaged or short, refilled in place
 
 # Every DEEP_EVERY-th survey also compares the members' digests (a request per replica, so not at
 # every check): divergent replicas are found within DEEP_EVERY x check_seconds.
@@ -126,6 +131,7 @@ class Auditor(ElectedRole):
     while elected; the other observes every ``check_seconds`` and, while elected, acts."""
 
     role = "re-replication auditor"
+    metrics_role = "auditor"
 
     def __init__(
         self,
@@ -138,8 +144,10 @@ class Auditor(ElectedRole):
         *,
         parallel: int = 4,
         clock: Callable[[], float] = time.monotonic,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.client, self.cluster, self.node_id, self.secret, self.auth = client, cluster, node_id, secret, auth
+        self.metrics = metrics if metrics is not None else AgentMetrics()
         self.settings = settings
         self.parallel = parallel
         self.clock = clock
@@ -236,6 +244,10 @@ class Auditor(ElectedRole):
         finally:
             self._leading.clear()
             self._cancel_running("no longer the elected auditor")
+            # Its numbers are the next auditor's to report: a sum over the cluster counts once.
+            self.metrics.under_replicated(0)
+            for kind in (REREPLICATION, REFILL):
+                self.metrics.repair_pending(kind, 0)
             log.info("no longer the re-replication auditor")
 
     # -- the checks ----------------------------------------------------------------------------
@@ -289,6 +301,8 @@ class Auditor(ElectedRole):
             self._settled = None
         if not leading:
             return due
+        if not due:
+            self.metrics.repair_pending(REREPLICATION, 0)
         if due and frozenset(due) != self._settled and now >= self._retry_at:
             self._act(due)
         if self._may_act():
@@ -331,6 +345,7 @@ class Auditor(ElectedRole):
         actionable = [w for w in built.work if not w.data_lost and (not w.blocked or w.recover_first)]
         waiting = [w for w in built.work if w.blocked and not w.recover_first and not w.data_lost]
         if not actionable:
+            self.metrics.repair_pending(REREPLICATION, len(waiting))
             if not waiting:
                 # Nothing left (or only data that no replica holds any more, reported above):
                 # do not re-plan every check until the set of gone agents changes.
@@ -355,9 +370,17 @@ class Auditor(ElectedRole):
         self.operations += 1
         rate = self.settings.max_bytes_per_second
         throttle = TokenBucket(rate) if rate > 0 else None
-        report = self._run_cancellable(lambda pool: rr.execute(self.meta, pool, built, parallel=self.parallel, throttle=throttle))
+        metrics = self.metrics
+        metrics.repair_pending(REREPLICATION, len(built.work))
+
+        def progress(p: rr.Progress) -> None:
+            metrics.repair_pending(REREPLICATION, p.total_segments - p.finished)
+
+        report = self._run_cancellable(lambda pool: rr.execute(self.meta, pool, built, parallel=self.parallel, throttle=throttle, on_progress=progress))
         if report is None:
             return
+        metrics.repaired(report["bytes"], {"done": report["committed"], "stuck": len(report["stuck"]), "data_lost": len(report["data_lost"])})
+        metrics.repair_pending(REREPLICATION, len(report["stuck"]))
         if report["stuck"]:
             self._failures += 1
             delay = min(300.0, self.settings.check_seconds * 2 ** self._failures)
@@ -382,9 +405,14 @@ class Auditor(ElectedRole):
         self._surveys += 1
         deep = self._surveys % DEEP_EVERY == 1  # the first survey, then every DEEP_EVERY-th
 
+        metrics = self.metrics
+
         async def work(pool: Any) -> tuple[Any, Any]:
             found = await repair.survey(self.meta, pool, deep=deep)
-            if not any(p.cause in repair.REPAIRABLE for p in found.problems):
+            metrics.under_replicated(len(found.under_replicated()))
+            todo = {(p.log, p.segment) for p in found.problems if p.cause in repair.REPAIRABLE}
+            metrics.repair_pending(REFILL, len(todo))
+            if not todo:
                 return found, None
             return found, await repair.repair(
                 self.meta, pool, found, parallel=self.parallel, max_bytes_per_second=self.settings.max_bytes_per_second, holder=f"auditor {self.node_id}"
@@ -397,6 +425,10 @@ class Auditor(ElectedRole):
         self.last_survey = found
         if report is None:
             return
+        refilled = {(r["log"], r["segment"]) for r in report.repaired}
+        stuck = {(r["log"], r["segment"]) for r in report.stuck}
+        metrics.repaired(sum(r["bytes"] for r in report.repaired), {"done": len(refilled), "stuck": len(stuck)})
+        metrics.repair_pending(REFILL, len(stuck))
         for done in report.repaired:
             log.warning("auditor: refilled %s replica of segment %d of log %r on %s (%d entries)", done["cause"], done["segment"], done["log"], done["node"], done["entries"])
         for stuck in report.stuck:

@@ -43,7 +43,12 @@ def cli() -> None:
 @cli.command("serve")
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Agent configuration (TOML).")
 @click.option("-v", "--verbose", count=True, help="More log output on stderr.")
-def serve_command(config_path: Path, verbose: int) -> None:
+@click.option(
+    "--log-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Log into this file, rotated by size ([log] in agent.toml), instead of stderr (`dlagent start` does, without systemd).",
+)
+def serve_command(config_path: Path, verbose: int, log_file: Path | None) -> None:
     """Run the agent: recover storage, serve the protocol, register in ZooKeeper.
 
     Stops cleanly on SIGTERM/SIGINT (exit 0). Exits 1 if the disk fails (a failed fsync):
@@ -66,6 +71,10 @@ def serve_command(config_path: Path, verbose: int) -> None:
     keep_large_buffers()  # entries and ranges pass through large buffers: reuse warm pages
     try:
         config = agent_config.load(config_path)
+        if log_file is not None:
+            from .logconfig import use_log_file
+
+            use_log_file(log_file, config.log)
         code = run_loop(config.event_loop, serve(config))
     except DlctlError as exc:
         click.echo(f"error: {exc.message}", err=True)
@@ -125,6 +134,24 @@ def _status(config):
     from .control import status
 
     return status(config)
+
+
+@cli.command("logs")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Agent configuration (TOML).")
+@click.option("-n", "--lines", type=click.IntRange(1, 100_000), default=100, show_default=True)
+def logs_command(config_path: Path, lines: int) -> None:
+    """Print the agent's last log lines, newest last: from journald when a systemd unit runs it,
+    else from its rotated log files in the data dir."""
+    from . import config as agent_config
+    from .control import logs
+
+    try:
+        click.echo(logs(agent_config.load(config_path), lines), nl=False)
+    except DlctlError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        sys.exit(int(exc.exit_code))
 
 
 def main() -> None:  # pragma: no cover - console script

@@ -58,6 +58,11 @@
                                # longer pass is followed at once. The first starts one interval
                                # after the agent does (startup recovery reads every file in full)
 
+    [metrics]                  # Prometheus / OpenMetrics endpoint (dlagent.metrics): GET /metrics
+    listen = "127.0.1.1:9181"  # default: the host of `listen`, port 9181; "HOST:0": any free port;
+                               # "off": no endpoint. The bound address is published in the agent's
+                               # availability record and its stat (key "metrics")
+
     [server]                   # the protocol server's limits (dlagent.limits); the defaults are safe
     max_connections = 1024     # authenticated connections at once
     max_connections_per_peer = 512     # from one source address, authenticated or not
@@ -73,6 +78,10 @@
     idle_timeout = 600         # seconds without a byte received or a request in flight
     frame_timeout = 60         # seconds a started frame may take to complete
     max_long_poll = 120        # seconds; longer long-poll timeouts are cut to this
+
+    [log]                      # the detached agent's log file, rotated (dlagent.logconfig); under
+    max_bytes = 10485760       # systemd, journald keeps the log instead
+    backups = 5
 
 Each agent raises its own soft open-files limit to the hard one at start, and warns when the limit
 is below what these limits and the store's open files may need (stat: fds_open, fds_headroom).
@@ -92,10 +101,15 @@ from dlctl.names import validate_name
 
 from .limits import CONFIG_KEYS as SERVER_KEYS
 from .limits import ServerLimits
+from .logconfig import LogSettings, parse_log
 from .replication_config import ReplicationSettings, parse_replication
 
 _REQUIRED = ("node_id", "cluster", "region", "rack", "data_dir", "listen", "zookeeper", "secret_file")
-_OPTIONAL = ("advertise", "zk_auth_file", "event_loop", "storage", "tls", "zookeeper_tls", "session_timeout", "auditor", "proxy", "replication", "housekeeping", "scrub", "server")
+_OPTIONAL = (
+    "advertise", "zk_auth_file", "event_loop", "storage", "tls", "zookeeper_tls", "session_timeout", "auditor", "proxy", "replication",
+    "housekeeping", "scrub", "server", "metrics",
+)
+_OPTIONAL += ("log",)  # [log]: dlagent.logconfig
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,14 @@ class ScrubSettings:
     interval: float = 7 * 86400.0
 
 
+METRICS_PORT = 9181  # the endpoint's port unless [metrics] listen says otherwise
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    listen: tuple[str, int] | None = None  # (host, port) to serve /metrics on; port 0: any free one; None: off
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     path: Path
@@ -162,9 +184,11 @@ class AgentConfig:
     housekeeping: HousekeepingSettings = HousekeepingSettings()
     event_loop: str = "auto"
     scrub: ScrubSettings = ScrubSettings()
+    metrics: MetricsSettings = MetricsSettings()  # [metrics]; from_dict fills in the default address
     server: ServerLimits = ServerLimits()  # [server]: see dlagent.limits
     tls: TlsFiles | None = None  # [tls]; None: plaintext (the agent warns at start)
     zookeeper_tls: ZkTls | None = None  # [zookeeper_tls]; None: plaintext ZooKeeper
+    log: LogSettings = LogSettings()  # [log]: the detached agent's rotated log (dlagent.logconfig)
 
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -236,6 +260,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
     housekeeping = _housekeeping_settings(raw.get("housekeeping", {}), path)
     scrub = _scrub_settings(raw.get("scrub", {}), path)
     server = _server_limits(raw.get("server", {}), path)
+    metrics = _metrics_settings(raw.get("metrics", {}), path, host, port)
     base = path.parent
     tls = _tls_files(raw.get("tls"), path, base)
     zookeeper_tls = parse_tls(raw.get("zookeeper_tls"), f"{path}: [zookeeper_tls]", base)
@@ -256,9 +281,11 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         housekeeping=housekeeping,
         event_loop=event_loop,
         scrub=scrub,
+        metrics=metrics,
         server=server,
         tls=tls,
         zookeeper_tls=zookeeper_tls,
+        log=parse_log(raw.get("log", {}), path),
         **names,
     )
 
@@ -372,6 +399,32 @@ def _scrub_settings(raw: Any, path: Path) -> ScrubSettings:
             f"got {raw.get('interval')!r}"
         )
     return ScrubSettings(enabled=enabled, bytes_per_second=rate, interval=float(interval))
+
+
+def _metrics_settings(raw: Any, path: Path, host: str, port: int) -> MetricsSettings:
+    """``[metrics] listen``: by default beside the protocol server (same host, METRICS_PORT), so
+    a scraper finds every agent of a fleet at one port; "off" serves nothing."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: key 'metrics' must be a table ([metrics])")
+    extra = sorted(set(raw) - {"listen"})
+    if extra:
+        raise ConfigError(f"{path}: unknown key(s) in [metrics]: {', '.join(extra)}", hint="known keys: listen")
+    listen = raw.get("listen", f"{host}:{METRICS_PORT}")
+    if listen == "off":
+        return MetricsSettings(None)
+    usage = 'must be "host:port" (port 0: any free port) or "off"'
+    if not isinstance(listen, str):
+        raise ConfigError(f"{path}: [metrics] key 'listen' {usage}, got {listen!r}")
+    try:
+        address = parse_address(listen, where=f"{path}: [metrics] key 'listen'")
+    except ConfigError:
+        raise ConfigError(f"{path}: [metrics] key 'listen' {usage}, got {listen!r}") from None
+    if address == (host, port) and port:
+        raise ConfigError(
+            f"{path}: [metrics] key 'listen' is {listen!r}, the agent protocol's own address ('listen')",
+            hint=f'give the metrics endpoint a port of its own, e.g. "{host}:{METRICS_PORT}"',
+        )
+    return MetricsSettings(address)
 
 
 _SERVER_BYTES = ("max_unauthenticated_frame", "max_in_flight_bytes", "max_response_bytes")

@@ -7,6 +7,10 @@ object (``-o json``) so the caller can aggregate per-node results.
 Whether an agent runs is decided by the data dir's flock (held by the serving store for its
 whole life), never by a pid file that a crash can leave stale; the pid written into the lock
 file says which process holds it.
+
+Where ``agent install`` wrote a systemd unit for the node (dlagent.supervisor), start and stop
+go through ``systemctl`` and systemd supervises the agent; elsewhere ``start`` runs a detached
+process that logs into a rotated file (dlagent.logconfig).
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ from typing import Any
 from dlctl import __version__
 from dlctl.errors import DlctlError
 
+from . import supervisor
 from .config import AgentConfig
+from .logconfig import LOG_FILE, tail
 from .storage.layout import DIR_MODE, FILE_MODE, DirLock
 
-LOG_FILE = "dlagent.log"
+# What the detached process prints outside logging (a bad agent.toml, a crash); the previous
+# start's is kept as dlagent.out.1, so each is bounded by one run.
+OUT_FILE = "dlagent.out"
 
 
 @dataclass(frozen=True)
@@ -62,28 +70,60 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
+def _last_words(config: AgentConfig) -> str:
+    """What a detached agent said before it died: its stderr, then its log's last lines."""
+    out, log = config.data_dir / OUT_FILE, config.data_dir / LOG_FILE
+    return "\n".join(f"last lines of {p}:\n{text}" for p, text in ((out, _tail(out)), (log, _tail(log))) if text)
+
+
 def start(config: AgentConfig, timeout: float = 30.0) -> dict[str, Any]:
-    """Start ``dlagent serve`` detached (own session, output to the data dir's log file)."""
+    """Start the agent: through its systemd unit when it has one, else ``dlagent serve``
+    detached (own session, logging into the data dir's rotated log file)."""
     current = state(config)
+    unit = supervisor.find(config.node_id)
+    how = {"supervisor": "systemd", "unit": unit.name} if unit else {"supervisor": "process"}
     if current.running:
-        return {"node_id": config.node_id, "action": "start", "changed": False, "running": True, "pid": current.pid, "message": "already running"}
+        return {"node_id": config.node_id, "action": "start", "changed": False, "running": True, "pid": current.pid, "message": "already running", **how}
+    if unit is not None:
+        return _start_unit(config, unit, timeout)
     config.data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)  # serve narrows an existing one, in its log
-    log_path = config.data_dir / LOG_FILE
-    argv = [sys.executable, "-m", "dlagent", "serve", "--config", str(config.path), "-v"]
-    with open(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE), "ab") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    out_path = config.data_dir / OUT_FILE
+    if out_path.exists():
+        os.replace(out_path, out_path.with_name(OUT_FILE + ".1"))
+    argv = [sys.executable, "-m", "dlagent", "serve", "--config", str(config.path), "-v", "--log-file", str(config.data_dir / LOG_FILE)]
+    with open(os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE), "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise DlctlError(
-                f"agent {config.node_id} exited with code {proc.returncode} while starting",
-                hint=f"last lines of {log_path}:\n{_tail(log_path)}",
-            )
+            raise DlctlError(f"agent {config.node_id} exited with code {proc.returncode} while starting", hint=_last_words(config))
         if _listening(config.host, config.port) and state(config).running:
-            return {"node_id": config.node_id, "action": "start", "changed": True, "running": True, "pid": proc.pid, "message": f"started, listening on {config.advertise}"}
+            return {"node_id": config.node_id, "action": "start", "changed": True, "running": True, "pid": proc.pid, "message": f"started, listening on {config.advertise}", **how}
         time.sleep(0.05)
     proc.kill()
-    raise DlctlError(f"agent {config.node_id} did not start listening on {config.advertise} within {timeout:g}s", hint=f"see {log_path}")
+    raise DlctlError(f"agent {config.node_id} did not start listening on {config.advertise} within {timeout:g}s", hint=_last_words(config) or f"see {config.data_dir / LOG_FILE}")
+
+
+def _start_unit(config: AgentConfig, unit: supervisor.SystemdUnit, timeout: float) -> dict[str, Any]:
+    unit.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _listening(config.host, config.port) and (now := state(config)).running:
+            return {"node_id": config.node_id, "action": "start", "changed": True, "running": True, "pid": now.pid, "message": f"started by systemd ({unit.name}), listening on {config.advertise}", "supervisor": "systemd", "unit": unit.name}
+        if unit.state() == "failed":  # a bad config or a refusal (not restarted), or the start limit hit
+            break
+        time.sleep(0.05)
+    raise DlctlError(
+        f"agent {config.node_id} did not start listening on {config.advertise} within {timeout:g}s (unit {unit.name}: {unit.state()})",
+        hint=f"its journal:\n{_journal_tail(unit)}",
+    )
+
+
+def _journal_tail(unit: supervisor.SystemdUnit, lines: int = 15) -> str:
+    try:
+        return unit.journal(lines)
+    except DlctlError as exc:
+        return exc.message
 
 
 def _gone(pid: int) -> bool:
@@ -98,7 +138,17 @@ def _gone(pid: int) -> bool:
 def stop(config: AgentConfig, timeout: float = 20.0) -> dict[str, Any]:
     """SIGTERM and wait for a clean exit (the agent unregisters first, then releases its data
     directory, then the process ends: "stopped" means all three, so a script can start it again
-    at once); SIGKILL after ``timeout``."""
+    at once); SIGKILL after ``timeout``. A systemd unit is stopped through systemctl (so systemd
+    does not restart it); a detached agent left from before the unit existed is then stopped
+    as one."""
+    unit = supervisor.find(config.node_id)
+    if unit is not None and unit.state() in supervisor.LIVE_STATES:
+        pid = state(config).pid
+        unit.stop(timeout + 30)  # systemd itself gives it the unit's TimeoutStopSec, then SIGKILLs
+        if not state(config).running:
+            result = unit.result()
+            message = "stopped cleanly" if result == "success" else f"stopped by systemd (result: {result})"
+            return {"node_id": config.node_id, "action": "stop", "changed": True, "running": False, "pid": pid, "message": message, "supervisor": "systemd", "unit": unit.name}
     current = state(config)
     if not current.running or current.pid is None:
         return {"node_id": config.node_id, "action": "stop", "changed": False, "running": False, "pid": None, "message": "already stopped"}
@@ -132,6 +182,10 @@ def status(config: AgentConfig) -> dict[str, Any]:
         "version": __version__,
         "data_dir": str(config.data_dir),
     }
+    unit = supervisor.find(config.node_id)
+    out["supervisor"] = "systemd" if unit else "process"
+    if unit is not None:
+        out["unit"], out["unit_state"] = unit.name, unit.state()
     if config.data_dir.exists():
         usage = shutil.disk_usage(config.data_dir)
         out["disk_total_bytes"], out["disk_free_bytes"] = usage.total, usage.free
@@ -139,3 +193,11 @@ def status(config: AgentConfig) -> dict[str, Any]:
         out["segment_files"] = sum(1 for p in segments.rglob("*.log")) if segments.exists() else 0
         out["data_bytes"] = sum(p.stat().st_size for p in segments.rglob("*.log")) if segments.exists() else 0
     return out
+
+
+def logs(config: AgentConfig, lines: int) -> str:
+    """The agent's last ``lines`` log lines, newest last: its unit's journal, or its rotated files."""
+    unit = supervisor.find(config.node_id)
+    if unit is not None:
+        return unit.journal(lines)
+    return tail(config.data_dir, lines)

@@ -1,10 +1,11 @@
 """``dlagent serve``: wires configuration, identity, storage, the protocol server and the
 ZooKeeper registration together, and shuts them down in the safe order.
 
-Order matters: storage is recovered before the server listens; the agent is announced in
-ZooKeeper only once it can serve; on shutdown it disappears from ZooKeeper first, so no client
-is sent to an agent that is closing. A failed fsync stops the agent (exit 1): it must never
-acknowledge what may be lost.
+Order matters: the metrics endpoint binds first (an address it cannot have fails the start
+before anything began); storage is recovered before the server listens; the agent is announced
+in ZooKeeper, with its metrics address, only once it can serve; on shutdown it disappears from
+ZooKeeper first, so no client is sent to an agent that is closing. A failed fsync stops the
+agent (exit 1): it must never acknowledge what may be lost.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dlctl.secrets import read_secret_file
 from .auditor import Auditor
 from .config import AgentConfig
 from .housekeeping import Housekeeping
+from .metrics import AgentMetrics
+from .metrics_http import MetricsEndpoint
 from .disk import prepare_data_dir
 from .fdlimit import check_headroom, raise_nofile_limit
 from .pull import RangePuller
@@ -62,7 +65,7 @@ def _start_proxy(config: AgentConfig, zk, zk_auth: ZkAuth | None, credentials: C
     return proxy
 
 
-def _start_replication(config: AgentConfig, zk, zk_auth: ZkAuth | None, credentials: Credentials):
+def _start_replication(config: AgentConfig, zk, zk_auth: ZkAuth | None, credentials: Credentials, metrics: AgentMetrics):
     """Replication workers for the streams whose sink is this cluster (dlagent.worker)."""
     if not config.replication.enabled:
         log.info("replication workers disabled by configuration ([replication] enabled = false)")
@@ -72,7 +75,7 @@ def _start_replication(config: AgentConfig, zk, zk_auth: ZkAuth | None, credenti
     return ReplicationService(
         zk, config.cluster, config.node_id, config.region, credentials, zk_auth, config.replication,
         secret_file=config.secret_file, zk_auth_file=config.zk_auth_file, zookeeper_tls=config.zookeeper_tls,
-        session_timeout=max(config.session_timeout, 4.0),
+        session_timeout=max(config.session_timeout, 4.0), metrics=metrics,
     ).start()
 
 
@@ -91,7 +94,37 @@ def _check_tls_mode(config: AgentConfig, cluster_config: dict) -> None:
         )
 
 
+def _start_metrics(config: AgentConfig, metrics: AgentMetrics) -> MetricsEndpoint | None:
+    if config.metrics.listen is None:
+        log.info("metrics endpoint off ([metrics] listen = \"off\")")
+        return None
+    host, port = config.metrics.listen
+    # Bound to every interface, it is published under the host clients use for the agent.
+    advertise_host = config.advertise.rpartition(":")[0].strip("[]")
+    return MetricsEndpoint.start(metrics.registry, host, port, advertise_host=advertise_host, config_path=config.path)
+
+
+def _remember_metrics_endpoint(zk, config: AgentConfig, zk_auth: ZkAuth | None, address: str) -> None:
+    """A persistent record of where the metrics are (``dlctl cluster metrics-targets``): unlike the
+    availability record it outlives the agent, so Prometheus keeps scraping a dead agent and
+    reports it down instead of forgetting it. Not fatal: the live record has the address too."""
+    try:
+        MetaStore(zk, config.cluster, zk_auth).publish_metrics_endpoint(config.node_id, address)
+    except Exception as exc:  # noqa: BLE001 - logged; serving does not depend on it
+        log.warning("could not record the metrics endpoint %s in ZooKeeper: %s", address, exc)
+
+
 async def serve(config: AgentConfig) -> int:
+    metrics = AgentMetrics.for_agent(config)
+    endpoint = _start_metrics(config, metrics)
+    try:
+        return await _serve(config, metrics, endpoint.address if endpoint is not None else None)
+    finally:
+        if endpoint is not None:
+            await asyncio.get_running_loop().run_in_executor(None, endpoint.close)
+
+
+async def _serve(config: AgentConfig, metrics: AgentMetrics, metrics_address: str | None) -> int:
     # Every connection and open replica file is a descriptor: use all the operator allows, and
     # say so when even that is short of what the limits may need (reads would fail with EMFILE).
     raise_nofile_limit()
@@ -118,8 +151,10 @@ async def serve(config: AgentConfig) -> int:
             inline_bytes=config.storage.inline_sync_bytes,
             prealloc_bytes=config.storage.preallocate_bytes,
         ),
+        metrics=metrics,
     )
     report = await store.open()
+    metrics.watch(store)
     log.info("storage recovered: %s", report.to_dict() if hasattr(report, "to_dict") else report)
     if config.storage.sync == "never":
         log.warning("sync = never: acknowledged entries may be lost if this node loses power; only replication protects them")
@@ -139,7 +174,8 @@ async def serve(config: AgentConfig) -> int:
     if config.tls is None:
         log.warning("no [tls] in %s: agent traffic is not encrypted, and a relay could inject requests into authenticated connections", config.path)
     credentials = Credentials(secret, config.tls)
-    server = AgentServer(store, secret, config.host, config.port, tls=config.tls, limits=config.server)
+    server = AgentServer(store, secret, config.host, config.port, tls=config.tls, limits=config.server, metrics=metrics)
+    server.metrics_address = metrics_address
     await server.start()
 
     registration = Registration(
@@ -154,24 +190,29 @@ async def serve(config: AgentConfig) -> int:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started": time.time(),
+            # Where this agent's /metrics is served (port 0 resolved); absent when off.
+            **({"metrics": metrics_address} if metrics_address is not None else {}),
         },
         zk_auth,
     )
     await loop.run_in_executor(None, registration.start, 2 * config.session_timeout)
+    if metrics_address is not None:
+        await loop.run_in_executor(None, _remember_metrics_endpoint, zk, config, zk_auth, metrics_address)
     proxy = _start_proxy(config, zk, zk_auth, credentials, server)
+    metrics.proxy = proxy
     # Copies pulled from peers (PULL_RANGE: repair and re-replication with one network leg).
     server.puller = RangePuller(AgentPool(MetaStore(zk, config.cluster, zk_auth), credentials), store, config.node_id)
     # The auditor stands for election only once this agent is registered and serving: an
     # agent that cannot serve must not be the one that decides others are gone.
     auditor = None
     if config.auditor.enabled:
-        auditor = Auditor(zk, config.cluster, config.node_id, credentials, config.auditor, zk_auth).start()
+        auditor = Auditor(zk, config.cluster, config.node_id, credentials, config.auditor, zk_auth, metrics=metrics).start()
     else:
         log.info("re-replication auditor disabled by configuration ([auditor] enabled = false)")
-    replication = _start_replication(config, zk, zk_auth, credentials)
+    replication = _start_replication(config, zk, zk_auth, credentials, metrics)
     # Housekeeping reclaims this agent's stale replicas at once (it may have been down during a
     # collection) and, if elected, applies retention and collects truncated segments' records.
-    housekeeping = Housekeeping(zk, config.cluster, config.node_id, store, credentials, config.housekeeping, zk_auth).start()
+    housekeeping = Housekeeping(zk, config.cluster, config.node_id, store, credentials, config.housekeeping, zk_auth, metrics=metrics).start()
     # Scrubbing re-reads every replica at a bounded rate and puts a damaged one in limbo.
     scrubber = None
     if config.scrub.enabled:

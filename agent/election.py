@@ -1,14 +1,16 @@
 """A cluster-wide role that one agent at a time holds (the re-replication auditor, the
 housekeeper): contend in a thread through a kazoo ``Election`` under the role's znode.
 
-Subclasses set ``role`` (for logs), implement ``_election_path()`` and ``_lead()`` (called while
-this agent holds the role; returning gives it up), and provide ``client``, ``auth``, ``node_id``
-and the ``_stop``/``_leader_exit`` events, the ``_guard`` lock and the ``_election`` slot.
+Subclasses set ``role`` (for logs) and ``metrics_role`` (the ``dlagent_role`` label), implement
+``_election_path()`` and ``_lead()`` (called while this agent holds the role; returning gives it
+up), and provide ``client``, ``auth``, ``node_id``, ``metrics`` (an AgentMetrics or None) and
+the ``_stop``/``_leader_exit`` events, the ``_guard`` lock and the ``_election`` slot.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from dlctl.meta.zk import acl_for
 
@@ -17,6 +19,19 @@ log = logging.getLogger(__name__)
 
 class ElectedRole:
     role = "role"
+    metrics_role = ""
+    metrics: Any = None  # AgentMetrics (dlagent.metrics), set by the subclass when the agent has one
+
+    def _hold(self) -> None:
+        """``_lead``, shown as ``dlagent_role{role=...} 1`` for as long as it holds the role."""
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.role(self.metrics_role, True)
+        try:
+            self._lead()
+        finally:
+            if metrics is not None:
+                metrics.role(self.metrics_role, False)
 
     def _election_path(self) -> str:
         raise NotImplementedError
@@ -38,7 +53,7 @@ class ElectedRole:
                         return
                     self._election = self.client.Election(self._election_path(), self.node_id)  # type: ignore[attr-defined]
                     election = self._election
-                election.run(self._lead)
+                election.run(self._hold)
                 backoff = 0.5
             except Exception as exc:  # noqa: BLE001 - e.g. connection loss: contend again
                 if self._stop.is_set():  # type: ignore[attr-defined]

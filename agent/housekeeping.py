@@ -40,6 +40,7 @@ from dlctl.ops import gc
 
 from .config import HousekeepingSettings
 from .election import ElectedRole
+from .metrics import AgentMetrics
 
 log = logging.getLogger("dlagent.housekeeping")
 
@@ -53,6 +54,7 @@ class Housekeeping(ElectedRole):
     thread of its own because kazoo's election blocks."""
 
     role = "housekeeping"
+    metrics_role = "housekeeper"
 
     def __init__(
         self,
@@ -63,8 +65,11 @@ class Housekeeping(ElectedRole):
         secret: Credentials | bytes,  # the cluster secret and TLS files, for its agent pool
         settings: HousekeepingSettings,
         auth: ZkAuth | None = None,
+        *,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.client, self.cluster, self.node_id, self.store, self.secret, self.auth = client, cluster, node_id, store, secret, auth
+        self.metrics = metrics  # the role, while held (what it reclaims the store counts itself)
         self.settings = settings
         self.meta = MetaStore(client, cluster, auth)
         self.rounds = 0  # decisions taken while elected (for tests and stats)

@@ -318,7 +318,10 @@ class WriteProxy:
             "owned": sorted(n for n, o in self._logs.items() if o.writer is not None),
             "claiming": sorted(n for n, o in self._logs.items() if o.writer is None),
             "logs": {
-                n: {"queued_bytes": o.queued_bytes, "pending_bytes": self._pending(o), "peak_bytes": o.peak_bytes, "held_connections": len(o.held)}
+                n: {
+                    "queued_bytes": o.queued_bytes, "pending_bytes": self._pending(o), "peak_bytes": o.peak_bytes, "held_connections": len(o.held),
+                    "producers": len(o.producers) if o.producers is not None else 0,  # idempotent producers remembered
+                }
                 for n, o in self._logs.items()
             },
         }

@@ -38,6 +38,7 @@ import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from typing import Any
 
 from dlctl.errors import ConfigError
@@ -60,6 +61,7 @@ from dlctl.replication.seen import stub_seen, summary_only
 
 from .fdlimit import descriptor_usage
 from .limits import ServerLimits
+from .metrics import AgentMetrics
 from .proxy import Barrier, Hold
 
 log = logging.getLogger(__name__)
@@ -116,9 +118,13 @@ class AgentServer:
         *,
         auth_context: bytes = DEFAULT_CONTEXT,
         proxy: Any = None,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         ServerHandshake(secret, auth_context)  # fail at construction on an unusable secret
         self.store = store
+        # Each request's duration, by op (dlagent.metrics); a registry of its own when not given.
+        self.metrics = metrics if metrics is not None else AgentMetrics()
+        self.metrics_address: str | None = None  # where the agent's metrics are served (stat: "metrics")
         self.proxy = proxy  # dlagent.proxy.WriteProxy once ZooKeeper is up; None: APPEND is refused
         self.puller: Any = None  # dlagent.pull.RangePuller once ZooKeeper is up; None: PULL_RANGE is refused
         self._secret = secret
@@ -383,6 +389,8 @@ class AgentServer:
         extra: dict[str, Any] = {"proxy": self.proxy.stat()} if self.proxy is not None else {}
         if self.puller is not None:
             extra["pull"] = dict(self.puller.counters)
+        if self.metrics_address is not None:
+            extra["metrics"] = self.metrics_address
         return p.encode_stat({**self.store.stat(), "server": self.stat(), **extra})
 
     async def pull_range(self, log_id: int, seg: int, first: int, last: int, max_bytes: int, source: str, uncached: bool) -> bytes:
@@ -436,6 +444,7 @@ class _Conn(asyncio.Protocol):
         self._out_bytes = 0  # bytes in _out (the answers of this loop turn, not yet written)
         self._room_waiters: list[asyncio.Future[None]] = []  # reads waiting for answers to drain
         self._add_nowait = getattr(self.store, "add_nowait", None)
+        self._observe = server.metrics.request  # (op, seconds): once per request, when answered
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.barrier = Barrier()  # write proxy: (producer, log) pairs whose appends failed
         self.hold = Hold(self._unhold)  # write proxy: held while a log it writes to is full
@@ -685,6 +694,7 @@ class _Conn(asyncio.Protocol):
     def _handle(self, frame: p.Frame) -> None:
         server = self.server
         server.counters["requests"] += 1
+        started = perf_counter()
         try:
             req = p.decode_request(frame)
         except p.ProtocolError as exc:
@@ -693,6 +703,7 @@ class _Conn(asyncio.Protocol):
                 return
             server.counters["bad_requests"] += 1
             self.send(p.error_response(frame.opcode & 0x7F, frame.request_id, BadRequestError.status, str(exc)))
+            self._observe(-1, perf_counter() - started)  # "other": not a request the agent could read
             return
         op, flags, rid, args = req
         if not self.authed:
@@ -702,43 +713,44 @@ class _Conn(asyncio.Protocol):
                 self._reject_unauthenticated(op, rid, f"{op.name} before authentication")
             return
         if op is p.Op.ADD_ENTRY:
-            self._add_now(rid, args[0], flags)
+            self._add_now(rid, args[0], flags, started)
         elif op is p.Op.ADD_BATCH:
-            self._add_batch(rid, args[0], args[1], flags)
+            self._add_batch(rid, args[0], args[1], flags, started)
         elif op is p.Op.READ_ENTRY:
             if flags & p.FLAG_FENCE:
-                self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args, room=self.room)), 0)
+                self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args, room=self.room), started), 0)
             elif flags & (p.FLAG_SKIP_SEEN | p.FLAG_SUMMARY):
                 seen = args[3] if flags & p.FLAG_SKIP_SEEN else None
-                self._run_sync(op, rid, lambda log_id, seg, entry_id, *_: trim_entry(server.read_entry(log_id, seg, entry_id), seen, bool(flags & p.FLAG_SUMMARY)), args)
+                self._run_sync(op, rid, lambda log_id, seg, entry_id, *_: trim_entry(server.read_entry(log_id, seg, entry_id), seen, bool(flags & p.FLAG_SUMMARY)), args, started)
             else:
-                self._run_sync(op, rid, server.read_entry, args)
+                self._run_sync(op, rid, server.read_entry, args, started)
         elif op is p.Op.READ_RANGE:
-            self._run_sync(op, rid, server.read_range, args)
+            self._run_sync(op, rid, server.read_range, args, started)
         elif op is p.Op.READ_LAC:
-            self._run_sync(op, rid, server.read_lac, args)
+            self._run_sync(op, rid, server.read_lac, args, started)
         elif op is p.Op.LONG_POLL:
-            self._spawn(self._long_poll(rid, *args), 0, name="long-poll")
+            self._spawn(self._long_poll(rid, started, *args), 0, name="long-poll")
         elif op is p.Op.FENCE:
-            self._spawn(self._run_async(op, rid, server.fence(*args)), 0)
+            self._spawn(self._run_async(op, rid, server.fence(*args), started), 0)
         elif op is p.Op.DIGEST:
-            self._run_sync(op, rid, server.digest, args)
+            self._run_sync(op, rid, server.digest, args, started)
         elif op is p.Op.LIST_SEGMENTS:
-            self._run_sync(op, rid, server.list_segments, args)
+            self._run_sync(op, rid, server.list_segments, args, started)
         elif op is p.Op.DELETE_SEGMENT:
-            self._spawn(self._run_async(op, rid, server.delete_segment(*args)), 0)
+            self._spawn(self._run_async(op, rid, server.delete_segment(*args), started), 0)
         elif op is p.Op.STAT:
-            self._run_sync(op, rid, server.stat_all, args)
+            self._run_sync(op, rid, server.stat_all, args, started)
         elif op is p.Op.APPEND:
-            self._append(rid, flags, args)
+            self._append(rid, flags, args, started)
         elif op is p.Op.RELEASE:
-            self._spawn(self._run_async(op, rid, server.release(*args)), 0)
+            self._spawn(self._run_async(op, rid, server.release(*args), started), 0)
         elif op is p.Op.PULL_RANGE:
             # Counted at the two answers it may hold at once (dlagent.pull).
             held = 2 * min(args[4], p.MAX_RANGE_BYTES)
-            self._spawn(self._run_async(op, rid, server.pull_range(*args, uncached=bool(flags & p.FLAG_UNCACHED))), held, name="pull-range")
+            self._spawn(self._run_async(op, rid, server.pull_range(*args, uncached=bool(flags & p.FLAG_UNCACHED)), started), held, name="pull-range")
         else:  # AUTH again
             self.send(p.error_response(op, rid, BadRequestError.status, "already authenticated"))
+            self._observe(op, perf_counter() - started)
 
     def _authenticate(self, rid: int, client_nonce: bytes, proof: bytes) -> None:
         assert self.handshake is not None
@@ -765,11 +777,12 @@ class _Conn(asyncio.Protocol):
         self.close(why, error=p.error_response(op, rid, UnauthorizedError.status, f"authenticate first ({why})"))
 
     # Execution ------------------------------------------------------------------------------------
-    def _run_sync(self, op: int, rid: int, handler: Callable[..., bytes], args: tuple[Any, ...]) -> None:
+    def _run_sync(self, op: int, rid: int, handler: Callable[..., bytes], args: tuple[Any, ...], started: float) -> None:
         try:
             self.send(p.ok_response_parts(op, rid, handler(*args)))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a response
             self.send(self._error(op, rid, exc))
+        self._observe(op, perf_counter() - started)
 
     def _spawn(self, coro: Awaitable[None], size: int, name: str | None = None) -> None:
         self.in_flight += 1
@@ -804,13 +817,13 @@ class _Conn(asyncio.Protocol):
         if self.eof:
             self._finish_if_done()
 
-    def _add_now(self, rid: int, entry: bytes, flags: int) -> None:
+    def _add_now(self, rid: int, entry: bytes, flags: int, started: float) -> None:
         """The hot path: no task per add. The store queues the entry at once and calls back when
         it is durable, and the response goes out with the others of that batch; only an add
         that must wait for its segment to be created takes the task path."""
         add_nowait = self._add_nowait
         if add_nowait is None:
-            self._spawn(self._add(rid, entry, flags), len(entry))
+            self._spawn(self._add(rid, entry, flags, started), len(entry))
             return
         size = len(entry)
         self.in_flight += 1
@@ -818,17 +831,19 @@ class _Conn(asyncio.Protocol):
         try:
             _check_entry(entry)
             queued = add_nowait(
-                entry, lambda exc: self._add_done(rid, size, exc), recovery=bool(flags & p.FLAG_RECOVERY), uncached=bool(flags & p.FLAG_UNCACHED)
+                entry, lambda exc: self._add_done(rid, size, exc, started), recovery=bool(flags & p.FLAG_RECOVERY), uncached=bool(flags & p.FLAG_UNCACHED)
             )
         except Exception as exc:  # noqa: BLE001 - every failure becomes a response
-            self._add_done(rid, size, exc)
+            self._add_done(rid, size, exc, started)
             return
         if not queued:
             self.in_flight -= 1
             self.in_flight_bytes -= size
-            self._spawn(self._add(rid, entry, flags), size)
+            self._spawn(self._add(rid, entry, flags, started), size)
 
-    def _add_done(self, rid: int, size: int, exc: BaseException | None, op: int = p.Op.ADD_ENTRY, answer: bytes | None = None) -> None:
+    def _add_done(
+        self, rid: int, size: int, exc: BaseException | None, started: float, op: int = p.Op.ADD_ENTRY, answer: bytes | None = None
+    ) -> None:
         self.in_flight -= 1
         self.in_flight_bytes -= size
         self._check_drained()
@@ -836,6 +851,7 @@ class _Conn(asyncio.Protocol):
             self.send(p.add_ok_response(rid) if answer is None else answer)
         else:
             self.send(self._error(op, rid, exc))  # type: ignore[arg-type]
+        self._observe(op, perf_counter() - started)
         if not self.closing and (self.read_paused or self.decoder.buffered):
             # Not from inside the store's callback: parsing more requests re-enters the store.
             self.loop.call_soon(self._resume)  # type: ignore[union-attr]
@@ -846,7 +862,7 @@ class _Conn(asyncio.Protocol):
         if not self.closing:
             self._process()
 
-    async def _add(self, rid: int, entry: bytes, flags: int) -> None:
+    async def _add(self, rid: int, entry: bytes, flags: int, started: float) -> None:
         try:
             _check_entry(entry)
             await self.store.add(entry, recovery=bool(flags & p.FLAG_RECOVERY), uncached=bool(flags & p.FLAG_UNCACHED))
@@ -854,8 +870,9 @@ class _Conn(asyncio.Protocol):
             self.send(self._error(p.Op.ADD_ENTRY, rid, exc))
         else:
             self.send(p.add_ok_response(rid))
+        self._observe(p.Op.ADD_ENTRY, perf_counter() - started)
 
-    def _add_batch(self, rid: int, body: bytes, spans: list[tuple[int, int]], flags: int) -> None:
+    def _add_batch(self, rid: int, body: bytes, spans: list[tuple[int, int]], flags: int, started: float) -> None:
         """ADD_BATCH: the entries (views of ``body``, not copies) are checked and queued all or
         none, as ``_add_now`` does one entry, and answered once all are durable. The batch is one
         request of ``len(body)`` bytes in the in-flight limits until then."""
@@ -874,23 +891,24 @@ class _Conn(asyncio.Protocol):
                     why = exc.message.removeprefix("ADD_ENTRY: ")
                     raise BadRequestError(f"batch entry {k + 1} of {count}: {why}; nothing of the batch stored") from None
             queued = self.store.add_batch_nowait(
-                entries, lambda exc: self._add_done(rid, size, exc, p.Op.ADD_BATCH, answer), recovery=recovery, uncached=uncached
+                entries, lambda exc: self._add_done(rid, size, exc, started, p.Op.ADD_BATCH, answer), recovery=recovery, uncached=uncached
             )
         except Exception as exc:  # noqa: BLE001 - every failure becomes a response
-            self._add_done(rid, size, exc, p.Op.ADD_BATCH)
+            self._add_done(rid, size, exc, started, p.Op.ADD_BATCH)
             return
         if not queued:  # a new segment: created first, on the task path
             self.in_flight -= 1
             self.in_flight_bytes -= size
-            self._spawn(self._run_async(p.Op.ADD_BATCH, rid, self._store_batch(entries, recovery, uncached)), size)
+            self._spawn(self._run_async(p.Op.ADD_BATCH, rid, self._store_batch(entries, recovery, uncached), started), size)
 
     async def _store_batch(self, entries: list[memoryview], recovery: bool, uncached: bool) -> bytes:
         return p.encode_added(await self.store.add_batch(entries, recovery=recovery, uncached=uncached))
 
-    def _append(self, rid: int, flags: int, args: tuple[Any, ...]) -> None:
+    def _append(self, rid: int, flags: int, args: tuple[Any, ...], started: float) -> None:
         proxy = self.server.proxy
         if proxy is None:
             self.send(p.error_response(p.Op.APPEND, rid, ProxyDisabledError.status, "this agent is not a write proxy ([proxy] enabled = false)"))
+            self._observe(p.Op.APPEND, perf_counter() - started)
             return
         name, producer, count, records, epoch, seq = args
         # Handed to the proxy now, in arrival order; only the wait for the acknowledgement is a task.
@@ -898,22 +916,23 @@ class _Conn(asyncio.Protocol):
             name, producer, count, records, barrier=self.barrier, hold=self.hold, reset=bool(flags & p.FLAG_RESET_ORDER), epoch=epoch, seq=seq,
             retry=bool(flags & p.FLAG_RETRY), forward=bool(flags & p.FLAG_FORWARD),
         )
-        self._spawn(self._answer_append(rid, result), len(records))
+        self._spawn(self._answer_append(rid, result, started), len(records))
 
-    async def _answer_append(self, rid: int, result: asyncio.Future[Any]) -> None:
+    async def _answer_append(self, rid: int, result: asyncio.Future[Any], started: float) -> None:
         try:
             positions = await result
         except Exception as exc:  # noqa: BLE001
             self.send(self._error(p.Op.APPEND, rid, exc))
         else:
             self.send(p.ok_response(p.Op.APPEND, rid, p.encode_dlsns(positions)))
+        self._observe(p.Op.APPEND, perf_counter() - started)
 
     def _unhold(self) -> None:
         if not self.closing:
             self._update_reading()
             self._process()
 
-    async def _long_poll(self, rid: int, log_id: int, seg: int, previous: int, timeout_ms: int, seen: p.Seen | None = None) -> None:
+    async def _long_poll(self, rid: int, started: float, log_id: int, seg: int, previous: int, timeout_ms: int, seen: p.Seen | None = None) -> None:
         server = self.server
         try:
             try:
@@ -930,14 +949,16 @@ class _Conn(asyncio.Protocol):
             self.send(self._error(p.Op.LONG_POLL, rid, exc))
         else:
             self.send(p.ok_response_parts(p.Op.LONG_POLL, rid, result))
+        self._observe(p.Op.LONG_POLL, perf_counter() - started)
 
-    async def _run_async(self, op: int, rid: int, work: Awaitable[bytes]) -> None:
+    async def _run_async(self, op: int, rid: int, work: Awaitable[bytes], started: float) -> None:
         try:
             result = await work
         except Exception as exc:  # noqa: BLE001
             self.send(self._error(op, rid, exc))
         else:
             self.send(p.ok_response_parts(op, rid, result))
+        self._observe(op, perf_counter() - started)
 
     def _error(self, op: int, rid: int, exc: Exception) -> bytes:
         if isinstance(exc, CorruptEntry):

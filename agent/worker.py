@@ -40,6 +40,7 @@ from dlctl.replication.worker import (
     record_error,
 )
 
+from .metrics import AgentMetrics
 from .replication_config import ReplicationSettings
 
 log = logging.getLogger("dlagent.replication")
@@ -71,8 +72,10 @@ class ReplicationService:
         zk_auth_file: Path | None,
         zookeeper_tls: ZkTls | None = None,
         session_timeout: float = 10.0,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.node_id = node_id
+        self.metrics = metrics if metrics is not None else AgentMetrics()  # workers' lag and progress
         self.region = region
         self.settings = settings
         self.sink_meta = MetaStore(zk, cluster, zk_auth)
@@ -206,6 +209,7 @@ class ReplicationService:
                 except TimeoutError:
                     running.task.cancel()
                     await asyncio.gather(running.task, return_exceptions=True)
+        self.metrics.worker_stopped(*item)  # after its final checkpoint's report
         try:
             await self._zk(self.streams.release, *item)
         except Exception:  # noqa: BLE001 - the session's end releases it anyway
@@ -229,6 +233,7 @@ class ReplicationService:
                         region=settings.region or self.region,
                         source_filtering=self.settings.source_filtering,
                     ),
+                    observer=self.metrics.worker_observer(),
                 )
                 running.worker = worker
                 await worker.run()

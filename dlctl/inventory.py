@@ -31,6 +31,9 @@
     # python = "/usr/bin/python3"       # an interpreter that already has dlctl (skips the venv)
     agent_port = 3181
     transport = "ssh"                   # or "local" for nodes on this machine (the sandbox)
+    # agent_user = "dlagent"            # the system user a systemd unit runs the agent as (it must
+                                        # exist on the node; install chowns home and data_dir to it).
+                                        # Needs systemd and ssh_user root; unset: the SSH user
 
     [[clusters.east.regions.us-east.racks.r1.nodes]]
     id   = "use-1"
@@ -48,13 +51,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigLocation
+from . import current_context
+from .config import ConfigLocation, user_config_dir
 from .errors import ConfigError, NotFoundError
 from .meta.zk import ZkTls, parse_tls
 from .names import validate_name
+from .systemd import validate_user
 
 _CLUSTER_KEYS = {"zookeeper", "zookeeper_tls", "secret_file", "zk_auth_file", "tls_dir", "insecure_zookeeper", "defaults", "regions", "ssh_config", "known_hosts"}
-_NODE_KEYS = {"id", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python", "agent_port", "home", "transport"}
+_NODE_KEYS = {"id", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python", "agent_port", "home", "transport", "agent_user"}
 _DEFAULT_KEYS = _NODE_KEYS - {"id", "host", "listen"}
 # python = None: `dlctl agent install` creates <home>/venv and the agent runs from it; a path
 # names an interpreter that already has dlctl installed (nothing is installed then).
@@ -67,6 +72,7 @@ _NODE_DEFAULTS: dict[str, Any] = {
     "agent_port": 3181,
     "home": "/opt/dlagent",
     "transport": "ssh",
+    "agent_user": None,
 }
 TRANSPORTS = ("ssh", "local")
 
@@ -86,6 +92,7 @@ class Node:
     python: str | None
     home: str = "/opt/dlagent"
     transport: str = "ssh"
+    agent_user: str | None = None  # a systemd unit's User= (dlctl.systemd); None: the SSH user
 
     @property
     def agent_python(self) -> str:
@@ -97,7 +104,7 @@ class Node:
         return f"{self.home}/agent.toml"
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("id", "region", "rack", "host", "listen", "transport", "ssh_user", "ssh_port", "identity_file", "home", "data_dir", "python")}
+        return {k: getattr(self, k) for k in ("id", "region", "rack", "host", "listen", "transport", "ssh_user", "ssh_port", "identity_file", "home", "data_dir", "python", "agent_user")}
 
 
 @dataclass(frozen=True)
@@ -172,7 +179,10 @@ def load(location: ConfigLocation) -> Inventory:
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"configuration file {path} (from {location.source}) does not exist") from None
+        hint = None
+        if location.source == "current-context":
+            hint = f"the current context ({current_context.context_file(user_config_dir())}) names it: `dlctl sandbox up` makes it again; or remove that file"
+        raise ConfigError(f"configuration file {path} (from {location.source}) does not exist", hint=hint) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return parse(raw, path)
@@ -291,6 +301,8 @@ def _node(cluster: str, region: str, rack: str, body: Any, defaults: dict[str, A
     for key in ("data_dir", "home"):
         if not settings[key].startswith("/") or "\n" in settings[key]:
             raise ConfigError(f"{where}: '{key}' must be an absolute path on the node, got {settings[key]!r}")
+    if settings["agent_user"] is not None:
+        validate_user(settings["agent_user"], f"{where}: 'agent_user'")
     if settings["transport"] not in TRANSPORTS:
         raise ConfigError(f"{where}: 'transport' must be one of {', '.join(TRANSPORTS)}, got {settings['transport']!r}")
     return Node(
@@ -307,6 +319,7 @@ def _node(cluster: str, region: str, rack: str, body: Any, defaults: dict[str, A
         python=settings["python"],
         home=settings["home"],
         transport=settings["transport"],
+        agent_user=settings["agent_user"],
     )
 
 

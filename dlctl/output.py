@@ -78,7 +78,7 @@ def _cell(value: Any, column: str = "") -> str:
     return str(value)
 
 
-def _rich_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None, title: str | None, caption: str | None = None) -> RichTable:
+def rich_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None, title: str | None, caption: str | None = None) -> RichTable:
     if columns is None:
         seen: dict[str, None] = {}
         for row in rows:
@@ -112,12 +112,12 @@ def render(data: Any, fmt: str, console: Console | None = None, stream: TextIO |
         if not data.rows:
             console.print("\n".join(t for t in (data.title, data.caption) if t), markup=False, highlight=False)
             return
-        console.print(_rich_table([to_plain(r) for r in data.rows], data.columns, data.title, data.caption))
+        console.print(rich_table([to_plain(r) for r in data.rows], data.columns, data.title, data.caption))
         return
     plain = to_plain(data)
     if isinstance(plain, list) and all(isinstance(r, dict) for r in plain):
         if plain:
-            console.print(_rich_table(plain, None, None))
+            console.print(rich_table(plain, None, None))
         return
     if isinstance(plain, dict):
         # Scalars as "key value" lines; lists of records (a log's segments, a plan's steps) as
@@ -134,7 +134,7 @@ def render(data: Any, fmt: str, console: Console | None = None, stream: TextIO |
             table.add_row(key.replace("_", " "), _cell(value, key))
         console.print(table)
         for key, rows in nested.items():
-            console.print(_rich_table(rows, None, key.replace("_", " ")))
+            console.print(rich_table(rows, None, key.replace("_", " ")))
         return
     console.print(_cell(plain), markup=False, highlight=False)
 

@@ -10,6 +10,7 @@ a failure naming what to install: these tiers are never skipped.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -86,6 +87,20 @@ def pytest_runtest_makereport(
             report.sections.append(
                 ("processes of this test (last 20 log lines)", "\n\n".join(sections))
             )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_user_config_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """dlctl's user config dir (a user config.toml, the current context `sandbox up` records) is
+    the session's own, for this process and every CLI it starts: no test reads or changes the
+    developer's, nor is steered by it."""
+    previous = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("xdg-config"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = previous
 
 
 # -- processes ---------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlctl.log.errors import (
     AgentError,
@@ -55,6 +56,9 @@ from .recovery import encode_acked, inspect_segment
 from .segment import FdCache, Segment
 from .sync import GroupCommitter
 from .types import Digest, FenceResult, LimboRecord, RecoveryReport, SegmentInfo, SyncPolicy, TailCut
+
+if TYPE_CHECKING:
+    from ..metrics import AgentMetrics
 
 log = logging.getLogger("dlagent.storage")
 
@@ -100,15 +104,17 @@ class SegmentStore:
         fdatasync: Callable[[int], None] = os.fdatasync,
         fsync: Callable[[int], None] = os.fsync,
         max_open_files: int = 512,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         """``fdatasync`` syncs entry data (group commit); ``fsync`` syncs new files,
-        directories and markers. Both are injectable so tests can count calls and fail them."""
+        directories and markers. Both are injectable so tests can count calls and fail them.
+        ``metrics``: where group commit records its batches and fdatasyncs."""
         self.data_dir = Path(data_dir)
         self.sync = sync
         self.on_failure: Callable[[BaseException], None] | None = None
         self._fsync = fsync
         self._fds = FdCache(max_open_files)
-        self._committer = GroupCommitter(sync, self._fatal, fdatasync)
+        self._committer = GroupCommitter(sync, self._fatal, fdatasync, metrics)
         self._lock = DirLock(self.data_dir)
         self._segments: dict[Key, Segment] = {}
         self._creating: dict[Key, asyncio.Task] = {}
@@ -131,6 +137,8 @@ class SegmentStore:
         self._synced_log_dirs: set[Path] = set()  # log dirs whose entry in segments/ this process fsynced
         self._throttle = LogThrottle(log)  # read failures can come in floods (descriptors exhausted)
         self.read_resource_errors = 0  # reads failed for want of a resource (never limbo)
+        self.read_entries = 0  # entries served by read and read_range (plain ints: the read path stays cheap)
+        self.read_bytes = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -803,6 +811,8 @@ class SegmentStore:
         n = HEADER_SIZE + length
         buf = seg.mem.get(off)
         if buf is not None:
+            self.read_entries += 1
+            self.read_bytes += n
             return buf if type(buf) is bytes else bytes(buf)  # a batch's entry: a view of its request
         fd = self._fd_to_read(seg, off, f"entry {entry_id}")
         try:
@@ -813,6 +823,8 @@ class SegmentStore:
         if problem is not None:
             self._to_limbo(seg, off, problem)
             raise LimboError(f"replica of {_seg_name(seg.key)} is corrupt at offset {off} of {seg.path}: {problem}")
+        self.read_entries += 1
+        self.read_bytes += n
         return buf
 
     def read_range(self, log_id: int, segment_seq: int, first: int, last: int, max_bytes: int) -> bytes:
@@ -868,6 +880,8 @@ class SegmentStore:
                 pos += e_n
             parts.append(run)
             i = j
+        self.read_entries += len(locs)
+        self.read_bytes += total
         if len(parts) == 1 and type(parts[0]) is bytes:
             return parts[0]
         return b"".join(parts)
@@ -1072,6 +1086,8 @@ class SegmentStore:
             "preallocated_bytes": sum(s.alloc_end - s.size for s in segs if s.alloc_end > s.size),
             "limbo": sum(1 for s in segs if s.limbo is not None),
             "read_resource_errors": self.read_resource_errors,  # failed for want of descriptors/memory: retryable, not limbo
+            "read_entries": self.read_entries,  # served to clients since the agent started
+            "read_bytes": self.read_bytes,
             "reclaimed_bytes": self._reclaimed_bytes,  # freed by deleting replicas, since the data dir exists
             "reclaimed_replicas": self._reclaimed_replicas,
             "fenced": sum(1 for s in segs if s.fenced),

@@ -66,11 +66,16 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from time import perf_counter
+from typing import TYPE_CHECKING
 
 from dlctl.log.errors import AgentIOError
 
 from .segment import Segment
 from .types import SyncPolicy
+
+if TYPE_CHECKING:
+    from ..metrics import AgentMetrics
 
 log = logging.getLogger("dlagent.storage")
 
@@ -179,8 +184,10 @@ class GroupCommitter:
         policy: SyncPolicy,
         on_fatal: Callable[[BaseException], None],
         fdatasync: Callable[[int], None] = os.fdatasync,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.policy = policy
+        self._metrics = metrics  # per batch: its size once durable, the time of each fdatasync
         self._on_fatal = on_fatal
         self._fdatasync = fdatasync
         self._sync_data = policy.mode == "always"
@@ -350,8 +357,12 @@ class GroupCommitter:
                 self._preallocate(slot)
             pwritev_all(slot.fd, slot.bufs, slot.start)
         if self._sync_data:
+            metrics = self._metrics
             for slot in batch.segs.values():
+                started = perf_counter()
                 self._fdatasync(slot.fd)
+                if metrics is not None:
+                    metrics.fsync(perf_counter() - started)
                 if slot.uncached:
                     _drop_cached(slot)
 
@@ -400,6 +411,8 @@ class GroupCommitter:
         assert done is batch
         self.batches += 1
         self.bytes_written += batch.bytes
+        if self._metrics is not None:
+            self._metrics.committed(batch.adds, batch.bytes)
         if self._sync_data:
             self.fdatasyncs += len(batch.segs)
         for seg, slot in batch.segs.items():

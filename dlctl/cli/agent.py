@@ -11,6 +11,7 @@ import click
 from ..ops import agents
 from ..output import Table
 from ..plan import Plan
+from .complete import complete_node
 from .context import AppContext, command_options, mutating, pass_app
 
 
@@ -18,7 +19,7 @@ def fleet_options(region_serial_default: bool = False, concurrency_default: int 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(
             [
-                click.option("--node", "node_ids", multiple=True, metavar="ID", help="Only these nodes (repeatable; default: all)."),
+                click.option("--node", "node_ids", multiple=True, metavar="ID", shell_complete=complete_node, help="Only these nodes (repeatable; default: all)."),
                 click.option("--region", metavar="REGION", help="Only the nodes of this region."),
                 click.option("--max-concurrency", type=click.IntRange(1, 512), default=concurrency_default, show_default=True, help="Nodes worked on at once."),
                 click.option("--region-serial/--all-regions", default=region_serial_default, show_default=True, help="Finish one region before starting the next."),
@@ -78,7 +79,10 @@ _lifecycle("restart", "Rolling restart: stop then start each node before the nex
 def agent_install(app: AppContext, node_ids, region, max_concurrency, region_serial, timeout, ssh_accept_new, wheel_dir: Path | None) -> Plan:
     """Install the agent on each node: wheels built here and uploaded (SFTP), a venv under the
     node's home, installed offline; then agent.toml and the secrets (0600). Nodes with
-    `python` set in the inventory already have dlctl: only config and secrets are written."""
+    `python` set in the inventory already have dlctl: only config and secrets are written.
+    Where the node runs systemd and the SSH user is root, a hardened unit dlagent-NODE.service
+    (enabled; User= the inventory's agent_user) supervises the agent; elsewhere it runs as a
+    detached process."""
     nodes = agents.select_nodes(app.session().cluster, node_ids, region)
     fleet = _fleet(app, ssh_accept_new, max_concurrency, region_serial, timeout)
     return agents.install_plan(fleet, nodes, wheel_dir, _progress(app, len(nodes)))
@@ -93,18 +97,19 @@ def agent_status(app: AppContext, node_ids, region, max_concurrency, region_seri
     could not be asked)."""
     nodes = agents.select_nodes(app.session().cluster, node_ids, region)
     rows, error = agents.status(_fleet(app, ssh_accept_new, max_concurrency, region_serial, timeout), nodes)
-    app.render(Table(rows, ["region", "rack", "node", "host", "running", "pid", "version", "address", "data_bytes", "disk_free_bytes", "error"]))
+    app.render(Table(rows, ["region", "rack", "node", "host", "running", "pid", "version", "address", "supervisor", "data_bytes", "disk_free_bytes", "error"]))
     if error is not None:
         raise error  # after the rows: exit 3 (some nodes), 1 (all), 4 (all refused for safety)
 
 
 @agent_group.command("logs")
-@click.argument("node_id")
+@click.argument("node_id", shell_complete=complete_node)
 @click.option("-n", "--lines", type=click.IntRange(1, 100_000), default=100, show_default=True)
 @click.option("--ssh-accept-new", is_flag=True, help="Trust and record a host key never seen before.")
 @pass_app
 def agent_logs(app: AppContext, node_id: str, lines: int, ssh_accept_new: bool) -> None:
-    """Print the last lines of the agent's log on NODE_ID."""
+    """Print the last lines of the agent's log on NODE_ID, newest last: its systemd unit's
+    journal where systemd runs it, else its rotated log files in the data dir."""
     cluster = app.session().cluster
     fleet = _fleet(app, ssh_accept_new, 1, False, agents.VERB_TIMEOUT)
     app.stdout.file.write(agents.logs(fleet, cluster.node(node_id), lines))

@@ -19,6 +19,7 @@ from ..errors import NotFoundError
 from ..meta.records import LogConfig
 from ..ops import bench
 from ..plan import Plan, Step, apply
+from .complete import complete_log
 from .context import AppContext, output_option, pass_app, yes_option
 
 log = logging.getLogger("dlctl.bench")
@@ -131,7 +132,7 @@ def _run(app: AppContext, plan: Plan, state: dict[str, bool], name: str, dry_run
 
 
 @bench_group.command("write")
-@click.argument("name", metavar="LOG")
+@click.argument("name", metavar="LOG", shell_complete=complete_log)
 @click.option("--record-size", type=click.IntRange(8), default=100, show_default=True, help="Payload bytes per record.")
 @click.option("--records", type=click.IntRange(1), help="Records per timed run (default 300000 unless --seconds).")
 @click.option("--seconds", type=click.FloatRange(min=0.1), help="Length of each timed run, instead of --records.")
@@ -189,7 +190,7 @@ def bench_write(
 
 
 @bench_group.command("read")
-@click.argument("name", metavar="LOG")
+@click.argument("name", metavar="LOG", shell_complete=complete_log)
 @click.option("--rate", type=click.IntRange(0), default=bench.TARGET_TAIL_RATE, show_default=True, help="Records/s of the paced writer for the tailing measurement (0: skip it).")
 @click.option("--tail-seconds", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="How long the tailing latency is measured.")
 @click.option("--tail-warmup", type=click.FloatRange(min=0.0), default=1.0, show_default=True, help="Seconds of tailing before latencies count.")

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 from ..errors import RefusedError, UsageError
 from ..ops import bootstrap as ops
 from ..ops.session import ClusterSession
+from .complete import complete_cluster, complete_stream
 from .context import AppContext, output_option, pass_app, yes_option
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)(?:/s)?", re.IGNORECASE)
@@ -66,9 +67,9 @@ def _progress(app: AppContext) -> Iterator[Any]:
 
 
 @click.command("bootstrap")
-@click.option("--source", "source_name", metavar="CLUSTER", help="The cluster that holds the data.")
-@click.option("--sink", "sink_name", metavar="CLUSTER", help="The cluster to copy it to.")
-@click.option("--stream", "stream_id", metavar="ID", help="Bootstrap a replication stream: its source, sink and logs; afterwards its checkpoints are set to the snapshot point.")
+@click.option("--source", "source_name", metavar="CLUSTER", shell_complete=complete_cluster, help="The cluster that holds the data.")
+@click.option("--sink", "sink_name", metavar="CLUSTER", shell_complete=complete_cluster, help="The cluster to copy it to.")
+@click.option("--stream", "stream_id", metavar="ID", shell_complete=complete_stream, help="Bootstrap a replication stream: its source, sink and logs; afterwards its checkpoints are set to the snapshot point.")
 @click.option("--logs", "logs", multiple=True, metavar="PATTERN", help="Logs to copy (shell globs; repeat or separate with commas). Default: every source log (or the stream's).")
 @click.option("--spark-master", metavar="URL", help="Run the job on this Spark master instead of local mode (local[N] by default).")
 @click.option("--parallelism", type=click.IntRange(1, 1024), default=None, help="Segments copied at the same time (local[N]); default: every core.")

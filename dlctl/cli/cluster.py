@@ -12,6 +12,7 @@ from ..ops import roles as roles_ops
 from ..output import Table, human_bytes
 from ..plan import Plan
 from .agent import _fleet, _progress, fleet_options
+from .complete import complete_log
 from .context import AppContext, command_options, mutating, pass_app
 
 
@@ -67,22 +68,39 @@ def cluster_rotate_certs(app: AppContext, node_ids, region, max_concurrency, reg
 @command_options
 @pass_app
 def cluster_status(app: AppContext, timeout: float) -> None:
-    """Nodes by region and rack: up, down or unreachable; address, version, segments, disk, and
-    the space reclaimed by deleting replicas (garbage collection of truncated segments)."""
+    """Nodes by region and rack: up, down or unreachable; address, metrics endpoint, version,
+    segments, disk, and the space reclaimed by deleting replicas (garbage collection of
+    truncated segments)."""
     rows = cluster_ops.status(app.session(), timeout)
     reclaimed = sum(r.get("reclaimed_bytes") or 0 for r in rows)
     app.render(
         Table(
             rows,
-            columns=["region", "rack", "node", "address", "state", "version", "segments", "data_bytes", "reclaimed_bytes", "disk_free_bytes", "limbo"],
+            columns=["region", "rack", "node", "address", "metrics", "state", "version", "segments", "data_bytes", "reclaimed_bytes", "disk_free_bytes", "limbo"],
             title=f"cluster {app.session().cluster.name}",
             caption=f"reclaimed by garbage collection: {human_bytes(reclaimed)} on the agents that answered",
         )
     )
 
 
+@cluster_group.command("metrics-targets")
+@command_options
+@pass_app
+def cluster_metrics_targets(app: AppContext) -> None:
+    """Where the cluster's agents serve their Prometheus metrics, as Prometheus file_sd target
+    groups (-o json writes the file Prometheus reads; see deploy/prometheus/prometheus.yml):
+    every agent of the inventory at its last published endpoint, labelled cluster, node, region
+    and rack. A dead agent stays listed, so Prometheus reports it down."""
+    groups = cluster_ops.metrics_targets(app.session())
+    if app.output == "table":
+        rows = [{"node": g["labels"]["node"], "target": g["targets"][0], "region": g["labels"]["region"], "rack": g["labels"]["rack"]} for g in groups]
+        app.render(Table(rows, columns=["node", "target", "region", "rack"], title=f"metrics targets of cluster {app.session().cluster.name}"))
+    else:
+        app.render(groups)
+
+
 @cluster_group.command("check")
-@click.option("--log", "logs", multiple=True, help="Check only this log (repeatable); default: every log.")
+@click.option("--log", "logs", multiple=True, shell_complete=complete_log, help="Check only this log (repeatable); default: every log.")
 @click.option("--deep", is_flag=True, help="Also compare the members' digests of every completed segment (one request per replica).")
 @command_options
 @pass_app

@@ -42,10 +42,16 @@ class AppContext:
     stderr: Console = field(default_factory=lambda: Console(file=sys.stderr, stderr=True))
     _session: ClusterSession | None = field(default=None, repr=False)
     _saved_logging: tuple[list[logging.Handler], int] | None = field(default=None, repr=False)
+    _config: ConfigLocation | None = field(default=None, repr=False)
 
     @property
     def config(self) -> ConfigLocation:
-        return locate_config(self.config_option)
+        """Located once per command (``--config`` > DLCTL_CONFIG > current context > defaults);
+        -vv says which file it is and why."""
+        if self._config is None:
+            self._config = locate_config(self.config_option)
+            logging.getLogger("dlctl.config").debug("configuration: %s (from %s)", self._config.path or "none found", self._config.source)
+        return self._config
 
     @property
     def cluster(self) -> str | None:

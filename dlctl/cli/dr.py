@@ -11,6 +11,7 @@ from ..output import Table
 from ..plan import Plan
 from ..replication.records import StreamState
 from ..replication.store import StreamStore
+from .complete import complete_cluster
 from .context import AppContext, output_option, pass_app, yes_option
 from .replication import _session
 
@@ -30,7 +31,7 @@ def _apply(app: AppContext, plan: Plan, *, typed: tuple[str, str | None, str] | 
 
 
 @click.command("failover")
-@click.option("--to", "target", required=True, metavar="CLUSTER", help="The standby to promote (the sink of the one-way stream).")
+@click.option("--to", "target", required=True, metavar="CLUSTER", shell_complete=complete_cluster, help="The standby to promote (the sink of the one-way stream).")
 @click.option("--from", "source", metavar="CLUSTER", default=None, help="The lost primary (default: the source of the one stream into --to).")
 @click.option("--wait-workers", type=click.FloatRange(min=0), default=30.0, show_default=True, help="Seconds to wait for the stream's workers to stop.")
 @confirm_option
@@ -51,7 +52,7 @@ def failover_command(app: AppContext, target: str, source: str | None, wait_work
 
 
 @click.command("switchover")
-@click.option("--to", "target", required=True, metavar="CLUSTER", help="The standby to make primary.")
+@click.option("--to", "target", required=True, metavar="CLUSTER", shell_complete=complete_cluster, help="The standby to make primary.")
 @click.option("--drain-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True, help="Give up waiting for the standby to catch up after this many seconds.")
 @click.option("--no-verify", is_flag=True, help="Skip the final comparison of both clusters' records.")
 @confirm_option
@@ -90,7 +91,7 @@ def _one_way_into(sink: ClusterSession) -> str:
 
 
 @click.command("failback")
-@click.option("--to", "returning", required=True, metavar="CLUSTER", help="The returning old primary (it becomes a standby of the current primary).")
+@click.option("--to", "returning", required=True, metavar="CLUSTER", shell_complete=complete_cluster, help="The returning old primary (it becomes a standby of the current primary).")
 @click.option("--from", "primary", metavar="CLUSTER", default=None, help="The current primary (default: the cluster holding the failed-over stream from --to).")
 @click.option("--reconcile", is_flag=True, help="Re-append at the primary the records only the returning cluster holds.")
 @click.option("--discard-divergent", is_flag=True, help="Drop the records only the returning cluster holds (asks for its name typed).")
@@ -147,7 +148,7 @@ def dr_group() -> None:
 
 
 @dr_group.command("promote")
-@click.option("--cluster", "cluster_name", required=True, metavar="CLUSTER", help="The cluster whose logs become writable.")
+@click.option("--cluster", "cluster_name", required=True, metavar="CLUSTER", shell_complete=complete_cluster, help="The cluster whose logs become writable.")
 @click.option("--logs", "patterns", multiple=True, metavar="PATTERN", help="Logs to promote (shell patterns). Default: every log.")
 @confirm_option
 @dry_run_option
@@ -176,7 +177,7 @@ def _peers(app: AppContext, target: str) -> dict[str, ClusterSession]:
 
 
 @dr_group.command("recover")
-@click.option("--cluster", "cluster_name", required=True, metavar="CLUSTER", help="The location that lost data (and possibly its ZooKeeper metadata too: then rebuilt from its peers).")
+@click.option("--cluster", "cluster_name", required=True, metavar="CLUSTER", shell_complete=complete_cluster, help="The location that lost data (and possibly its ZooKeeper metadata too: then rebuilt from its peers).")
 @click.option("--drain-timeout", type=click.FloatRange(min=1), default=600.0, show_default=True, help="Seconds to wait for each stream into it to bring its records back.")
 @dry_run_option
 @yes_option
@@ -216,7 +217,7 @@ def recover_command(app: AppContext, cluster_name: str, drain_timeout: float, dr
 
 
 @dr_group.command("status")
-@click.option("--cluster", "cluster_name", default=None, metavar="CLUSTER", help="Only this location (default: every cluster of the inventory).")
+@click.option("--cluster", "cluster_name", default=None, metavar="CLUSTER", shell_complete=complete_cluster, help="Only this location (default: every cluster of the inventory).")
 @output_option
 @pass_app
 def status_command(app: AppContext, cluster_name: str | None) -> None:

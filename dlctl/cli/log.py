@@ -12,6 +12,7 @@ from ..meta.records import LogConfig
 from ..ops import logio, logs
 from ..output import render_item
 from ..plan import Plan, Step
+from .complete import complete_log
 from .context import AppContext, command_options, mutating, pass_app
 from .truncate import DURATION, SIZE
 
@@ -50,7 +51,7 @@ def _keep_or(convert):
 
 
 @log_group.command("retention")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_log)
 @click.option("--age", metavar="DURATION|none", help="Truncate completed segments this long after their completion (none: keep for ever).")
 @click.option("--max-bytes", metavar="SIZE|none", help="Size cap: truncate the oldest completed segments beyond it (none: no cap).")
 @mutating(confirm=False)
@@ -77,7 +78,7 @@ def log_list(app: AppContext) -> None:
 
 
 @log_group.command("show")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_log)
 @command_options
 @pass_app
 def log_show(app: AppContext, name: str) -> None:
@@ -87,7 +88,7 @@ def log_show(app: AppContext, name: str) -> None:
 
 
 @log_group.command("delete")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_log)
 @mutating(confirm=True)
 def log_delete(app: AppContext, name: str) -> Plan:
     """Delete log NAME (refused while a writer owns it)."""
@@ -128,7 +129,7 @@ def _with_position(func):
 
 
 @log_group.command("read")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_log)
 @_with_position
 @click.option("-n", "--limit", type=click.IntRange(1), help="Stop after this many records.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0.01), default=1.0, show_default=True, help="Stop once no record arrived for this long (caught up).")
@@ -144,7 +145,7 @@ def log_read(app: AppContext, name: str, from_dlsn: str | None, from_txid: int |
 
 
 @log_group.command("tail")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_log)
 @_with_position
 @click.option("-n", "--limit", type=click.IntRange(1), help="Stop after this many records.")
 @command_options
@@ -155,7 +156,7 @@ def log_tail(app: AppContext, name: str, from_dlsn: str | None, from_txid: int |
 
 
 @log_group.command("append")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_log)
 @click.option("--length-delimited", is_flag=True, help="Records on stdin are u32 big-endian length + bytes (default: one per line).")
 @click.option("--direct", is_flag=True, help="Write with the library writer (this process owns the log while it runs) instead of through the owning agent.")
 @click.option("--region", metavar="REGION", help="Where this producer runs: agents of this region are preferred as proxies.")
@@ -203,7 +204,7 @@ def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool,
 
 
 @log_group.command("release")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_log)
 @click.option("--force", is_flag=True, help="Remove the ownership even if the owner is not an agent or does not answer (it is fenced by the next owner).")
 @mutating(confirm=False)
 def log_release(app: AppContext, name: str, force: bool) -> Plan:

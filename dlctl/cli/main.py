@@ -17,6 +17,7 @@ from .agent import agent_group
 from .bench import bench_group
 from .bootstrap import bootstrap_command
 from .cluster import cluster_group
+from .complete import complete_cluster
 from .configcmd import config_group
 from .context import AppContext
 from .dr import dr_group, failback_command, failover_command, switchover_command
@@ -26,6 +27,7 @@ from .placement import placement_group
 from .recover import fence_command, recover_group
 from .replication import init_replication_command, replication_group
 from .sandbox import sandbox_group
+from .top import top_command
 from .truncate import gc_command, truncate_command
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -47,9 +49,9 @@ Exit codes:
     "config_option",
     metavar="FILE",
     envvar=None,
-    help="Inventory/configuration file (default: $DLCTL_CONFIG, then the user config dir, then /etc/dlctl/).",
+    help="Inventory/configuration file (default: $DLCTL_CONFIG, then the current context `sandbox up` set, then the user config dir, then /etc/dlctl/).",
 )
-@click.option("--cluster", "cluster_option", metavar="NAME", help="Cluster context (default: $DLCTL_CLUSTER).")
+@click.option("--cluster", "cluster_option", metavar="NAME", shell_complete=complete_cluster, help="Cluster context (default: $DLCTL_CLUSTER).")
 @click.option("-o", "--output", type=click.Choice(FORMATS), default="table", show_default=True, help="Output format.")
 @click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr; no progress bars.")
@@ -93,6 +95,7 @@ cli.add_command(placement_group)
 cli.add_command(truncate_command); cli.add_command(gc_command)  # noqa: E702 - one line per feature
 cli.add_command(init_replication_command)
 cli.add_command(replication_group)
+cli.add_command(top_command)
 cli.add_command(dr_group); cli.add_command(failover_command); cli.add_command(switchover_command); cli.add_command(failback_command)  # noqa: E702
 
 

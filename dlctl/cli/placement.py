@@ -9,6 +9,7 @@ from ..ops import placement as ops
 from ..placement import PlacementPolicy
 from ..placement_check import hypothetical_nodes
 from ..plan import Plan
+from .complete import complete_log
 from .context import AppContext, command_options, mutating, pass_app
 
 
@@ -24,7 +25,7 @@ def placement_group() -> None:
 
 
 @placement_group.command("show")
-@click.option("--log", "log_name", metavar="LOG", help="Also show this log's effective policy.")
+@click.option("--log", "log_name", metavar="LOG", shell_complete=complete_log, help="Also show this log's effective policy.")
 @command_options
 @pass_app
 def placement_show(app: AppContext, log_name: str | None) -> None:
@@ -33,7 +34,7 @@ def placement_show(app: AppContext, log_name: str | None) -> None:
 
 
 @placement_group.command("set")
-@click.option("--log", "log_name", metavar="LOG", help="Override m and regions for this log only.")
+@click.option("--log", "log_name", metavar="LOG", shell_complete=complete_log, help="Override m and regions for this log only.")
 @click.option("-e", "--ensemble-size", type=click.IntRange(1), help="E: default for new logs.")
 @click.option("-w", "--write-quorum", type=click.IntRange(1), help="W: default for new logs.")
 @click.option("-a", "--ack-quorum", type=click.IntRange(1), help="A: default for new logs.")
@@ -71,7 +72,7 @@ def placement_undrain(app: AppContext, region: str) -> Plan:
 
 
 @placement_group.command("check")
-@click.option("--log", "log_name", metavar="LOG", help="Check this log's effective policy (live cluster only).")
+@click.option("--log", "log_name", metavar="LOG", shell_complete=complete_log, help="Check this log's effective policy (live cluster only).")
 @click.option("-e", "--ensemble-size", type=click.IntRange(1), help="E (default: the cluster's, or 3).")
 @click.option("-w", "--write-quorum", type=click.IntRange(1), help="W (default: the cluster's, or 3).")
 @click.option("-a", "--ack-quorum", type=click.IntRange(1), help="A (default: the cluster's, or 2).")

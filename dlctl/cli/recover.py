@@ -7,6 +7,7 @@ import click
 from ..ops import recover as recover_ops
 from ..plan import Plan
 from ..errors import NotFoundError
+from .complete import complete_log, complete_node
 from .context import AppContext, mutating, output_option, pass_app, yes_option
 
 force_option = click.option("--force", is_flag=True, help="Proceed even though a live writer owns the log (it is deposed).")
@@ -14,7 +15,7 @@ timeout_option = click.option("--timeout", type=click.FloatRange(min=0.1), defau
 
 
 @click.command("fence")
-@click.argument("log")
+@click.argument("log", shell_complete=complete_log)
 @force_option
 @timeout_option
 @mutating(confirm=True)
@@ -30,7 +31,7 @@ def recover_group() -> None:
 
 
 @recover_group.command("log")
-@click.argument("log")
+@click.argument("log", shell_complete=complete_log)
 @force_option
 @timeout_option
 @click.option("--accept-data-loss", is_flag=True, help="Unclean recovery: take replicas that cannot answer as lost for good, close at the last entry still readable, report the entries at risk. Needs --confirm LOG.")
@@ -46,7 +47,7 @@ def recover_log_command(app: AppContext, log: str, force: bool, timeout: float, 
 
 
 @recover_group.command("under-replicated")
-@click.option("--log", "logs", multiple=True, help="Repair only this log's segments (repeatable); default: every log.")
+@click.option("--log", "logs", multiple=True, shell_complete=complete_log, help="Repair only this log's segments (repeatable); default: every log.")
 @click.option("--deep", is_flag=True, help="Also compare members' digests and refill the ones that disagree with the majority.")
 @mutating(confirm=True)
 def recover_under_replicated_command(app: AppContext, logs: tuple[str, ...], deep: bool) -> Plan:
@@ -106,7 +107,7 @@ def _rereplication_options(func):
 
 
 @recover_group.command("node")
-@click.argument("node_ids", nargs=-1, required=True)
+@click.argument("node_ids", nargs=-1, required=True, shell_complete=complete_node)
 @_rereplication_options
 @yes_option
 @output_option

@@ -13,6 +13,7 @@ from ..ops.session import ClusterSession
 from ..output import Table
 from ..plan import Plan
 from ..replication.store import StreamStore
+from .complete import complete_cluster, complete_stream
 from .context import (
     AppContext,
     command_options,
@@ -40,12 +41,12 @@ def _source_of(app: AppContext, sink: ClusterSession, stream_id: str) -> Cluster
         return None
 
 
-sink_option = click.option("--sink", metavar="CLUSTER", default=None, help="The stream's sink cluster (default: the selected cluster).")
+sink_option = click.option("--sink", metavar="CLUSTER", default=None, shell_complete=complete_cluster, help="The stream's sink cluster (default: the selected cluster).")
 
 
 @click.command("init-replication")
-@click.option("--source", required=True, metavar="CLUSTER", help="Cluster to replicate from.")
-@click.option("--sink", required=True, metavar="CLUSTER", help="Cluster to replicate to.")
+@click.option("--source", required=True, metavar="CLUSTER", shell_complete=complete_cluster, help="Cluster to replicate from.")
+@click.option("--sink", required=True, metavar="CLUSTER", shell_complete=complete_cluster, help="Cluster to replicate to.")
 @click.option("--logs", "patterns", multiple=True, metavar="PATTERN", help="Logs to replicate (shell patterns; repeatable). Default: every log.")
 @click.option("--bidirectional", is_flag=True, help="Active-active: also replicate SINK -> SOURCE, with the causality filter.")
 @click.option("--causal", is_flag=True, help="A one-way edge of an active-active network (a chain, a directed cycle): the sink takes local writes too and applies the causality filter.")
@@ -136,7 +137,7 @@ def _statuses(app: AppContext, stream: str | None, sink_name: str | None) -> lis
 
 
 @replication_group.command("status")
-@click.argument("stream", required=False)
+@click.argument("stream", required=False, shell_complete=complete_stream)
 @sink_option
 @command_options
 @pass_app
@@ -152,7 +153,7 @@ def status_command(app: AppContext, stream: str | None, sink: str | None) -> Non
 
 
 @replication_group.command("check")
-@click.argument("stream", required=False)
+@click.argument("stream", required=False, shell_complete=complete_stream)
 @sink_option
 @click.option("--max-lag-seconds", type=click.FloatRange(min=0), default=None, help="Critical above this lag in seconds.")
 @click.option("--max-lag-records", type=click.IntRange(0), default=None, help="Critical above this lag in records.")
@@ -200,7 +201,7 @@ def topology_command(app: AppContext) -> None:
 
 
 @replication_group.command("pause")
-@click.argument("stream")
+@click.argument("stream", shell_complete=complete_stream)
 @sink_option
 @mutating(confirm=False)
 def pause_command(app: AppContext, stream: str, sink: str | None) -> Plan:
@@ -209,7 +210,7 @@ def pause_command(app: AppContext, stream: str, sink: str | None) -> Plan:
 
 
 @replication_group.command("resume")
-@click.argument("stream")
+@click.argument("stream", shell_complete=complete_stream)
 @sink_option
 @mutating(confirm=False)
 def resume_command(app: AppContext, stream: str, sink: str | None) -> Plan:
@@ -218,7 +219,7 @@ def resume_command(app: AppContext, stream: str, sink: str | None) -> Plan:
 
 
 @replication_group.command("delete")
-@click.argument("stream")
+@click.argument("stream", shell_complete=complete_stream)
 @sink_option
 @mutating(confirm=True)
 def delete_command(app: AppContext, stream: str, sink: str | None) -> Plan:
@@ -229,7 +230,7 @@ def delete_command(app: AppContext, stream: str, sink: str | None) -> Plan:
 
 
 @replication_group.command("retire")
-@click.argument("location")
+@click.argument("location", shell_complete=complete_cluster)
 @mutating(confirm=True)
 def retire_command(app: AppContext, location: str) -> Plan:
     """Remove LOCATION from the replication network for good: delete every stream into or out
@@ -241,7 +242,7 @@ def retire_command(app: AppContext, location: str) -> Plan:
 
 
 @replication_group.command("wait-drain")
-@click.argument("stream")
+@click.argument("stream", shell_complete=complete_stream)
 @sink_option
 @click.option("--timeout", type=click.FloatRange(min=0), default=None, help="Give up (exit 1) after this many seconds.")
 @command_options

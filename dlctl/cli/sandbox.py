@@ -41,8 +41,9 @@ def _init_cluster(inventory_path: Path, name: str) -> dict:
 @click.option("--nodes-per-region", type=click.IntRange(1, 50), default=3, show_default=True, help="Agents per region.")
 @mutating(confirm=False)
 def sandbox_up(app: AppContext, directory: Path | None, clusters: int, regions: int, nodes_per_region: int) -> Plan:
-    """Start ZooKeeper and the agents, and write an inventory that every command can use:
-    export DLCTL_CONFIG=<dir>/config.toml. A second `up` says it is already up."""
+    """Start ZooKeeper and the agents, write an inventory (<dir>/config.toml) and make it the
+    current context: later commands use it without --config or DLCTL_CONFIG, until `sandbox
+    down`. A second `up` says it is already up."""
     return sandbox.up_plan(directory or sandbox.default_dir(), sandbox.Layout(clusters, regions, nodes_per_region), _init_cluster)
 
 
@@ -51,7 +52,8 @@ def sandbox_up(app: AppContext, directory: Path | None, clusters: int, regions: 
 @click.option("--purge", is_flag=True, help="Also remove the sandbox's data, secrets and inventory.")
 @mutating(confirm=False)
 def sandbox_down(app: AppContext, directory: Path | None, purge: bool) -> Plan:
-    """Stop every process the sandbox started (by pid); keep the data unless --purge."""
+    """Stop every process the sandbox started (by pid); keep the data unless --purge. Clears
+    the current context if it names this sandbox."""
     return sandbox.down_plan(directory or sandbox.default_dir(), purge)
 
 

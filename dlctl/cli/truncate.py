@@ -14,6 +14,7 @@ from ..log.pool import AgentPool
 from ..ops import gc as gc_ops
 from ..ops.truncate import parse_duration, parse_size, truncate_plan
 from ..plan import Plan
+from .complete import complete_log
 from .context import AppContext, mutating, output_option, pass_app, yes_option
 
 
@@ -46,7 +47,7 @@ SIZE = SizeType()
 
 
 @click.command("truncate")
-@click.argument("log")
+@click.argument("log", shell_complete=complete_log)
 @click.option("--to", "to", metavar="SEG/ENTRY/SLOT", help="Truncate everything before this DLSN (it becomes the min-active DLSN).")
 @click.option("--before-txid", type=int, metavar="TXID", help="Truncate every record with a txid below TXID.")
 @click.option("--older-than", type=DURATION, metavar="DURATION", help="Truncate the completed segments completed more than DURATION ago (e.g. 7d, 12h).")

@@ -31,6 +31,16 @@ def available_node(cluster: str, node_id: str) -> str:
     return f"{available(cluster)}/{validate_name('node', node_id)}"
 
 
+def metrics_endpoints(cluster: str) -> str:
+    """Where each agent last served its metrics: persistent, so a dead agent stays a scrape
+    target (and Prometheus sees it down) instead of vanishing with its availability record."""
+    return f"{cluster_root(cluster)}/metrics"
+
+
+def metrics_endpoint(cluster: str, node_id: str) -> str:
+    return f"{metrics_endpoints(cluster)}/{validate_name('node', node_id)}"
+
+
 def disks(cluster: str) -> str:
     return f"{cluster_root(cluster)}/disks"
 

@@ -236,20 +236,49 @@ class MetaStore:
             return {}
         return value if isinstance(value, dict) else {}
 
+    def publish_metrics_endpoint(self, node_id: str, address: str) -> None:
+        """Record where ``node_id`` serves its metrics now (the agent, at start)."""
+        path = paths.metrics_endpoint(self.cluster, node_id)
+        body = json.dumps({"address": address, "since": time.time()}).encode()
+        try:
+            self.client.set(path, body)
+        except NoNodeError:
+            try:
+                self.client.create(path, body, acl=self.acl, makepath=True)
+            except NodeExistsError:
+                self.client.set(path, body)
+
+    def metrics_endpoints(self) -> dict[str, str]:
+        """node id -> the address it last served its metrics at (dead agents included)."""
+        out = {}
+        for node_id, data in self._children_data(paths.metrics_endpoints(self.cluster)):
+            try:
+                address = json.loads(data).get("address")
+            except (ValueError, AttributeError):
+                continue  # not ours to read: the live record still counts
+            if isinstance(address, str) and address:
+                out[node_id] = address
+        return out
+
     def available_nodes(self) -> dict[str, dict]:
         """Live agents (ephemeral ``available/<id>`` records): node id -> region, rack, address, ..."""
         parent = paths.available(self.cluster)
+        return {node_id: _decode_node(data, f"{parent}/{node_id}") for node_id, data in self._children_data(parent)}
+
+    def _children_data(self, parent: str) -> list[tuple[str, bytes]]:
+        """(name, data) of each child of ``parent`` in name order; children that went away
+        between the listing and the read are left out."""
         try:
             children = self.client.get_children(parent)
         except NoNodeError:
-            return {}
-        out = {}
-        for node_id in sorted(children):
+            return []
+        out = []
+        for name in sorted(children):
             try:
-                data, _ = self.client.get(f"{parent}/{node_id}")
+                data, _ = self.client.get(f"{parent}/{name}")
             except NoNodeError:
-                continue  # went away between the listing and the read
-            out[node_id] = _decode_node(data, f"{parent}/{node_id}")
+                continue
+            out.append((name, data))
         return out
 
     # -- operations (resumable admin work, e.g. re-replication) -----------------------------

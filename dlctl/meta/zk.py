@@ -257,3 +257,39 @@ def connect(connect_string: str, auth: ZkAuth | None = None, timeout: float = 10
             hint="check the connect string in the configuration and that the ensemble is up",
         ) from exc
     return client
+
+
+def connect_once(connect_string: str, auth: ZkAuth | None = None, timeout: float = 1.0, tls: ZkTls | None = None) -> KazooClient | None:
+    """One bounded attempt, no retries and no diagnosis: for callers that must answer at once or
+    not at all (shell completion). None when no server of the ensemble answers within ``timeout``
+    seconds in all; the caller stops and closes the client it gets."""
+    deadline = time.monotonic() + timeout
+    # kazoo waits the whole timeout for a port nobody listens on; a refused TCP connect says so
+    # at once (and bounds an unroutable host by what is left of the timeout).
+    for host, port in _hosts(connect_string):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            socket.create_connection((host, port), timeout=left).close()
+            break
+        except OSError:
+            continue
+    else:
+        return None
+    no_retry = {"max_tries": 0, "delay": 0.05, "max_delay": 0.05}
+    client = KazooClient(
+        hosts=connect_string,
+        timeout=max(timeout, 1.0),  # the session timeout kazoo derives its connect timeout from
+        auth_data=[("digest", f"{auth.user}:{auth.password}")] if auth else None,
+        connection_retry=no_retry,
+        command_retry=no_retry,
+        **(tls.kazoo_options() if tls is not None else {}),
+    )
+    try:
+        client.start(timeout=max(0.05, deadline - time.monotonic()))
+    except KazooTimeoutError:
+        client.stop()
+        client.close()
+        return None
+    return client

@@ -28,7 +28,7 @@ from ..remote.fanout import Deadline, FanoutEvent, fan_out, outcome
 from ..remote.local import LocalTransport
 from ..remote.ssh import SshOptions, SshPool
 from ..remote.transport import Transport
-from . import certs
+from . import certs, supervision
 
 VERB_TIMEOUT = 90.0
 
@@ -133,7 +133,7 @@ def status(fleet: Fleet, nodes: Sequence[Node]) -> tuple[list[dict[str, Any]], D
         base = {"region": node.region, "rack": node.rack, "node": node.id, "host": node.host}
         if r.ok:
             v = r.value
-            rows.append({**base, "running": v.get("running"), "pid": v.get("pid"), "version": v.get("version"), "address": v.get("address"), "data_bytes": v.get("data_bytes"), "disk_free_bytes": v.get("disk_free_bytes")})
+            rows.append({**base, "running": v.get("running"), "pid": v.get("pid"), "version": v.get("version"), "address": v.get("address"), "supervisor": v.get("supervisor"), "data_bytes": v.get("data_bytes"), "disk_free_bytes": v.get("disk_free_bytes")})
         else:
             rows.append({**base, "running": None, "error": r.error})
     try:
@@ -145,9 +145,12 @@ def status(fleet: Fleet, nodes: Sequence[Node]) -> tuple[list[dict[str, Any]], D
 
 
 def logs(fleet: Fleet, node: Node, lines: int) -> str:
-    result = fleet.transport(node).run(["tail", "-n", str(lines), f"{node.data_dir}/dlagent.log"], timeout=fleet.options.timeout)
+    """The agent's last lines, newest last: ``dlagent logs`` reads its unit's journal where
+    systemd runs it, else its rotated log files."""
+    argv = [node.agent_python, "-m", "dlagent", "logs", "--config", node.agent_config, "--lines", str(lines)]
+    result = fleet.transport(node).run(argv, timeout=fleet.options.timeout)
     if not result.ok:
-        raise DlctlError(f"{node.id}: cannot read {node.data_dir}/dlagent.log: {result.stderr.decode(errors='replace').strip()}")
+        raise DlctlError(f"{node.id}: cannot read the agent's log: {result.stderr.decode(errors='replace').strip()}")
     return result.stdout.decode(errors="replace")
 
 
@@ -259,6 +262,7 @@ def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, pr
                 t.put(getattr(cluster.zookeeper_tls, key), f"{node.home}/{ZK_TLS_DIR}/{name}", 0o600, timeout=remaining())
             done["zookeeper_tls"] = True
         version = t.run([node.agent_python, "-m", "dlagent", "--version"], timeout=remaining()).check().text.strip()
+        done["supervisor"] = supervision.install_unit(t, cluster, node, remaining)
         return {**done, "agent": version}
 
     def install_all() -> dict[str, Any]:
@@ -278,7 +282,8 @@ def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, pr
             f"on {len(nodes)} node(s): create home dirs, "
             + (f"upload wheels and install into a venv on {len(needs_venv)}, " if needs_venv else "")
             + "write agent.toml, upload the secrets (0600)"
-            + (" and a TLS certificate of the cluster CA" if tls else " (no TLS: the operator holds no cluster CA)"),
+            + (" and a TLS certificate of the cluster CA" if tls else " (no TLS: the operator holds no cluster CA)")
+            + "; a systemd unit where the node runs systemd and the SSH user is root (else a detached process)",
             run=install_all,
         )
     )

@@ -279,6 +279,7 @@ def status(session: ClusterSession, timeout: float = 3.0) -> list[dict[str, Any]
             # Registered but silent: crashed or hung, its ZooKeeper session not yet expired.
             "state": "down" if info is None else ("up" if isinstance(stat, dict) else "unreachable"),
             "version": info.get("version") if info else None,
+            "metrics": (info.get("metrics") or "off") if info else None,
         }
         if isinstance(stat, dict):
             row.update(segments=stat.get("segments"), data_bytes=stat.get("bytes"), disk_free_bytes=stat.get("disk_free_bytes"), limbo=stat.get("limbo"))
@@ -291,3 +292,24 @@ def status(session: ClusterSession, timeout: float = 3.0) -> list[dict[str, Any]
         rows.append(row)
     rows.sort(key=lambda r: (r["region"], r["rack"], r["node"]))
     return rows
+
+
+def metrics_targets(session: ClusterSession) -> list[dict[str, Any]]:
+    """Prometheus file_sd target groups, one per agent that serves metrics: its last published
+    endpoint, labelled with cluster, node, region and rack. An agent that died stays a target,
+    so Prometheus reports it down; with nodes in the inventory, only those (and live agents it
+    does not know: a decommissioned node's old endpoint is not scraped for ever)."""
+    available = session.meta.available_nodes()
+    endpoints = session.meta.metrics_endpoints()
+    known = {n.id: n for n in session.cluster.nodes}
+    remembered = {n: a for n, a in endpoints.items() if not known or n in known}
+    groups = []
+    for node_id in sorted(set(remembered) | set(available)):
+        live = available.get(node_id, {})
+        address = live.get("metrics") if node_id in available else remembered.get(node_id)
+        if not address:
+            continue  # metrics off, or never started
+        node = known.get(node_id)
+        labels = {"cluster": session.cluster.name, "node": node_id, "region": node.region if node else live.get("region", ""), "rack": node.rack if node else live.get("rack", "")}
+        groups.append({"targets": [address], "labels": labels})
+    return groups

@@ -168,6 +168,18 @@ class Checkpoint:
         return max(0, self.source_end_records - (self.processed_records - self.source_end_processed))
 
 
+def lag_seconds(lag_records: int | None, caught_up_at: float, since: float, now: float) -> float | None:
+    """How far behind in time a stream's log is, given ``lag_records`` left at the source: 0 with
+    none left, else the age of the newest moment the worker had read everything the source
+    held (``Checkpoint.caught_up_at``), or of ``since`` (the stream's creation) if it never
+    had; None when the records left are unknown."""
+    if lag_records is None:
+        return None
+    if lag_records == 0:
+        return 0.0
+    return max(0.0, now - (caught_up_at or since))
+
+
 def default_stream_id(source: str, sink: str) -> str:
     return validate_name("stream", f"{source}-to-{sink}")
 

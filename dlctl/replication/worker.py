@@ -25,6 +25,10 @@ every ``contact_interval`` (at the time of that measurement). A worker that keep
 steady load therefore shows a lag of at most about ``contact_interval``, not the time since it
 last found the source idle.
 
+An observer (``StreamWorker(observer=...)``: the agent exports it as metrics) is told the
+checkpoint's counts when the run starts and after every checkpoint, and the lag whenever the
+source's end is measured, by ``positions.records_from`` as ``dlctl replication status`` does.
+
 So a crash anywhere loses nothing and applies nothing twice: what was appended but not yet
 checkpointed is found again in step 2. An ambiguous append failure ends the run; the supervisor
 starts a new one, which goes through step 2 again.
@@ -35,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -69,7 +73,7 @@ from .filters import RecordFilter
 from .network import causal_gate, current_version_vector
 from .seen import SEEN_MARK
 from .positions import find_applied, log_end, records_from
-from .records import Checkpoint, StreamConfig
+from .records import Checkpoint, StreamConfig, lag_seconds
 from .store import StreamStore
 
 log = logging.getLogger(__name__)
@@ -155,6 +159,26 @@ def _request_size(headers: Mapping[str, bytes]) -> int:
     return mark.count if mark is not None else 1
 
 
+@dataclass(frozen=True)
+class WorkerReport:
+    """A worker's progress for its observer. ``applied_records`` and ``last_applied_at`` are the
+    checkpoint's (what every run of this stream's log applied, on any agent); the lag is the
+    source records (and their bytes) after the checkpoint when the worker last measured the
+    source's end, None until it first has."""
+
+    stream_id: str
+    log: str
+    applied_records: int
+    last_applied_at: float  # Unix time; 0: never
+    caught_up_at: float  # Unix time the worker last had read everything the source held; 0: never
+    created: float  # the stream's creation (the lag's start if it never caught up)
+    lag_records: int | None = None
+    lag_bytes: int | None = None
+
+    def lag_seconds(self, now: float) -> float | None:
+        return lag_seconds(self.lag_records, self.caught_up_at, self.created, now)
+
+
 @dataclass
 class _Progress:
     """The worker's state after the last record it handled (what a checkpoint records)."""
@@ -182,8 +206,10 @@ class StreamWorker:
         source_pool: AgentPool,
         stop: asyncio.Event,
         options: WorkerOptions | None = None,
+        observer: Callable[[WorkerReport], None] | None = None,
     ) -> None:
         self.config = config
+        self.observer = observer
         self.log_name = log_name
         self.node_id = node_id
         self.sink_meta, self.sink_pool = sink_meta, sink_pool
@@ -212,6 +238,7 @@ class StreamWorker:
         self._last_cvv = 0.0
         self._filtering = False  # reads carry the sink's version vector (source-side filtering)
         self._split_warned = False  # said once that a source request was too large to keep whole
+        self._lag: tuple[int, int] | None = None  # (records, bytes) after the checkpoint, last measured
 
     @property
     def checkpoint(self) -> Checkpoint | None:
@@ -230,6 +257,7 @@ class StreamWorker:
 
     async def _run(self) -> None:
         self._checkpoint = await self._zk(self.streams.get_checkpoint, self.config.stream_id, self.log_name)
+        self._report()
         cp = self._checkpoint.value
         if cp.needs_bootstrap:
             raise NeedsBootstrap(f"stream {self.config.stream_id!r}, log {self.log_name!r} needs a bootstrap: {cp.needs_bootstrap}")
@@ -452,6 +480,20 @@ class StreamWorker:
             self._checkpoint = await self._zk(self.streams.update_checkpoint, self.config.stream_id, self._checkpoint, new)
         except (ConflictError, NotFoundError) as exc:
             raise StreamGone(f"stream {self.config.stream_id!r}, log {self.log_name!r}: checkpoint taken over or deleted ({exc.message})") from None
+        self._report()
+
+    def _report(self) -> None:
+        if self.observer is None or self._checkpoint is None:
+            return
+        cp = self._checkpoint.value
+        lag_records, lag_bytes = self._lag if self._lag is not None else (None, None)
+        report = WorkerReport(
+            self.config.stream_id, self.log_name, cp.applied_records, cp.last_applied_at, cp.caught_up_at, self.config.created, lag_records, lag_bytes
+        )
+        try:
+            self.observer(report)
+        except Exception:  # noqa: BLE001 - an observer's trouble must not stop the stream
+            log.exception("stream %s, log %s: the worker's observer failed", self.config.stream_id, self.log_name)
 
     async def _idle(self, now: float, reader: LogReader) -> None:
         """Caught up (a read waited in vain): probe the source now and then, so status can tell
@@ -544,7 +586,7 @@ class StreamWorker:
         started = time.time()  # the source held at least this much then: caught up to it means caught up to then
         try:
             end = await log_end(self.source_meta, self.source_pool, self.log_name, region=self.options.region)
-            behind, _ = await records_from(self.source_meta, self.source_pool, self.log_name, cp.next, region=self.options.region)
+            behind, behind_bytes = await records_from(self.source_meta, self.source_pool, self.log_name, cp.next, region=self.options.region)
         except Exception as exc:  # noqa: BLE001 - the source may be unreachable: keep the last measure
             log.debug("stream %s, log %s: measuring the source end: %r", self.config.stream_id, self.log_name, exc)
             return
@@ -554,6 +596,8 @@ class StreamWorker:
             "source_end_processed": cp.processed_records,
             "source_end_at": started,
         }
+        self._lag = (behind, behind_bytes)
+        self._report()
 
     async def _collect_pin(self) -> None:
         assert self._pin_task is not None

@@ -3,8 +3,9 @@
 One ZooKeeper (from the pyspark jars) serves every sandbox cluster; each node is a real
 ``dlagent`` process on its own loopback address — ``127.<100+cluster>.<region>.<node>`` — so
 regions are address ranges, exactly as on a fleet. ``up`` writes an inventory
-(``<dir>/config.toml``) that every other command uses unchanged; ``down`` stops what ``up``
-started, by pid, and can remove the data.
+(``<dir>/config.toml``) that every other command uses unchanged, and makes it the current
+context (dlctl.current_context) so they find it without ``DLCTL_CONFIG``; ``down`` stops what
+``up`` started, by pid, can remove the data, and clears the context if it still names this sandbox.
 
 ZooKeeper serves TLS (client certificates required) on its secure port, and the inventory and
 every agent.toml point there with a ``zookeeper_tls`` table: the sandbox's own CA and client
@@ -25,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import current_context
 from .. import tomltext as toml
 from ..certdir import AGENT_CA, AGENT_CERT, AGENT_DIR, AGENT_KEY, CA_CERT, CLIENT_CERT, CLIENT_KEY, CertDir
+from ..config import user_config_dir
 from ..errors import DlctlError, PartialFailure
 from ..meta.zk import ZkTls
 from ..plan import Plan, Step
@@ -175,6 +178,10 @@ def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path, cluste
                 toml.line("zk_auth_file", cluster_dir / "zk-auth"),
                 toml.line("session_timeout", 4.0),
                 "",
+                # Any free port: the agent publishes where it bound (its availability record).
+                toml.table("metrics"),
+                toml.line("listen", f'{node["host"]}:0'),
+                "",
                 toml.table("tls"),  # delivered by the issue-certs step, from the cluster CA
                 toml.line("ca_file", node_dir / AGENT_DIR / AGENT_CA),
                 toml.line("cert_file", node_dir / AGENT_DIR / AGENT_CERT),
@@ -307,7 +314,20 @@ def up_plan(directory: Path, layout: Layout, init_cluster) -> Plan:
             run=start_agents,
         )
     )
-    return Plan.of("sandbox up", steps, notes=[f"then: export DLCTL_CONFIG={inventory_path}"])
+    context = current_context.context_file(user_config_dir())
+    steps.append(
+        Step(
+            "set-context",
+            str(context),
+            f"make {inventory_path} the current context: commands without --config or DLCTL_CONFIG use it",
+            run=lambda: {"context": str(current_context.set_current(user_config_dir(), inventory_path)), "inventory": str(inventory_path)},
+        )
+    )
+    notes = [f"commands now use this sandbox without DLCTL_CONFIG (current context: {context}); `sandbox down` switches back"]
+    chosen = os.environ.get("DLCTL_CONFIG")
+    if chosen and Path(chosen).absolute() != inventory_path.absolute():
+        notes.append(f"DLCTL_CONFIG={chosen} is set and takes precedence over the current context in this shell")
+    return Plan.of("sandbox up", steps, notes=notes)
 
 
 def status(directory: Path) -> dict[str, Any]:
@@ -336,12 +356,22 @@ def status(directory: Path) -> dict[str, Any]:
     }
 
 
+def _clear_context(directory: Path) -> list[Step]:
+    """A step clearing the current context if it names this sandbox's inventory."""
+    inventory = directory / "config.toml"
+    current = current_context.read(user_config_dir())
+    if current is None or current.absolute() != inventory.absolute():
+        return []
+    context = current_context.context_file(user_config_dir())
+    return [Step("clear-context", str(context), f"clear the current context ({context} names this sandbox)", run=lambda: {"cleared": current_context.clear_if(user_config_dir(), inventory)})]
+
+
 def down_plan(directory: Path, purge: bool) -> Plan:
     state = read_state(directory)
     if state is None:
         if purge and directory.exists():
-            return Plan.of("sandbox down", [Step("remove-dir", str(directory), f"remove {directory}", run=lambda: shutil.rmtree(directory))])
-        return Plan.of("sandbox down", [], notes=[f"no sandbox in {directory}"])
+            return Plan.of("sandbox down", [Step("remove-dir", str(directory), f"remove {directory}", run=lambda: shutil.rmtree(directory)), *_clear_context(directory)])
+        return Plan.of("sandbox down", _clear_context(directory), notes=[f"no sandbox in {directory}"])
     nodes = [n for n in state["nodes"] if (Path(n["dir"]) / "agent.toml").exists()]
     steps = [
         Step("stop-agents", f"{len(nodes)} nodes", f"stop {len(nodes)} agents (SIGTERM, then SIGKILL after 20 s)", run=lambda: [{"node": r["node"], "message": r.get("message")} for r in _fan_out("stop", nodes)]),
@@ -353,4 +383,4 @@ def down_plan(directory: Path, purge: bool) -> Plan:
         steps.append(Step("remove-dir", str(directory), f"remove {directory} and all sandbox data", run=lambda: shutil.rmtree(directory)))
     else:
         steps.append(Step("forget-state", str(directory / STATE_FILE), "mark the sandbox as down (data kept)", run=lambda: (directory / STATE_FILE).unlink()))
-    return Plan.of("sandbox down", steps)
+    return Plan.of("sandbox down", steps + _clear_context(directory))

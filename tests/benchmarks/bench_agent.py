@@ -68,15 +68,19 @@ class StaticPool:
 
 
 def serve(data_dir: Path, port_file: Path, peers: dict[str, str] | None = None) -> None:
+    from dlagent.metrics import AgentMetrics
     from dlagent.pull import RangePuller
     from dlagent.server import AgentServer
     from dlagent.storage import SegmentStore, SyncPolicy
 
     async def main() -> None:
-        store = SegmentStore(data_dir, SyncPolicy())
+        # Recording metrics as a real agent does (dlagent.daemon): their cost is in the figures.
+        metrics = AgentMetrics()
+        store = SegmentStore(data_dir, SyncPolicy(), metrics=metrics)
         await store.open()
+        metrics.watch(store)
         tls = harness_tls.from_env()  # start_agent passes it
-        server = AgentServer(store, SECRET, "127.0.0.1", 0, tls=tls)
+        server = AgentServer(store, SECRET, "127.0.0.1", 0, tls=tls, metrics=metrics)
         if peers:
             server.puller = RangePuller(StaticPool(peers, tls), store, data_dir.name)  # the agent's own certificate, as in production
         await server.start()

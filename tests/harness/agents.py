@@ -7,6 +7,10 @@ protocol port accepts connections and the availability znode exists.
 TLS is on by default, as in production: each node serves mutual TLS with a certificate of the
 harness CA (``harness.tls``) issued for its host, and ``node.client()`` presents the harness
 client certificate. ``AgentNode(tls=False)`` runs a plaintext agent (tests of that path).
+
+Metrics endpoints bind port 0 on the node's host (``metrics=``: another ``[metrics] listen``, or
+"off"): agents of tests on parallel workers never collide, and tests find an endpoint by the
+address the agent publishes (``metrics_address``).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class AgentNode:
         sync: str = "always",
         extra_config: str = "",
         tls: bool = True,
+        metrics: str | None = None,
     ) -> None:
         self.procs = procs
         self.dir = base_dir / node_id
@@ -84,6 +89,9 @@ class AgentNode:
                     toml.line("zk_auth_file", self.zk_auth_file),
                     toml.line("session_timeout", session_timeout),
                     harness_tls.tls_table(self.tls) if self.tls is not None else "",
+                    "[metrics]",
+                    toml.line("listen", metrics if metrics is not None else f"{host}:0"),
+                    "",
                     "[storage]",
                     toml.line("sync", sync),
                     "",
@@ -147,6 +155,10 @@ class AgentNode:
         """A client of this node; ``tls=`` defaults to the node's mode (``tls=None``: plaintext)."""
         options.setdefault("tls", self.client_tls)
         return SyncAgentClient(self.host, self.port, self.secret, **options)
+
+    def metrics_address(self, zk: KazooClient) -> str | None:
+        """Where the running agent serves its metrics, as its availability record says."""
+        return (self.registration(zk) or {}).get("metrics")
 
     def segment_files(self) -> list[Path]:
         return sorted(p for p in (self.data_dir / "segments").rglob("*") if p.is_file())

@@ -78,6 +78,8 @@ def test_install_start_status_stop_over_ssh_in_two_regions(fleet, zk):
     installed = json.loads(install.stdout)["steps"][-1]["result"]
     first = cluster.nodes[0].name
     assert installed[first]["venv"].endswith("/venv") and "dlagent" in installed[first]["agent"]
+    # No systemd on these nodes (nor in CI's containers): the detached process, and why.
+    assert all(r["supervisor"]["kind"] == "process" and "no systemd" in r["supervisor"]["why"] for r in installed.values())
     home = config.parent / first
     assert (home / "secret").stat().st_mode & 0o777 == 0o600
     # Least privilege (issue 19): the config is private too, and the directories install made.

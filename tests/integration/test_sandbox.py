@@ -15,10 +15,10 @@ from harness.procs import pid_alive, wait_until
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
 
 
-def dlctl(*argv: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "dlctl.cli", *argv], capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})}
-    )
+def dlctl(*argv: str, env: dict[str, str | None] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``env`` adds variables to this process's; a None value removes one."""
+    environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    result = subprocess.run([sys.executable, "-m", "dlctl.cli", *argv], capture_output=True, text=True, timeout=180, env=environment)
     if check and result.returncode != 0:
         raise AssertionError(f"dlctl {' '.join(argv)} exited {result.returncode}:\n{result.stderr}")
     return result
@@ -35,7 +35,11 @@ def listening(address: str) -> bool:
 
 @pytest.fixture
 def sandbox(tmp_path):
-    env = {"DLCTL_SANDBOX_DIR": str(tmp_path / "sbx"), "DLCTL_CONFIG": str(tmp_path / "sbx" / "config.toml")}
+    env = {
+        "DLCTL_SANDBOX_DIR": str(tmp_path / "sbx"),
+        "DLCTL_CONFIG": str(tmp_path / "sbx" / "config.toml"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),  # where `sandbox up` records the current context
+    }
     yield env
     dlctl("--yes", "sandbox", "down", "--purge", env=env, check=False)
 
@@ -54,12 +58,19 @@ def test_sandbox_up_status_and_down_leave_nothing_behind(sandbox):
     again = json.loads(dlctl("-o", "json", "--yes", "sandbox", "up", env=sandbox).stdout)
     assert again["steps"] == [] and "already up" in again["notes"][0]
 
-    nodes = json.loads(dlctl("-o", "json", "cluster", "status", env=sandbox).stdout)
+    # The current context: a command finds the sandbox without DLCTL_CONFIG (as after `kind create`).
+    context = Path(sandbox["XDG_CONFIG_HOME"]) / "dlctl" / "current"
+    assert context.read_text().strip() == sandbox["DLCTL_CONFIG"] and context.stat().st_mode & 0o777 == 0o600
+    assert up["steps"][-1]["action"] == "set-context"
+    found = dlctl("-vv", "-o", "json", "cluster", "status", env={**sandbox, "DLCTL_CONFIG": None})
+    assert "current-context" in found.stderr  # -vv says which configuration it used, and why
+    nodes = json.loads(found.stdout)
     assert len(nodes) == 4 and all(n["state"] == "up" and n["segments"] == 0 for n in nodes)
     assert {n["region"] for n in nodes} == {"region-1", "region-2"}
 
     down = json.loads(dlctl("-o", "json", "--yes", "sandbox", "down", env=sandbox).stdout)
     assert down["ok"]
+    assert not context.exists(), "`sandbox down` leaves the current context naming a stopped sandbox"
     assert not any(pid_alive(p) for p in pids), "a sandbox process outlived `sandbox down`"
     assert not any(listening(a) for a in addresses), "a sandbox port is still open after `sandbox down`"
     assert json.loads(dlctl("-o", "json", "sandbox", "status", env=sandbox).stdout)["up"] is False

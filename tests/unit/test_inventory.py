@@ -96,3 +96,13 @@ def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(ConfigError, match="not valid TOML"):
         load(ConfigLocation(bad, "--config"))
     assert load(ConfigLocation(None, "none")).clusters == {}
+
+
+def test_agent_user_is_optional_and_validated():
+    east = inv().cluster(None)
+    assert all(n.agent_user is None for n in east.nodes)
+    text = GOOD.replace('ssh_user = "ops"', 'ssh_user = "root"\nagent_user = "dlagent"')
+    assert {n.agent_user for n in inv(text).cluster(None).nodes} == {"dlagent"}
+    for bad in ('"root"', '"Bad User"', '"a;b"', "7"):
+        with pytest.raises(ConfigError, match="agent_user"):
+            inv(GOOD.replace('ssh_user = "ops"', f"agent_user = {bad}"))
