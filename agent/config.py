@@ -78,6 +78,8 @@
     idle_timeout = 600         # seconds without a byte received or a request in flight
     frame_timeout = 60         # seconds a started frame may take to complete
     max_long_poll = 120        # seconds; longer long-poll timeouts are cut to this
+    compression = true         # zstd answers to reads that ask (replication streams); false:
+                               # refused as by an agent that predates it (its readers read plain)
 
     [log]                      # the detached agent's log file, rotated (dlagent.logconfig); under
     max_bytes = 10485760       # systemd, journald keeps the log instead

@@ -37,6 +37,9 @@ class ServerLimits:
     idle_timeout: float = 600.0  # no bytes received and nothing in flight
     frame_timeout: float = 60.0  # a frame whose first bytes arrived must complete within this (slowloris)
     max_long_poll: float = 120.0  # longer long-poll timeouts are cut to this
+    # Answer reads that ask for it (FLAG_COMPRESS: replication streams) zstd-compressed. False:
+    # refuse the flag as an agent that predates it does (its readers then read plain).
+    compression: bool = True
     max_frame: int = p.MAX_FRAME
 
     def __post_init__(self) -> None:
@@ -51,6 +54,8 @@ class ServerLimits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.compression, bool):
+            raise ValueError(f"compression must be true or false, got {self.compression!r}")
         if not p.FRAME_HEADER_SIZE < self.max_frame <= p.MAX_FRAME:
             raise ValueError(f"max_frame must be in {p.FRAME_HEADER_SIZE + 1}..{p.MAX_FRAME}")
         if not MIN_UNAUTHENTICATED_FRAME <= self.max_unauthenticated_frame <= self.max_frame:

@@ -80,6 +80,8 @@ class _StreamLog:
 
     applied: int = 0  # records this agent's workers applied (the counter)
     report: WorkerReport | None = None  # the running worker's last report; None: none runs here now
+    wire: int = 0  # bytes of the source's answers to them on the wire (compressed or not) ...
+    payload: int = 0  # ... and decoded (issue 23)
 
 
 class _WorkerRun:
@@ -89,12 +91,17 @@ class _WorkerRun:
 
     def __init__(self, metrics: AgentMetrics) -> None:
         self._metrics = metrics
-        self._last: int | None = None
+        self._last: WorkerReport | None = None
 
     def __call__(self, report: WorkerReport) -> None:
-        grew = 0 if self._last is None else max(0, report.applied_records - self._last)
-        self._last = report.applied_records
-        self._metrics._worker_reported(report, grew)
+        last, self._last = self._last, report
+        if last is None:
+            self._metrics._worker_reported(report, 0)
+            return
+        self._metrics._worker_reported(
+            report, max(0, report.applied_records - last.applied_records),
+            max(0, report.wire_bytes - last.wire_bytes), max(0, report.wire_payload_bytes - last.wire_payload_bytes),
+        )
 
 
 class AgentMetrics:
@@ -197,17 +204,19 @@ class AgentMetrics:
             if state is not None:
                 state.report = None
 
-    def _worker_reported(self, report: WorkerReport, applied: int) -> None:
+    def _worker_reported(self, report: WorkerReport, applied: int, wire: int = 0, payload: int = 0) -> None:
         with self._lock:
             state = self._streams.setdefault((report.stream_id, report.log), _StreamLog())
             state.applied += applied
+            state.wire += wire
+            state.payload += payload
             state.report = report
 
     # -- reading (the collector) ----------------------------------------------------------------
 
-    def _replication(self) -> list[tuple[tuple[str, str], int, WorkerReport | None]]:
+    def _replication(self) -> list[tuple[tuple[str, str], _StreamLog]]:
         with self._lock:
-            return [(key, s.applied, s.report) for key, s in sorted(self._streams.items())]
+            return [(key, _StreamLog(s.applied, s.report, s.wire, s.payload)) for key, s in sorted(self._streams.items())]
 
     def _on_loop(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` run on the event loop, its result; None when the loop is gone or too busy."""
@@ -292,15 +301,22 @@ def _proxy_families(stat: dict) -> Iterator[Metric]:
     yield producers
 
 
-def _replication_families(streams: list[tuple[tuple[str, str], int, WorkerReport | None]], now: float) -> Iterator[Metric]:
+def _replication_families(streams: list[tuple[tuple[str, str], _StreamLog]], now: float) -> Iterator[Metric]:
     labels = ["stream", "log"]
     lag_records = GaugeMetricFamily("dlagent_replication_lag_records", "Source records after the checkpoint, as last measured (replication status's lag)", labels=labels)
     lag_bytes = GaugeMetricFamily("dlagent_replication_lag_bytes", "Their bytes", labels=labels)
     lag_seconds = GaugeMetricFamily("dlagent_replication_lag_seconds", "0 when caught up, else seconds since the worker last had read all the source held", labels=labels)
     last_apply = GaugeMetricFamily("dlagent_replication_last_apply_timestamp_seconds", "When a record was last applied to the sink (Unix time)", labels=labels)
+    # Per log; the stream's is the oldest of its logs' (PromQL: min by (stream)).
+    safe = GaugeMetricFamily("dlagent_replication_safe_timestamp_seconds", "Safe time: the sink holds everything the source log held then (Unix time)", labels=labels)
     applied = CounterMetricFamily("dlagent_replication_applied_records", "Records this agent's workers applied to the sink", labels=labels)
-    for key, count, report in streams:
-        applied.add_metric(list(key), count)
+    wire = CounterMetricFamily("dlagent_replication_wire_bytes", "Bytes of the source's answers to them as they crossed the WAN (compressed or not)", labels=labels)
+    payload = CounterMetricFamily("dlagent_replication_payload_bytes", "The same answers' bytes decoded (payload / wire: the compression ratio)", labels=labels)
+    for key, state in streams:
+        applied.add_metric(list(key), state.applied)
+        wire.add_metric(list(key), state.wire)
+        payload.add_metric(list(key), state.payload)
+        report = state.report
         if report is None:
             continue  # no worker here now: another agent reports this log's lag
         if report.lag_records is not None:
@@ -309,4 +325,6 @@ def _replication_families(streams: list[tuple[tuple[str, str], int, WorkerReport
             lag_seconds.add_metric(list(key), report.lag_seconds(now))
         if report.last_applied_at:
             last_apply.add_metric(list(key), report.last_applied_at)
-    yield from (lag_records, lag_bytes, lag_seconds, last_apply, applied)
+        if report.safe_time:
+            safe.add_metric(list(key), report.safe_time)
+    yield from (lag_records, lag_bytes, lag_seconds, last_apply, safe, applied, wire, payload)

@@ -7,6 +7,7 @@
     checkpoint_seconds = 0.5       # how often a worker checkpoints while records flow
     pin_seconds = 5                # how often a worker refreshes its retention pin at the source
     source_filtering = true        # causal streams: records the sink holds stay at the source
+    upkeep_seconds = 10            # how often new matching source logs join, settings propagate
 
     [replication.sources.east]     # how to reach source cluster "east" (one table per source)
     zookeeper = "10.0.0.5:2181"    # optional: default is the connect string in the stream config
@@ -36,7 +37,7 @@ from dlctl.meta.zk import ZK_TLS_KEYS, parse_tls
 from dlctl.names import validate_name
 from dlctl.replication.source import SourceSettings
 
-_KEYS = {"enabled", "poll_seconds", "claim_grace_seconds", "checkpoint_seconds", "pin_seconds", "source_filtering", "sources"}
+_KEYS = {"enabled", "poll_seconds", "claim_grace_seconds", "checkpoint_seconds", "pin_seconds", "source_filtering", "upkeep_seconds", "sources"}
 _TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
 _ZK_TLS_PREFIX = "zookeeper_tls_"
 _SOURCE_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "region", "addresses", *_TLS_KEYS, *(_ZK_TLS_PREFIX + k for k in ZK_TLS_KEYS)}
@@ -50,6 +51,7 @@ class ReplicationSettings:
     checkpoint_seconds: float = 0.5
     pin_seconds: float = 5.0
     source_filtering: bool = True
+    upkeep_seconds: float = 10.0  # dlctl.replication.upkeep
     sources: dict[str, SourceSettings] = field(default_factory=dict)
 
 
@@ -83,6 +85,7 @@ def parse_replication(raw: Any, path: Path) -> ReplicationSettings:
         checkpoint_seconds=seconds("checkpoint_seconds", 0.5, 0.01, 600),
         pin_seconds=seconds("pin_seconds", 5.0, 0.05, 3600),
         source_filtering=source_filtering,
+        upkeep_seconds=seconds("upkeep_seconds", 10.0, 0.1, 86400),
         sources=sources,
     )
 

@@ -44,6 +44,7 @@ from typing import Any
 from dlctl.errors import ConfigError
 from dlctl.log import protocol as p
 from dlctl.log.auth import DEFAULT_CONTEXT, ServerHandshake
+from dlctl.log.compression import Compressor
 from dlctl.log.errors import (
     AgentError,
     AgentIOError,
@@ -164,6 +165,8 @@ class AgentServer:
             "tls_failures": 0,  # TLS handshakes that failed (no, or a foreign, certificate; plaintext)
             "unauthenticated_bytes": 0,  # received on connections before they authenticated
             "response_bytes_peak": 0,  # most answer bytes one connection held queued at once
+            "compressed_answers": 0,  # answers to FLAG_COMPRESS reads sent zstd-compressed
+            "compressed_saved_bytes": 0,  # what compressing them kept off the wire
         }
 
     def __repr__(self) -> str:
@@ -448,6 +451,10 @@ class _Conn(asyncio.Protocol):
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.barrier = Barrier()  # write proxy: (producer, log) pairs whose appends failed
         self.hold = Hold(self._unhold)  # write proxy: held while a log it writes to is full
+        # FLAG_COMPRESS: refused as unknown when switched off ([server] compression = false), as
+        # by an agent that predates it; the zstd context is made on the first compressed answer.
+        self._refuse = 0 if self.limits.compression else p.FLAG_COMPRESS
+        self._compressor: Compressor | None = None
         now = time.monotonic()
         self.created = now
         self.last_activity = now
@@ -696,7 +703,7 @@ class _Conn(asyncio.Protocol):
         server.counters["requests"] += 1
         started = perf_counter()
         try:
-            req = p.decode_request(frame)
+            req = p.decode_request(frame, self._refuse)
         except p.ProtocolError as exc:
             if not self.authed:
                 self._reject_unauthenticated(frame.opcode & 0x7F, frame.request_id, f"bad frame before authentication: {exc}")
@@ -721,15 +728,18 @@ class _Conn(asyncio.Protocol):
                 self._spawn(self._run_async(op, rid, server.read_entry_fencing(*args, room=self.room), started), 0)
             elif flags & (p.FLAG_SKIP_SEEN | p.FLAG_SUMMARY):
                 seen = args[3] if flags & p.FLAG_SKIP_SEEN else None
-                self._run_sync(op, rid, lambda log_id, seg, entry_id, *_: trim_entry(server.read_entry(log_id, seg, entry_id), seen, bool(flags & p.FLAG_SUMMARY)), args, started)
+                self._run_sync(
+                    op, rid, lambda log_id, seg, entry_id, *_: trim_entry(server.read_entry(log_id, seg, entry_id), seen, bool(flags & p.FLAG_SUMMARY)), args, started,
+                    compress=bool(flags & p.FLAG_COMPRESS),
+                )
             else:
-                self._run_sync(op, rid, server.read_entry, args, started)
+                self._run_sync(op, rid, server.read_entry, args, started, compress=bool(flags & p.FLAG_COMPRESS))
         elif op is p.Op.READ_RANGE:
             self._run_sync(op, rid, server.read_range, args, started)
         elif op is p.Op.READ_LAC:
             self._run_sync(op, rid, server.read_lac, args, started)
         elif op is p.Op.LONG_POLL:
-            self._spawn(self._long_poll(rid, started, *args), 0, name="long-poll")
+            self._spawn(self._long_poll(rid, started, *args, compress=bool(flags & p.FLAG_COMPRESS)), 0, name="long-poll")
         elif op is p.Op.FENCE:
             self._spawn(self._run_async(op, rid, server.fence(*args), started), 0)
         elif op is p.Op.DIGEST:
@@ -777,12 +787,26 @@ class _Conn(asyncio.Protocol):
         self.close(why, error=p.error_response(op, rid, UnauthorizedError.status, f"authenticate first ({why})"))
 
     # Execution ------------------------------------------------------------------------------------
-    def _run_sync(self, op: int, rid: int, handler: Callable[..., bytes], args: tuple[Any, ...], started: float) -> None:
+    def _run_sync(self, op: int, rid: int, handler: Callable[..., bytes], args: tuple[Any, ...], started: float, compress: bool = False) -> None:
         try:
-            self.send(p.ok_response_parts(op, rid, handler(*args)))
+            result = handler(*args)
+            self.send(self._ok_compressed(op, rid, result) if compress else p.ok_response_parts(op, rid, result))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a response
             self.send(self._error(op, rid, exc))
         self._observe(op, perf_counter() - started)
+
+    def _ok_compressed(self, op: int, rid: int, result: p.Buffer) -> p.Outgoing:
+        """The answer to a FLAG_COMPRESS request: the result zstd-compressed and flagged when
+        that pays, else plain (``dlctl.log.compression``)."""
+        if self._compressor is None:
+            self._compressor = Compressor()
+        packed = self._compressor.compress(result)
+        if packed is None:
+            return p.ok_response_parts(op, rid, result)
+        counters = self.server.counters
+        counters["compressed_answers"] += 1
+        counters["compressed_saved_bytes"] += len(result) - len(packed)
+        return p.ok_response_parts(op, rid, packed, p.FLAG_COMPRESSED)
 
     def _spawn(self, coro: Awaitable[None], size: int, name: str | None = None) -> None:
         self.in_flight += 1
@@ -932,7 +956,9 @@ class _Conn(asyncio.Protocol):
             self._update_reading()
             self._process()
 
-    async def _long_poll(self, rid: int, started: float, log_id: int, seg: int, previous: int, timeout_ms: int, seen: p.Seen | None = None) -> None:
+    async def _long_poll(
+        self, rid: int, started: float, log_id: int, seg: int, previous: int, timeout_ms: int, seen: p.Seen | None = None, *, compress: bool = False,
+    ) -> None:
         server = self.server
         try:
             try:
@@ -948,7 +974,7 @@ class _Conn(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001
             self.send(self._error(p.Op.LONG_POLL, rid, exc))
         else:
-            self.send(p.ok_response_parts(p.Op.LONG_POLL, rid, result))
+            self.send(self._ok_compressed(p.Op.LONG_POLL, rid, result) if compress else p.ok_response_parts(p.Op.LONG_POLL, rid, result))
         self._observe(p.Op.LONG_POLL, perf_counter() - started)
 
     async def _run_async(self, op: int, rid: int, work: Awaitable[bytes], started: float) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kazoo.client import KazooClient
@@ -32,6 +32,7 @@ from dlctl.replication.assignment import WorkItem, plan_claims
 from dlctl.replication.records import StreamConfig, StreamState
 from dlctl.replication.source import SourceLink, SourceSettings
 from dlctl.replication.store import StreamStore
+from dlctl.replication.upkeep import upkeep
 from dlctl.replication.worker import (
     NeedsBootstrap,
     StreamGone,
@@ -47,6 +48,12 @@ log = logging.getLogger("dlagent.replication")
 
 MAX_RESTART_DELAY = 30.0
 HISTORY_SECONDS = 5.0  # how often the sources' network history is copied here
+
+
+def _changed(new: StreamConfig, old: StreamConfig) -> bool:
+    """A change a running worker must restart for (``dr recover`` switching a stream's filter,
+    a new throttle): the list of logs growing or shrinking leaves the other logs' workers be."""
+    return replace(new, logs=()) != replace(old, logs=())
 
 
 @dataclass
@@ -90,6 +97,7 @@ class ReplicationService:
         self._running: dict[WorkItem, _Running] = {}
         self._unclaimed_since: dict[WorkItem, float] = {}
         self._history_synced = 0.0  # monotonic time of the last copy of the sources' network history
+        self._upkeep_at = 0.0  # monotonic time of the last upkeep of the streams (dlctl.replication.upkeep)
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -149,7 +157,7 @@ class ReplicationService:
         for item in list(self._running):
             running = self._running[item]
             ended = running.task is not None and running.task.done()
-            if item not in work or work[item] != running.config or ended or claims.get(item) != self.node_id or not await self._zk(self.streams.holds, *item):
+            if item not in work or _changed(work[item], running.config) or ended or claims.get(item) != self.node_id or not await self._zk(self.streams.holds, *item):
                 # (A changed config — `dr recover` switching a stream's filter — or a worker that
                 # ended because its checkpoint was reset under it: start afresh next round.)
                 await self._stop_worker(item)
@@ -176,6 +184,25 @@ class ReplicationService:
             if claims.get(item) == self.node_id and item not in self._running:
                 self._start_worker(item, config)
         await self._sync_histories()
+        await self._upkeep(work, agents)
+
+    async def _upkeep(self, work: dict[WorkItem, StreamConfig], agents: list[str]) -> None:
+        """Every ``upkeep_seconds`` the sink agent with the lowest node id keeps the running
+        streams in step with their sources (``dlctl.replication.upkeep``: logs that match a
+        stream's patterns join, settings propagate, deletions are handled). Its steps are
+        idempotent, so two agents running it at once (membership changing) do no harm."""
+        now = time.monotonic()
+        if now - self._upkeep_at < self.settings.upkeep_seconds or not agents or min(agents) != self.node_id:
+            return
+        self._upkeep_at = now
+        for config in {c.stream_id: c for c in work.values()}.values():
+            try:
+                link = await self._source(config)
+                report = await self._zk(upkeep, config.stream_id, self.sink_meta, link.meta)
+                if report.joined or report.left or report.propagated:
+                    log.info("replication: stream %s: joined %s, left %s, settings propagated %s", config.stream_id, report.joined or "-", report.left or "-", report.propagated or "-")
+            except Exception as exc:  # noqa: BLE001 - a source out of reach: next time
+                log.warning("replication: upkeep of stream %s: %r", config.stream_id, exc)
 
     async def _sync_histories(self) -> None:
         """Every ``HISTORY_SECONDS``, copy the network history of the sources of the streams

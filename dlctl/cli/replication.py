@@ -12,6 +12,7 @@ from ..ops import replication as ops
 from ..ops.session import ClusterSession
 from ..output import Table
 from ..plan import Plan
+from ..replication.records import COMPRESSIONS
 from ..replication.store import StreamStore
 from .complete import complete_cluster, complete_stream
 from .context import (
@@ -55,13 +56,17 @@ sink_option = click.option("--sink", metavar="CLUSTER", default=None, shell_comp
 @click.option("--bootstrap", type=click.Choice(ops.BOOTSTRAP_MODES), default="auto", show_default=True, help="auto: copy only where needed; never: refuse if needed; always: copy every log.")
 @click.option("--throttle", type=click.IntRange(0), default=0, show_default=True, help="Bytes per second per log and direction (0: unlimited).")
 @click.option("--pin-max-age", type=click.FloatRange(min=1.0), default=7 * 24 * 3600.0, show_default=True, help="Seconds after which an unrefreshed retention pin stops protecting source data.")
+@click.option(
+    "--compression", type=click.Choice(COMPRESSIONS), default=None,
+    help=f"How records cross the WAN: zstd (negotiated with each source agent; plain from one that cannot) or none. Default: an existing stream keeps its own, a new one gets {ops.NEW_STREAM_COMPRESSION}.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan (each log's decision and why) and change nothing.")
 @yes_option
 @output_option
 @pass_app
 def init_replication_command(
     app: AppContext, source: str, sink: str, patterns: tuple[str, ...], bidirectional: bool, causal: bool, start_from: str | None,
-    filters: tuple[str, ...], bootstrap: str, throttle: int, pin_max_age: float, dry_run: bool,
+    filters: tuple[str, ...], bootstrap: str, throttle: int, pin_max_age: float, compression: str | None, dry_run: bool,
 ) -> None:
     """Set up replication of logs from SOURCE to SINK (and back with --bidirectional).
 
@@ -77,7 +82,7 @@ def init_replication_command(
         _session(app, source), _session(app, sink),
         patterns=patterns or ("*",), bidirectional=bidirectional, causal=causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age,
         start_from=_start_from(start_from) if start_from else None, filters=filters,
-        peers=[_session(app, name) for name in app.inventory().clusters if name not in (source, sink)],
+        peers=[_session(app, name) for name in app.inventory().clusters if name not in (source, sink)], compression=compression,
     )
     if dry_run:
         app.render(built.plan)
@@ -124,8 +129,24 @@ def list_command(app: AppContext) -> None:
 
 
 def _status_table(status: dict) -> Table:
-    columns = ["log", "state", "lag_records", "lag_bytes", "lag_seconds", "last_applied", "last_contact_ago", "worker", "worker_region", "last_error", "needs_bootstrap", "waiting_for", "left_at_source"]
-    return Table(status["logs"], columns, title=f"stream {status['stream']}: {status['source']} -> {status['sink']} ({status['state']})")
+    columns = [
+        "log", "state", "lag_records", "lag_bytes", "lag_seconds", "safe_time_ago", "last_applied", "last_contact_ago", "worker", "worker_region", "last_error", "needs_bootstrap",
+        "waiting_for", "left_at_source", "compression", "compression_ratio",
+    ]
+    drift = "; ".join(f"{d['log']}: {d['kind']} ({d['detail']})" for d in status.get("drift", ()))
+    patterns = " ".join(status.get("patterns", ())) or "-"
+    return Table(
+        status["logs"], columns, title=f"stream {status['stream']}: {status['source']} -> {status['sink']} ({status['state']})",
+        caption=f"logs joining by pattern: {patterns}" + (f"\ndrift: {drift}" if drift else "") + f"\nsafe time: {_safe_time(status)}",
+    )
+
+
+def _safe_time(status: dict) -> str:
+    """The stream's safe time for people: when, and how long ago."""
+    if not status.get("safe_time"):
+        return "none yet (a log has not caught up with a measure of its source)"
+    when = datetime.fromtimestamp(status["safe_time"], timezone.utc).isoformat(timespec="milliseconds")
+    return f"{when} ({status['safe_time_ago']}s ago): the sink holds everything the source held then"
 
 
 def _statuses(app: AppContext, stream: str | None, sink_name: str | None) -> list[dict]:
@@ -143,7 +164,11 @@ def _statuses(app: AppContext, stream: str | None, sink_name: str | None) -> lis
 @pass_app
 def status_command(app: AppContext, stream: str | None, sink: str | None) -> None:
     """Per log: lag in records, bytes and seconds, last applied source position, last contact,
-    last error, worker and its region, paused/running, and whether a bootstrap is needed."""
+    last error, worker and its region, paused/running, whether a bootstrap is needed, the safe
+    time (every record the source held then is at the sink; per log, and the stream's: the
+    oldest of its logs'), and the compression in effect (zstd, none, or none when the source
+    agents lack zstd) with its ratio (the source's answers' bytes decoded / on the wire, over the
+    stream's life)."""
     statuses = _statuses(app, stream, sink)
     if app.output == "table":
         for status in statuses:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from ..errors import ConfigError
 from . import protocol as p
 from .auth import DEFAULT_CONTEXT, ClientHandshake
+from .compression import CorruptCompressed, Decompressor, WireStats
 from .errors import AgentError, AgentIOError, AgentUnavailableError, BadRequestError
 from .format import HEADER_SIZE, CorruptEntry, Entry, crc32c, decode, decode_header
 from .frame_reader import FrameReader
@@ -241,10 +242,12 @@ class AgentClient:
         connect_timeout: float = 5.0,
         request_timeout: float = 30.0,
         auth_context: bytes = DEFAULT_CONTEXT,
+        name: str | None = None,
     ) -> None:
         ClientHandshake(secret, auth_context)  # fail early on an unusable secret
         self.host = host
         self.port = port
+        self.name = name or f"{host}:{port}"  # the agent as WireStats names it (a pool's: its node id)
         self._secret = secret
         self._tls = tls
         self._server_hostname = server_hostname
@@ -256,6 +259,10 @@ class AgentClient:
         self._ids = itertools.count(1)
         self._closed = False
         self._plain_reads = False  # the agent predates FLAG_SKIP_SEEN / FLAG_SUMMARY: whole entries
+        # The connection on which the agent refused FLAG_COMPRESS: plain reads on it; a new
+        # connection asks again (the agent may have been upgraded, or its switch turned on).
+        self._plain_conn: _Connection | None = None
+        self._inflater: Decompressor | None = None  # made on the first compressed answer
 
     def __repr__(self) -> str:  # the secret stays out of reprs and logs
         return f"AgentClient({self.host}:{self.port}, connected={self.connected})"
@@ -364,7 +371,8 @@ class AgentClient:
 
     # Requests -----------------------------------------------------------------------------------
     async def _call(
-        self, op: int, build: Any, *args: Any, timeout: float | None = None, whole: bool = False, in_place: bool = False, into: bytearray | None = None
+        self, op: int, build: Any, *args: Any, timeout: float | None = None, whole: bool = False, in_place: bool = False, into: bytearray | None = None,
+        wire: WireStats | None = None,
     ) -> bytes:
         conn = self._conn
         if conn is None or not conn.ready:
@@ -384,7 +392,7 @@ class AgentClient:
         if into is not None:
             conn.into[rid] = into
         conn.send(frame)
-        return await self._reply(conn, rid, op, fut, limit, whole, in_place)
+        return await self._reply(conn, rid, op, fut, limit, whole, in_place, wire)
 
     def _verify_entry(self, data: bytes, log_id: int, segment_seq: int, entry_id: int) -> Entry:
         where = f"entry {log_id}/{segment_seq}/{entry_id} from agent {self.address}"
@@ -509,43 +517,70 @@ class AgentClient:
 
     async def read_entry(
         self, log_id: int, segment_seq: int, entry_id: int, fence: bool = False, seen: p.Seen | None = None, summary: bool = False,
+        wire: WireStats | None = None,
     ) -> Entry:
         """Like ``read`` but decoded. ``seen``: a replication stream's sink (location, version
         vector): its records in that causal past come as stubs (``dlctl.replication.seen``);
         ``summary``: every data record does (a probe that counts). An agent that predates them
-        answers whole entries (asked again without, and from then on)."""
+        answers whole entries (asked again without, and from then on). ``wire``: the answer's
+        bytes are counted there and, when it asks, the agent may compress the answer
+        (FLAG_COMPRESS; one that refuses the flag is asked again without it, and no more on
+        that connection)."""
         trimmed = not self._plain_reads and (seen is not None or summary)
-        build = functools.partial(p.read_entry_request, seen=seen, summary=summary) if trimmed else p.read_entry_request
+        compress = wire is not None and wire.ask and not fence and self._compressing()
+        if trimmed or compress:
+            build = functools.partial(p.read_entry_request, seen=seen if trimmed else None, summary=summary and trimmed, compress=compress)
+        else:
+            build = p.read_entry_request
         try:
-            data = await self._call(p.Op.READ_ENTRY, build, log_id, segment_seq, entry_id, fence)
+            data = await self._call(p.Op.READ_ENTRY, build, log_id, segment_seq, entry_id, fence, wire=wire)
         except BadRequestError as exc:
-            if not trimmed or "unknown flags" not in exc.message:
+            if not (trimmed or compress) or "unknown flags" not in exc.message:
                 raise
-            self._plain_reads = True
-            return await self.read_entry(log_id, segment_seq, entry_id, fence)
+            self._refused_flags(compress)
+            return await self.read_entry(log_id, segment_seq, entry_id, fence, seen, summary, wire)
+        if wire is not None and wire.ask:
+            wire.agents[self.name] = compress
         return self._verify_entry(data, log_id, segment_seq, entry_id)
+
+    def _compressing(self) -> bool:
+        """Whether to ask for compressed answers now: unless the agent refused on this connection."""
+        return self._plain_conn is None or self._plain_conn is not self._conn
+
+    def _refused_flags(self, compress: bool) -> None:
+        """The agent refused the flags of a read as unknown: it predates the newest one sent
+        (or has it switched off), which is dropped: FLAG_COMPRESS while this connection lasts,
+        else the trimmed reads for good (an agent that lacks those lacks COMPRESS too)."""
+        if compress:
+            self._plain_conn = self._conn
+            log.info("agent %s (%s) does not compress answers (it predates FLAG_COMPRESS or has [server] compression = false): reading plain", self.name, self.address)
+        else:
+            self._plain_reads = True
 
     async def read_lac(self, log_id: int, segment_seq: int) -> int:
         return p.decode_lac(await self._call(p.Op.READ_LAC, p.read_lac_request, log_id, segment_seq))
 
     async def long_poll(
-        self, log_id: int, segment_seq: int, previous_lac: int, timeout: float, seen: p.Seen | None = None
+        self, log_id: int, segment_seq: int, previous_lac: int, timeout: float, seen: p.Seen | None = None, wire: WireStats | None = None,
     ) -> tuple[int, bytes | None]:
         """Wait up to ``timeout`` s for LAC > ``previous_lac``; returns (LAC, entry previous+1 or
-        None). ``seen``: as for ``read_entry``."""
+        None). ``seen``, ``wire``: as for ``read_entry``."""
         timeout_ms = max(0, int(timeout * 1000))
         trimmed = seen is not None and not self._plain_reads
-        build = functools.partial(p.long_poll_request, seen=seen) if trimmed else p.long_poll_request
+        compress = wire is not None and wire.ask and self._compressing()
+        build = functools.partial(p.long_poll_request, seen=seen if trimmed else None, compress=compress)
         try:
             result = await self._call(
                 p.Op.LONG_POLL, build, log_id, segment_seq, previous_lac, timeout_ms,
-                timeout=timeout + self.request_timeout,
+                timeout=timeout + self.request_timeout, wire=wire,
             )
         except BadRequestError as exc:
-            if not trimmed or "unknown flags" not in exc.message:
+            if not (trimmed or compress) or "unknown flags" not in exc.message:
                 raise
-            self._plain_reads = True
-            return await self.long_poll(log_id, segment_seq, previous_lac, timeout)
+            self._refused_flags(compress)
+            return await self.long_poll(log_id, segment_seq, previous_lac, timeout, seen, wire)
+        if wire is not None and wire.ask:
+            wire.agents[self.name] = compress
         lac, entry = p.decode_long_poll_result(result)
         if entry is not None:
             self._verify_entry(entry, log_id, segment_seq, previous_lac + 1)
@@ -609,12 +644,14 @@ class AgentClient:
         return p.decode_dlsns(await self._reply(conn, rid, p.Op.APPEND, fut, self.request_timeout))
 
     async def _reply(
-        self, conn: _Connection, rid: int, op: int, fut: asyncio.Future[p.Frame], limit: float, whole: bool = False, in_place: bool = False
+        self, conn: _Connection, rid: int, op: int, fut: asyncio.Future[p.Frame], limit: float, whole: bool = False, in_place: bool = False,
+        wire: WireStats | None = None,
     ) -> bytes:
         """Wait for the response to request ``rid``; its result body, or its typed error.
         ``whole``: the response body itself, the result from ``p.OK_RESULT_OFFSET`` on (a
         large result is not copied once more); ``in_place`` too: a large one as the bytearray
-        it was received into (not copied at all)."""
+        it was received into (not copied at all). ``wire``: a read's answer, perhaps
+        compressed (``_counted``)."""
         try:
             reply = await fut
         except _Timeout:
@@ -622,7 +659,28 @@ class AgentClient:
         except BaseException:
             conn.forget(rid)  # cancelled: a late response is dropped
             raise
+        if wire is not None:
+            return self._counted(conn, rid, op, reply, wire)
         return self._result(conn, rid, op, reply, whole, in_place)
+
+    def _counted(self, conn: _Connection, rid: int, op: int, reply: p.Frame, wire: WireStats) -> bytes:
+        """The result of ``reply``, decompressed when the agent compressed it (FLAG_COMPRESSED),
+        its bytes counted in ``wire`` as received and as decoded. A compressed result that
+        claims too much or does not decompress closes the connection, as any invalid response."""
+        compressed = reply.flags & p.FLAG_COMPRESSED
+        result = self._result(conn, rid, op, reply._replace(flags=0) if compressed else reply)
+        if not compressed:
+            wire.count(len(result), len(result))
+            return result
+        if self._inflater is None:
+            self._inflater = Decompressor()
+        try:
+            plain = self._inflater.decompress(result, p.MAX_FRAME, f"{p.Op(op).name} answer to request {rid}")
+        except CorruptCompressed as exc:
+            conn.abort(f"agent {self.address} sent an invalid response: {exc}")
+            raise AgentUnavailableError(f"agent {self.name} ({self.address}) sent an invalid response: {exc}") from None
+        wire.count(len(result), len(plain))
+        return plain
 
     def _timed_out(self, op: int, limit: float) -> AgentUnavailableError:
         return AgentUnavailableError(f"{p.Op(op).name} request to agent {self.address} timed out after {limit:g}s")
@@ -633,6 +691,8 @@ class AgentClient:
         try:
             if reply.opcode != op | p.RESPONSE:
                 raise p.ProtocolError(f"response to request {rid} has opcode {reply.opcode}, expected {op | p.RESPONSE}")
+            if reply.flags:  # (a compressed answer is ``_counted``'s, for a read that allowed it)
+                raise p.ProtocolError(f"response to request {rid} has flags {reply.flags:#x} it did not ask for")
             body = reply.body
             if body[: p.OK_RESULT_OFFSET] == p.OK_PREAMBLE:
                 # A large body arrives as the bytearray it was received into: bytes for the

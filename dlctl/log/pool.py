@@ -55,7 +55,7 @@ class AgentPool:
             return current
         if current is not None:
             await current.close()
-        client = AgentClient(host, port, self.credentials.secret, tls=self.credentials.tls, request_timeout=self.request_timeout)
+        client = AgentClient(host, port, self.credentials.secret, tls=self.credentials.tls, request_timeout=self.request_timeout, name=node_id)
         self._clients[node_id] = client
         return client
 

@@ -11,7 +11,9 @@ Frame (every frame, both directions)::
                              12 <= length <= MAX_FRAME - 4, otherwise the stream is unusable
     4      1    version      PROTOCOL_VERSION (1); anything else closes the connection
     5      1    opcode       Op value; bit 7 (RESPONSE) is set on responses
-    6      2    flags        per-op bits (below); unknown bits are a bad request
+    6      2    flags        requests: per-op bits (below), unknown bits are a bad request;
+                             responses: 0, or COMPRESSED (0x8) on the answer to a request that
+                             set COMPRESS (below)
     8      8    request id   u64 chosen by the client, echoed in the response; 0 for HELLO
     16     ...  body
 
@@ -40,11 +42,15 @@ Operations (request body -> result on success)::
                         (recovery read);           entry i64, [SEEN]
                         SKIP_SEEN (0x2): SEEN
                         follows; SUMMARY (0x4):
-                        data records as stubs
+                        data records as stubs;
+                        COMPRESS (0x8): the
+                        result may come zstd-
+                        compressed (not with
+                        FENCE)
     4   READ_LAC        -                          log u64, seg u64        LAC i64
     5   LONG_POLL       SKIP_SEEN (0x2): SEEN      log u64, seg u64,       LAC i64, then the encoded
-                        follows                    previous LAC i64,       entry previous+1 when LAC >
-                                                   timeout ms u32, [SEEN]  previous and this replica has it
+                        follows; COMPRESS (0x8):   previous LAC i64,       entry previous+1 when LAC >
+                        as for READ_ENTRY          timeout ms u32, [SEEN]  previous and this replica has it
     6   FENCE           -                          log u64, seg u64        last entry id i64, LAC i64
     7   DIGEST          -                          log u64, seg u64,       log u64, seg u64, entries u64,
                                                    first i64, last i64     first i64, last i64, LAC i64,
@@ -83,6 +89,16 @@ SEEN (FLAG_SKIP_SEEN: a replication stream's sink) is a location u16+UTF-8, a co
 times a location u16+UTF-8 and a counter u64 (its version vector). The entry comes back with the
 records in that causal past as stubs (key and payload left out, ``dl.seen``;
 dlctl.replication.seen), so they do not cross the WAN.
+
+COMPRESS (a replication stream reading across a WAN, issue 23) lets the agent answer the result
+as one zstd frame that states its decompressed size (dlctl.log.compression): the response then
+carries COMPRESSED (0x8) in its flags, and its body is the usual status and message followed
+by that frame in place of the result. The agent decides per answer (small or incompressible
+results go plain, unflagged); errors are never compressed. The reader refuses a frame that
+claims more than MAX_FRAME bytes, or does not decompress to what it claims, and then verifies
+the entries inside as for any read. An agent that predates COMPRESS (or runs with
+``[server] compression = false``) refuses the request as a BAD_REQUEST naming the unknown flags,
+like any unknown bit: the client asks again without it, and no more on that connection.
 
 READ_RANGE is the bulk read of a copy (the bootstrap reads whole segments): one request and one
 disk read for many consecutive entries. The agent verifies every entry's CRC as READ_ENTRY does,
@@ -185,6 +201,12 @@ FLAG_SKIP_SEEN = 0x2
 # READ_ENTRY: the caller counts records and reads totals (a stream's lag, a log's end): every
 # record but control records comes back without key and payload (dlctl.replication.seen).
 FLAG_SUMMARY = 0x4
+# READ_ENTRY, LONG_POLL: the reader pays for bandwidth (a replication stream across a WAN): the
+# agent may answer the result zstd-compressed (dlctl.log.compression). The next free bit of both
+# ops; an agent that predates it refuses it as an unknown flag, which the client falls back on.
+FLAG_COMPRESS = 0x8
+# Responses: the result is one zstd frame (the answer to a FLAG_COMPRESS request).
+FLAG_COMPRESSED = 0x8
 FLAG_RESET_ORDER = 0x1  # APPEND: the client has seen its failures and resends from the oldest
 FLAG_IDEMPOTENT = 0x2  # APPEND: the producer's epoch and the request's sequence number follow its id
 FLAG_RETRY = 0x4  # APPEND (idempotent): an earlier attempt of this request may have been written
@@ -220,8 +242,8 @@ _ALLOWED_FLAGS: dict[int, int] = {int(op): 0 for op in Op}
 _ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.ADD_BATCH] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.PULL_RANGE] = FLAG_UNCACHED
-_ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE | FLAG_SKIP_SEEN | FLAG_SUMMARY
-_ALLOWED_FLAGS[Op.LONG_POLL] = FLAG_SKIP_SEEN
+_ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE | FLAG_SKIP_SEEN | FLAG_SUMMARY | FLAG_COMPRESS
+_ALLOWED_FLAGS[Op.LONG_POLL] = FLAG_SKIP_SEEN | FLAG_COMPRESS
 _ALLOWED_FLAGS[Op.APPEND] = FLAG_RESET_ORDER | FLAG_IDEMPOTENT | FLAG_RETRY | FLAG_FORWARD
 
 
@@ -565,13 +587,15 @@ def _take_seen(body: bytes, pos: int, op: str) -> Seen:
 
 def read_entry_request(
     request_id: int, log_id: int, segment_seq: int, entry_id: int, fence: bool = False, seen: Seen | None = None, summary: bool = False,
+    compress: bool = False,
 ) -> bytes:
     """``seen``: answer records in that location's causal past as stubs (FLAG_SKIP_SEEN);
-    ``summary``: every data record as a stub (FLAG_SUMMARY)."""
+    ``summary``: every data record as a stub (FLAG_SUMMARY); ``compress``: the answer may come
+    zstd-compressed (FLAG_COMPRESS)."""
     body = _pack(_ENTRY_REF, log_id, segment_seq, entry_id)
-    if fence and (seen is not None or summary):
-        raise ValueError("a fencing read returns entries whole: no FLAG_SKIP_SEEN or FLAG_SUMMARY")
-    flags = (FLAG_FENCE if fence else 0) | (FLAG_SUMMARY if summary else 0)
+    if fence and (seen is not None or summary or compress):
+        raise ValueError("a fencing read returns entries whole and plain: no FLAG_SKIP_SEEN, FLAG_SUMMARY or FLAG_COMPRESS")
+    flags = (FLAG_FENCE if fence else 0) | (FLAG_SUMMARY if summary else 0) | (FLAG_COMPRESS if compress else 0)
     if seen is not None:
         return encode_frame(Op.READ_ENTRY, flags | FLAG_SKIP_SEEN, request_id, body + encode_seen(seen))
     return encode_frame(Op.READ_ENTRY, flags, request_id, body)
@@ -594,12 +618,15 @@ def read_lac_request(request_id: int, log_id: int, segment_seq: int) -> bytes:
     return encode_frame(Op.READ_LAC, 0, request_id, _pack(_SEG, log_id, segment_seq))
 
 
-def long_poll_request(request_id: int, log_id: int, segment_seq: int, previous_lac: int, timeout_ms: int, seen: Seen | None = None) -> bytes:
+def long_poll_request(
+    request_id: int, log_id: int, segment_seq: int, previous_lac: int, timeout_ms: int, seen: Seen | None = None, compress: bool = False,
+) -> bytes:
     timeout_ms = max(0, min(int(timeout_ms), MAX_LONG_POLL_MS))
     body = _pack(_LONG_POLL, log_id, segment_seq, previous_lac, timeout_ms)
+    flags = FLAG_COMPRESS if compress else 0
     if seen is not None:
-        return encode_frame(Op.LONG_POLL, FLAG_SKIP_SEEN, request_id, body + encode_seen(seen))
-    return encode_frame(Op.LONG_POLL, 0, request_id, body)
+        return encode_frame(Op.LONG_POLL, flags | FLAG_SKIP_SEEN, request_id, body + encode_seen(seen))
+    return encode_frame(Op.LONG_POLL, flags, request_id, body)
 
 
 def fence_request(request_id: int, log_id: int, segment_seq: int) -> bytes:
@@ -701,8 +728,10 @@ def _with_seen(st: struct.Struct, body: bytes, flags: int, what: str) -> tuple[A
     return (*st.unpack_from(body, 0), _take_seen(body, st.size, what))
 
 
-def decode_request(frame: Frame) -> Request:
-    """Validate a request frame's opcode, flags and body layout (not the id ranges: see format.validate_ids)."""
+def decode_request(frame: Frame, refuse: int = 0) -> Request:
+    """Validate a request frame's opcode, flags and body layout (not the id ranges: see format.validate_ids).
+    ``refuse``: flags to treat as unknown (an agent with compression switched off refuses
+    FLAG_COMPRESS exactly as an agent that predates it does)."""
     opcode, flags, request_id, body = frame
     if opcode & RESPONSE:
         raise ProtocolError(f"request {request_id} has the response bit set (opcode {opcode:#x})")
@@ -712,7 +741,7 @@ def decode_request(frame: Frame) -> Request:
         raise ProtocolError(f"unknown opcode {opcode} in request {request_id}") from None
     if op is Op.HELLO:
         raise ProtocolError(f"HELLO is sent by the agent, not a request (request {request_id})")
-    if flags & ~_ALLOWED_FLAGS[op]:
+    if flags & ~(_ALLOWED_FLAGS[op] & ~refuse):
         raise ProtocolError(f"unknown flags {flags:#x} for {op.name} in request {request_id}")
     args: tuple[Any, ...]
     if op is Op.ADD_ENTRY:
@@ -732,8 +761,8 @@ def decode_request(frame: Frame) -> Request:
         args = (body, spans)
     elif op is Op.READ_ENTRY:
         args = _with_seen(_ENTRY_REF, body, flags, op.name)
-        if flags & (FLAG_SKIP_SEEN | FLAG_SUMMARY) and flags & FLAG_FENCE:
-            raise ProtocolError(f"READ_ENTRY request {request_id}: FENCE with SKIP_SEEN or SUMMARY (a fencing read returns entries whole)")
+        if flags & (FLAG_SKIP_SEEN | FLAG_SUMMARY | FLAG_COMPRESS) and flags & FLAG_FENCE:
+            raise ProtocolError(f"READ_ENTRY request {request_id}: FENCE with SKIP_SEEN, SUMMARY or COMPRESS (a fencing read returns entries whole and plain)")
     elif op is Op.READ_RANGE:
         args = _unpack_exact(_RANGE_REQ, body, op.name)
         if args[3] < args[2]:
@@ -805,9 +834,10 @@ def ok_response(op: int, request_id: int, result: Buffer = b"") -> bytes:
     return head + result if result else head
 
 
-def ok_response_parts(op: int, request_id: int, result: Buffer = b"") -> Outgoing:
-    """``ok_response`` as the connection sends it: a large result (entries read) is not copied into the frame."""
-    return _outgoing(_frame_head(op | RESPONSE, 0, request_id, len(_OK_PREAMBLE) + len(result)) + _OK_PREAMBLE, result)
+def ok_response_parts(op: int, request_id: int, result: Buffer = b"", flags: int = 0) -> Outgoing:
+    """``ok_response`` as the connection sends it: a large result (entries read) is not copied
+    into the frame. ``flags``: FLAG_COMPRESSED for a compressed result."""
+    return _outgoing(_frame_head(op | RESPONSE, flags, request_id, len(_OK_PREAMBLE) + len(result)) + _OK_PREAMBLE, result)
 
 
 def add_ok_response(request_id: int) -> bytes:

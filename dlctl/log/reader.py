@@ -37,6 +37,7 @@ from ..errors import DlctlError, UsageError
 from ..meta.records import SegmentRecord, SegmentState
 from ..meta.store import MetaStore
 from ..meta.truncation import TruncationStore
+from .compression import WireStats
 from .dlsn import DLSN
 from .errors import AgentError
 from .format import HEADER_SIZE, Entry, decode
@@ -134,10 +135,13 @@ class LogReader:
         suspect_seconds: float = 5.0,
         long_poll_timeout: float = 5.0,
         seen: Callable[[], Seen | None] | None = None,
+        wire: WireStats | None = None,
     ) -> None:
         """``seen``: asked at every read, the (location, version vector) of what the reading
         replication stream's sink holds: records in that causal past come as stubs
-        (``dlctl.replication.seen``); None: every record whole."""
+        (``dlctl.replication.seen``); None: every record whole. ``wire``: the answers' bytes
+        are counted there, and when it asks, agents may send them compressed
+        (``dlctl.log.compression``)."""
         if start_dlsn is not None and start_txid is not None:
             raise UsageError("give the reader a start DLSN or a start txid, not both")
         if long_poll_timeout <= 0:
@@ -148,6 +152,7 @@ class LogReader:
         self.replicas = ReplicaReader(pool, region=region, rack=rack, timeout=speculative_timeout, suspect_seconds=suspect_seconds)
         self.long_poll_timeout = long_poll_timeout
         self._seen = seen or (lambda: None)
+        self._wire = wire
         self.stats = ReaderStats()
         self.log_id = 0
         self.truncation_point: DLSN | None = None  # as read at open (and after a skip)
@@ -509,7 +514,7 @@ class LogReader:
             future.set_result(decode(data))  # verified by the client already; cheap to redo
             self.stats.entries_from_polls += 1
         else:
-            future = asyncio.ensure_future(self.replicas.read(self.log_id, seg, entry_id, self._seen()))
+            future = asyncio.ensure_future(self.replicas.read(self.log_id, seg, entry_id, self._seen(), wire=self._wire))
         fetched = _Fetch(seg.seq, entry_id, future)
         self._buffer.append(fetched)
         self._in_flight += 1
@@ -585,7 +590,7 @@ class LogReader:
 
     async def _long_poll(self, node: str, seq: int, previous: int) -> tuple[int, bytes | None]:
         client = await self.pool.client(node)
-        return await client.long_poll(self.log_id, seq, previous, self.long_poll_timeout, seen=self._seen())
+        return await client.long_poll(self.log_id, seq, previous, self.long_poll_timeout, seen=self._seen(), wire=self._wire)
 
     def _poll_done(self, task: asyncio.Task[tuple[int, bytes | None]], node: str, seq: int, previous: int) -> None:
         if self._polls.get(node) is task:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..errors import DlctlError
 from ..meta.records import SegmentRecord
+from .compression import WireStats
 from .errors import AgentError, AgentUnavailableError, NoSuchEntryError, NoSuchSegmentError
 from .format import Entry
 from .pool import AgentPool
@@ -68,13 +69,17 @@ class ReplicaReader:
     def order(self, nodes: tuple[str, ...], lacking: frozenset[str] = frozenset()) -> tuple[str, ...]:
         return order_replicas(nodes, self.pool.nodes, self.region, self.rack, self.suspects.active(self._clock()), lacking)
 
-    async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int, seen: Seen | None = None, summary: bool = False) -> Entry:
+    async def _read_one(
+        self, node: str, log_id: int, segment_seq: int, entry_id: int, seen: Seen | None = None, summary: bool = False, wire: WireStats | None = None,
+    ) -> Entry:
         client = await self.pool.client(node)
-        return await client.read_entry(log_id, segment_seq, entry_id, seen=seen, summary=summary)
+        return await client.read_entry(log_id, segment_seq, entry_id, seen=seen, summary=summary, wire=wire)
 
-    async def read(self, log_id: int, segment: SegmentRecord, entry_id: int, seen: Seen | None = None, summary: bool = False) -> Entry:
+    async def read(
+        self, log_id: int, segment: SegmentRecord, entry_id: int, seen: Seen | None = None, summary: bool = False, wire: WireStats | None = None,
+    ) -> Entry:
         """Entry ``entry_id`` of ``segment``, CRC-verified (by the client) and from its write set.
-        ``seen``, ``summary``: see ``AgentClient.read_entry``."""
+        ``seen``, ``summary``, ``wire``: see ``AgentClient.read_entry``."""
         self.stats.reads += 1
         write_set = segment.write_set(entry_id)
         order = iter(self.order(write_set, segment.lacking(entry_id) if segment.short else frozenset()))
@@ -89,7 +94,7 @@ class ReplicaReader:
             if node is None:
                 return
             remaining -= 1
-            trim = {k: v for k, v in (("seen", seen), ("summary", summary)) if v}  # (subclasses read whole ranges)
+            trim = {k: v for k, v in (("seen", seen), ("summary", summary), ("wire", wire)) if v}  # (subclasses read whole ranges)
             one = self._read_one(node, log_id, segment.seq, entry_id, **trim)
             task = asyncio.ensure_future(one)
             running[task] = (node, loop.time())

@@ -114,6 +114,11 @@ def stream_state(cluster: str, stream_id: str) -> str:
     return f"{stream(cluster, stream_id)}/state"
 
 
+def stream_drift(cluster: str, stream_id: str) -> str:
+    """What the stream's upkeep found differing between source and sink (``dlctl.replication.upkeep``)."""
+    return f"{stream(cluster, stream_id)}/drift"
+
+
 def stream_checkpoints(cluster: str, stream_id: str) -> str:
     return f"{stream(cluster, stream_id)}/checkpoints"
 

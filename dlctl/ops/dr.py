@@ -330,7 +330,7 @@ def switchover_plan(source: ClusterSession, sink: ClusterSession, *, drain_timeo
             starts[name] = (position, dict(cp.source_vv))
         if StreamStore(source.meta).exists(stream_back) and StreamStore(source.meta).get_state(stream_back).value.state is not StreamState.SETTING_UP:
             return {"stream": stream_back, "existed": True}
-        apply(Plan.of("reverse", repl.register_at_steps(sink, source, starts, pin_max_age=config.pin_max_age_seconds, why=f"switchover from {src}")))
+        apply(Plan.of("reverse", repl.register_at_steps(sink, source, starts, pin_max_age=config.pin_max_age_seconds, compression=config.compression, why=f"switchover from {src}")))
         return {"stream": stream_back, "starts": {n: str(p) for n, (p, _) in starts.items()}}
 
     def retire() -> dict[str, Any]:
@@ -542,7 +542,7 @@ def failback_plan(primary: ClusterSession, returning: ClusterSession, *, choice:
                 f"{b} no longer holds the beginning of {', '.join(needs_copy)}: {a}'s copy can only be rebuilt by a bootstrap copy",
                 hint=f"run `dlctl init-replication --source {b} --sink {a} --logs ...` (it bootstraps), then re-run failback",
             )
-        apply(Plan.of("reverse", repl.register_at_steps(primary, returning, starts, pin_max_age=config.pin_max_age_seconds, why=f"failback after failover from {a}")))
+        apply(Plan.of("reverse", repl.register_at_steps(primary, returning, starts, pin_max_age=config.pin_max_age_seconds, compression=config.compression, why=f"failback after failover from {a}")))
         return {"stream": stream_back, "starts": {n: str(p) for n, (p, _) in starts.items()}}
 
     def retire() -> dict[str, Any]:
@@ -821,6 +821,7 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
             current = streams.get_checkpoint(c.stream_id, name)
             streams.update_checkpoint(c.stream_id, current, replace(
                 current.value, next=item.first, source_vv=dict(item.vv), sink_vv=held, sink_dlsn=None, needs_bootstrap=pending, last_error="", gated=item.gated, waiting_for={},
+                safe_time=0.0,  # X lost what it held: no time is safe until the stream brings it back (the one reset)
             ))
             PinStore(source.meta).reset(repl.PinRecord(holder=c.stream_id, log=name, position=item.first, sink_cluster=x, max_age_seconds=c.pin_max_age_seconds))
             out[f"{c.stream_id}/{name}"] = {

@@ -47,16 +47,22 @@ from ..replication.filters import RecordFilter
 from ..replication.history import NetworkEvent
 from ..replication.network import current_version_vector, deletion_vector
 from ..replication.records import (
+    COMPRESSIONS,
     Checkpoint,
     StreamConfig,
     StreamState,
     default_stream_id,
 )
+from ..replication.safetime import stream_safe_time
 from ..replication.store import StreamStore
 from . import network_rules as rules
 from .session import ClusterSession
 
 BOOTSTRAP_MODES = ("auto", "never", "always")
+# A new stream's compression when init-replication is not told (issue 23): WAN bandwidth is what
+# a stream costs, and zstd at level 1 costs little CPU (tests/benchmarks/bench_compression.py).
+# An existing stream keeps its own unless told.
+NEW_STREAM_COMPRESSION = "zstd"
 
 
 # -- init-replication ------------------------------------------------------------------------
@@ -225,6 +231,8 @@ def _direction(
     source_join: dict[str, dict[str, int]] | None = None,
     sink_join: dict[str, dict[str, int]] | None = None,
     record_filter: str = "",
+    patterns: tuple[str, ...] = (),
+    compression: str | None = None,
     view: rules.NetworkView,
 ) -> tuple[list[Step], list[LogDecision]]:
     """``source_join``/``sink_join``: per log, the deleted past the source/sink joins without
@@ -259,6 +267,8 @@ def _direction(
         pin_max_age_seconds=pin_max_age,
         created=existing.value.created if existing else time.time(),
         filter=record_filter,
+        patterns=tuple(sorted(set(patterns) | set(existing.value.patterns if existing else ()))),
+        compression=compression or (existing.value.compression if existing else NEW_STREAM_COMPRESSION),
     )
     decisions: list[LogDecision] = []
     steps: list[Step] = []
@@ -291,8 +301,8 @@ def _direction(
         # history replays to the same network), never a stream without its record.
         steps.append(rules.history_step(source, sink, NetworkEvent("connect", src, snk, stream_id, config.bidirectional, config.logs, filter=config.filter)))
         steps.append(Step("register-stream", where, f"register stream {stream_id} ({src} -> {snk}) in {snk}: config, state setting-up", run=lambda: streams.create(config) and None))
-    elif existing.value.logs != config.logs or existing.value.throttle_bytes_per_second != throttle or existing.value.pin_max_age_seconds != pin_max_age or existing.value.filter != config.filter:
-        steps.append(Step("update-stream", where, f"update stream {stream_id}: logs {', '.join(config.logs)}" + (f"; filter {config.filter or 'none'}" if existing.value.filter != config.filter else ""), run=lambda: streams.update_config(streams.get_config(stream_id), config) and None))
+    elif existing.value.logs != config.logs or existing.value.patterns != config.patterns or existing.value.throttle_bytes_per_second != throttle or existing.value.pin_max_age_seconds != pin_max_age or existing.value.filter != config.filter or existing.value.compression != config.compression:
+        steps.append(Step("update-stream", where, f"update stream {stream_id}: logs {', '.join(config.logs)}" + (f"; filter {config.filter or 'none'}" if existing.value.filter != config.filter else "") + (f"; compression {config.compression}" if existing.value.compression != config.compression else ""), run=lambda: streams.update_config(streams.get_config(stream_id), config) and None))
         if existing.value.filter != config.filter:
             steps.append(rules.history_step(source, sink, NetworkEvent("filter", src, snk, stream_id, config.bidirectional, config.logs, filter=config.filter)))
     for d in decisions:
@@ -413,6 +423,7 @@ def init_plan(
     start_from: StartFrom | None = None,
     filters: tuple[str, ...] = (),
     peers: Sequence[ClusterSession] = (),
+    compression: str | None = None,
 ) -> InitPlan:
     """``causal``: a one-way stream that is one edge of an active-active network (e.g. a cycle
     a -> b -> c -> a): the sink takes local writes too and applies the causality filter.
@@ -421,7 +432,9 @@ def init_plan(
     #314); on a one-way stream, ``now``, a position or a time is where the stream starts.
     ``filters``: clauses of the stream's filter (``dlctl.replication.filters``). ``peers``: the
     other locations the caller knows (its inventory), read for the network's shape (filters
-    never on a cycle); the network history their streams passed on counts too."""
+    never on a cycle); the network history their streams passed on counts too. ``compression``:
+    "zstd" or "none" (``StreamConfig.compression``); None keeps an existing stream's and gives a
+    new one ``NEW_STREAM_COMPRESSION``."""
     if bootstrap not in BOOTSTRAP_MODES:
         raise UsageError(f"--bootstrap must be one of {', '.join(BOOTSTRAP_MODES)}")
     if source.cluster.name == sink.cluster.name:
@@ -453,7 +466,9 @@ def init_plan(
         if start_from.kind != "now":
             raise UsageError("--start-from on a causal stream takes only 'now': where it starts is the location-addition rule's to decide")
         joins = _join_vectors(source, sink, logs)
-    opts: dict[str, Any] = dict(bidirectional=bidirectional or causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age, view=view)
+    if compression is not None and compression not in COMPRESSIONS:
+        raise UsageError(f"--compression must be one of {', '.join(COMPRESSIONS)} (got {compression!r})")
+    opts: dict[str, Any] = dict(bidirectional=bidirectional or causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age, view=view, patterns=patterns, compression=compression)
     steps, decisions = _direction(source, sink, logs, **opts, start_from=start_from, sink_join=joins, record_filter=record_filter)
     if bidirectional:
         back_steps, back_decisions = _direction(sink, source, logs, **opts, source_join=joins)
@@ -475,16 +490,17 @@ def register_at_steps(
     starts: dict[str, tuple[DLSN, dict[str, int]]],
     *,
     pin_max_age: float = 7 * 24 * 3600.0,
+    compression: str = NEW_STREAM_COMPRESSION,
     why: str = "",
 ) -> list[Step]:
     """A one-way stream source -> sink whose logs continue at given source positions (with the
     source's version vector there): no copy, no decision — the caller knows the sink holds
-    everything before them (a switchover's reversed stream, a failback onto a prefix).
-    Idempotent steps; the stream runs only after the last one."""
+    everything before them (a switchover's reversed stream, a failback onto a prefix; it takes
+    the forward stream's ``compression``). Idempotent steps; the stream runs only after the last one."""
     src, snk = source.cluster.name, sink.cluster.name
     stream_id = default_stream_id(src, snk)
     streams, pins, access = StreamStore(sink.meta), PinStore(source.meta), AccessStore(sink.meta)
-    config = StreamConfig(stream_id=stream_id, source_cluster=src, source_zookeeper=source.cluster.zookeeper, sink_cluster=snk, logs=tuple(sorted(starts)), pin_max_age_seconds=pin_max_age, created=time.time())
+    config = StreamConfig(stream_id=stream_id, source_cluster=src, source_zookeeper=source.cluster.zookeeper, sink_cluster=snk, logs=tuple(sorted(starts)), pin_max_age_seconds=pin_max_age, created=time.time(), compression=compression)
 
     def register() -> str:
         if streams.exists(stream_id):
@@ -629,6 +645,15 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
                 "next": str(last) if last else None,
                 "applied_records": cp.applied_records if cp else 0,
                 "left_at_source": cp.left_at_source if cp else 0,
+                # Everything the source held at this (Unix) time is at the sink (dlctl.replication.safetime).
+                "safe_time": (cp.safe_time if cp else 0.0) or None,
+                "safe_time_ago": _age(cp.safe_time, now) if cp else None,
+                # In effect as the worker found it (the stream's setting until a worker ran), and
+                # the source's answers' bytes decoded / on the wire (issue 23).
+                "compression": (cp.compression if cp else "") or config.compression,
+                "compression_ratio": round(cp.wire_payload_bytes / cp.wire_bytes, 2) if cp and cp.wire_bytes else None,
+                "wire_bytes": cp.wire_bytes if cp else 0,
+                "wire_payload_bytes": cp.wire_payload_bytes if cp else 0,
                 "last_contact_ago": _age(cp.last_contact, now) if cp else None,
                 "worker": (claim or {}).get("node"),
                 "worker_region": nodes.get((claim or {}).get("node", ""), {}).get("region") if claim else None,
@@ -638,6 +663,7 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
                 "waiting_for": describe_missing(cp.waiting_for) if cp and cp.gated and cp.waiting_for else None,
             }
         )
+    safe = stream_safe_time(r["safe_time"] for r in rows)  # the oldest of its logs' (None while one has none)
     return {
         "stream": stream_id,
         "source": config.source_cluster,
@@ -645,7 +671,14 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
         "state": state.state.value,
         "bidirectional": config.bidirectional,
         "throttle_bytes_per_second": config.throttle_bytes_per_second,
+        "compression": config.compression,
+        "patterns": list(config.patterns),
+        "safe_time": safe,
+        "safe_time_ago": _age(safe or 0.0, now),
         "logs": rows,
+        # What the stream's upkeep found (dlctl.replication.upkeep): logs not joined, deleted at
+        # the source, settings that differ on a causal stream.
+        "drift": [{"log": log, **entry} for log, entry in sorted(streams.get_drift(stream_id).items())],
     }
 
 
@@ -672,6 +705,8 @@ def check(status: dict[str, Any], *, max_lag_seconds: float | None, max_lag_reco
             warning.append(f"{name}: waiting for the causal past: the sink lacks {row['waiting_for'] or 'events the source deleted'}")
         if row["last_error"] and (row["last_error_ago"] or 0) < 60:
             warning.append(f"{name}: recent error: {row['last_error']}")
+    for entry in status.get("drift", ()):
+        warning.append(f"{entry['log']}: {entry['kind']}: {entry['detail']}")
     if critical:
         return 2, critical + warning
     return (1, warning) if warning else (0, [])

@@ -7,10 +7,12 @@ Every entry ends with a totals record (records and bytes of its segment so far; 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from ..log import format as fmt
 from ..log.dlsn import DLSN
+from ..log.errors import AgentError, AgentUnavailableError, NoSuchSegmentError
 from ..log.pool import AgentPool
 from ..log.records import Record, decode_records
 from ..log.recovery import entry_summary
@@ -79,6 +81,65 @@ async def log_end(meta: MetaStore, pool: AgentPool, log: str, region: str | None
         if end is None and last >= seg.min_active_entry and (seg.state is SegmentState.INPROGRESS or seg.records > 0):
             end = await _last_data(replicas, log_id, seg, last)
     return LogEnd(end, total_records, total_bytes)
+
+
+async def quorum_end(meta: MetaStore, pool: AgentPool, log: str, region: str | None = None, timeout: float = 10.0) -> DLSN | None:
+    """Where log ``log`` ends, for a claim that it held nothing after this when the call began
+    (the safe time, ``dlctl.replication.safetime``); None: it holds no data record.
+
+    As ``log_end``, except that an in-progress segment's LAC must come from at least E - A + 1
+    replicas of its current ensemble: that many meet every ack quorum, so one of them stored the
+    newest acknowledged entry, and the LAC that entry carries (everything acknowledged before
+    the writer sent it). ``log_end`` takes the LAC of whichever replicas answer in time, none
+    (an empty segment) or one behind the others; a claim cannot. Raises
+    ``AgentUnavailableError`` when too few answer within ``timeout`` seconds."""
+    log_id, segments = await log_segments(meta, log)
+    replicas = ReplicaReader(pool, region=region)
+    await pool.refresh()
+    for seg in reversed(segments):
+        inprogress = seg.state is SegmentState.INPROGRESS
+        last = await _quorum_lac(pool, log_id, seg, timeout) if inprogress else seg.last_entry_id
+        if last >= seg.min_active_entry and (inprogress or seg.records > 0):
+            end = await _last_data(replicas, log_id, seg, last)
+            if end is not None:
+                return end
+    return None
+
+
+async def _quorum_lac(pool: AgentPool, log_id: int, seg: SegmentRecord, timeout: float) -> int:
+    """The highest LAC of the first E - A + 1 replicas of the segment's current ensemble to
+    answer. (More answers could only raise it: a higher end is no truer, only harder to reach.)"""
+    nodes = seg.ensembles[-1].nodes
+    need = len(nodes) - seg.ack_quorum + 1
+
+    async def one(node: str) -> int:
+        client = await pool.client(node)
+        try:
+            return await client.read_lac(log_id, seg.seq)
+        except NoSuchSegmentError:
+            return -1  # a member no entry has reached yet: it holds nothing of the segment
+
+    tasks = {asyncio.ensure_future(one(n)) for n in nodes}
+    answers: list[int] = []
+    failures: list[str] = []
+    try:
+        async with asyncio.timeout(timeout):
+            for next_done in asyncio.as_completed(tasks):
+                try:
+                    answers.append(await next_done)
+                except AgentError as exc:
+                    failures.append(str(exc))
+                if len(answers) >= need:
+                    return max(answers)
+    except TimeoutError:
+        pass
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    raise AgentUnavailableError(
+        f"segment {seg.seq}: {len(answers)} of {len(nodes)} replicas told their LAC, {need} needed" + (f" ({'; '.join(failures)})" if failures else "")
+    )
 
 
 async def _summary(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, entry_id: int) -> tuple[int, int]:

@@ -29,6 +29,9 @@ class StreamState(str, Enum):
     FAILED_OVER = "failed-over"
 
 
+COMPRESSIONS = ("none", "zstd")
+
+
 @dataclass(frozen=True)
 class StreamConfig:
     stream_id: str
@@ -47,6 +50,12 @@ class StreamConfig:
     # Which records the stream carries (``dlctl.replication.filters``; "" all of them). Never
     # on a connection that is or ever was on a cycle of the network (issue 21).
     filter: str = ""
+    # The log patterns init-replication was given (shell patterns; () from before patterns were
+    # kept: ``logs`` only). Source logs created later that match join the stream by themselves.
+    patterns: tuple[str, ...] = ()
+    # How records cross the WAN: "zstd" (negotiated with the source agent; plain with one that
+    # cannot) or "none" (issue 23).
+    compression: str = "none"
 
     def __post_init__(self) -> None:
         validate_name("stream", self.stream_id)
@@ -60,6 +69,8 @@ class StreamConfig:
             raise ValueError("throttle must be >= 0 and the pin maximum age > 0")
         if self.filter:
             RecordFilter.parse(self.filter)  # raises, naming the bad clause
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"stream {self.stream_id!r}: compression must be one of {', '.join(COMPRESSIONS)} (got {self.compression!r})")
 
     def to_json(self) -> bytes:
         return _dump(asdict(self))
@@ -68,7 +79,7 @@ class StreamConfig:
     def from_json(cls, data: bytes, where: str) -> StreamConfig:
         raw = _load(data, where)
         try:
-            return cls(**{**raw, "logs": tuple(raw["logs"])})
+            return cls(**{**raw, "logs": tuple(raw["logs"]), "patterns": tuple(raw.get("patterns", ()))})
         except (TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"{where}: malformed stream config: {exc}") from None
 
@@ -116,6 +127,12 @@ class Checkpoint:
     applied_records: int = 0  # of those, appended to the sink
     applied_bytes: int = 0  # payload bytes appended
     left_at_source: int = 0  # of the others, those the source sent as stubs (the sink held them)
+    # The source's answers to this stream's reads (issue 23): their bytes on the wire and decoded
+    # (wire_payload_bytes / wire_bytes is the compression ratio), and the compression in effect
+    # as the worker last found it ("zstd", "none", "none (source agent lacks zstd)"; "": never ran).
+    wire_bytes: int = 0
+    wire_payload_bytes: int = 0
+    compression: str = ""
     updated: float = 0.0
     last_applied_at: float = 0.0  # when a record was last appended
     last_contact: float = 0.0  # when the source last answered (a record or a caught-up read)
@@ -137,6 +154,10 @@ class Checkpoint:
     # origins' events (first and last counter) the sink still lacks.
     gated: bool = False
     waiting_for: dict[str, list[int]] = field(default_factory=dict)
+    # This log's safe time (``dlctl.replication.safetime``; Unix time, worker's clock, 0: none
+    # yet): everything the source held then is at the sink. Kept here so it never goes back
+    # when the worker moves to another agent.
+    safe_time: float = 0.0
 
     def to_json(self) -> bytes:
         raw = asdict(self)

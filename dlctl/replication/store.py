@@ -116,6 +116,26 @@ class StreamStore:
 
     # -- checkpoints ------------------------------------------------------------------------
 
+    def get_drift(self, stream_id: str) -> dict[str, dict]:
+        """log -> {"kind", "detail", "since"}: what the stream's upkeep last found ({} none)."""
+        try:
+            data, _ = self.meta.client.get(paths.stream_drift(self.cluster, stream_id))
+            found = json.loads(data)
+        except (NoNodeError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def set_drift(self, stream_id: str, drift: dict[str, dict]) -> None:
+        body = json.dumps(drift, sort_keys=True).encode()
+        path = paths.stream_drift(self.cluster, stream_id)
+        try:
+            self.meta.client.set(path, body)
+        except NoNodeError:
+            try:
+                self.meta.client.create(path, body, acl=self.meta.acl)
+            except NodeExistsError:
+                self.meta.client.set(path, body)
+
     def checkpoints(self, stream_id: str) -> list[str]:
         return self._children(paths.stream_checkpoints(self.cluster, stream_id))
 

@@ -8,11 +8,13 @@ The loop (DESIGN.md §7):
    checkpoint's sink position (``dl.src`` header). Records up to that source position are in
    the sink already: they are re-read (to rebuild the vector clocks) but not appended again.
 3. Read the source log from the checkpoint (speculative reads, long-poll tailing, nearest
-   region first), stamp each record's origin (cluster, DLSN, vector timestamp) and its source
-   position, drop what the causality filter says the sink has seen (active-active only), and
-   submit the rest to the sink appender, pipelined. The records of one source producer request
-   (``dl.p``, dlctl.log.idempotence) are submitted together, as one sink request / entry: the
-   sink applies what the source wrote atomically whole or not at all, too.
+   region first; answers zstd-compressed when the stream's compression says so and the source
+   agent can, ``dlctl.log.compression``), stamp each record's origin (cluster, DLSN, vector
+   timestamp) and its source position, drop what the causality filter says the sink has seen
+   (active-active only), and submit the rest to the sink appender, pipelined. The records of
+   one source producer request (``dl.p``, dlctl.log.idempotence) are submitted together, as
+   one sink request / entry: the sink applies what the source wrote atomically whole or not at
+   all, too.
 4. Every ``checkpoint_interval``, once the records submitted so far are acknowledged, write the
    checkpoint by compare-and-set (a lost CAS means another worker took over: stop); every
    ``pin_interval`` move the stream's retention pin on the source to the checkpoint. A
@@ -24,6 +26,11 @@ waited in vain (idle), or, while records keep flowing, passing the source's end 
 every ``contact_interval`` (at the time of that measurement). A worker that keeps up with a
 steady load therefore shows a lag of at most about ``contact_interval``, not the time since it
 last found the source idle.
+
+The safe time (``Checkpoint.safe_time``, ``dlctl.replication.safetime``) is the start of the
+newest such measure whose end a written checkpoint has reached: everything the source held
+then is at the sink. Only checkpointed positions count (acknowledged at the sink), and it never
+goes back, across runs too.
 
 An observer (``StreamWorker(observer=...)``: the agent exports it as metrics) is told the
 checkpoint's counts when the run starts and after every checkpoint, and the lag whenever the
@@ -44,6 +51,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ..errors import ConflictError, DlctlError, NotFoundError
+from ..log.compression import WireStats
 from ..log.dlsn import DLSN
 from ..log.errors import AgentError
 from ..log.idempotence import PRODUCER_HEADER, producer_mark
@@ -72,8 +80,9 @@ from .origin import (
 from .filters import RecordFilter
 from .network import causal_gate, current_version_vector
 from .seen import SEEN_MARK
-from .positions import find_applied, log_end, records_from
+from .positions import find_applied, log_end, quorum_end, records_from
 from .records import Checkpoint, StreamConfig, lag_seconds
+from .safetime import SafeTime
 from .store import StreamStore
 
 log = logging.getLogger(__name__)
@@ -174,6 +183,9 @@ class WorkerReport:
     created: float  # the stream's creation (the lag's start if it never caught up)
     lag_records: int | None = None
     lag_bytes: int | None = None
+    wire_bytes: int = 0  # the checkpoint's: source answers as they crossed the wire ...
+    wire_payload_bytes: int = 0  # ... and decoded (issue 23)
+    safe_time: float = 0.0  # the checkpoint's (dlctl.replication.safetime; Unix time, 0: none yet)
 
     def lag_seconds(self, now: float) -> float | None:
         return lag_seconds(self.lag_records, self.caught_up_at, self.created, now)
@@ -239,6 +251,11 @@ class StreamWorker:
         self._filtering = False  # reads carry the sink's version vector (source-side filtering)
         self._split_warned = False  # said once that a source request was too large to keep whole
         self._lag: tuple[int, int] | None = None  # (records, bytes) after the checkpoint, last measured
+        self._safe = SafeTime()  # from the measures of the source's end (floor: the checkpoint's, at the run's start)
+        # The source's answers to this run's reads (compressed when the stream says zstd and the
+        # agent can), added to the checkpoint's counts of earlier runs (``_wire_base``).
+        self._wire = WireStats(ask=config.compression == "zstd")
+        self._wire_base = (0, 0)
 
     @property
     def checkpoint(self) -> Checkpoint | None:
@@ -257,6 +274,7 @@ class StreamWorker:
 
     async def _run(self) -> None:
         self._checkpoint = await self._zk(self.streams.get_checkpoint, self.config.stream_id, self.log_name)
+        self._safe = SafeTime(self._checkpoint.value.safe_time)  # an earlier run's, maybe on another agent
         self._report()
         cp = self._checkpoint.value
         if cp.needs_bootstrap:
@@ -282,6 +300,7 @@ class StreamWorker:
         clock = SourceClock(self.source, cp.source_vv, base=base, start=cp.next)
         causal = CausalityFilter(self.here, cp.sink_vv, unfiltered=self.config.unfiltered) if self.config.bidirectional or self.config.unfiltered else None
         progress = _Progress(None, cp.processed_records, cp.applied_records, cp.applied_bytes, cp.last_applied_at, cp.left_at_source)
+        self._wire_base = (cp.wire_bytes, cp.wire_payload_bytes)
         sink_dlsn = applied.sink if applied is not None else cp.sink_dlsn
         throttle = TokenBucket(self.config.throttle_bytes_per_second)
         carried = RecordFilter.parse(self.config.filter) if self.config.filter else None
@@ -298,7 +317,7 @@ class StreamWorker:
             assert self._cvv_task is not None
             await self._cvv_task  # the first reads already leave behind what the sink holds
         self._reader = reader = LogReader(
-            self.source_meta, self.source_pool, self.log_name, start_dlsn=cp.next, region=self.options.region, seen=seen,
+            self.source_meta, self.source_pool, self.log_name, start_dlsn=cp.next, region=self.options.region, seen=seen, wire=self._wire,
             read_ahead=ReadAhead(self.options.read_ahead_entries, self.options.read_ahead_bytes),
             speculative_timeout=AdaptiveTimeout(floor=self.options.speculative_floor, ceiling=max(1.0, 2 * self.options.speculative_floor)),
         )
@@ -467,8 +486,12 @@ class StreamWorker:
             applied_bytes=progress.applied_bytes,
             last_applied_at=progress.last_applied_at,
             left_at_source=progress.left_at_source,
+            wire_bytes=self._wire_base[0] + self._wire.wire,
+            wire_payload_bytes=self._wire_base[1] + self._wire.payload,
+            compression=self._wire.mode(),
             last_contact=self._last_contact,
             caught_up_at=self._caught_up_at,
+            safe_time=self._safe.value_at(next_),  # true once written: after what precedes next_ is acknowledged
             worker=self.node_id,
             **self._source_end,
             last_error="" if time.time() - self._checkpoint.value.last_error_at > 30 else self._checkpoint.value.last_error,
@@ -476,10 +499,13 @@ class StreamWorker:
 
     async def _write_checkpoint(self, new: Checkpoint) -> None:
         assert self._checkpoint is not None
+        # A snapshot taken before an idle write may carry an older safe time: it never goes back.
+        new = replace(new, safe_time=max(new.safe_time, self._checkpoint.value.safe_time))
         try:
             self._checkpoint = await self._zk(self.streams.update_checkpoint, self.config.stream_id, self._checkpoint, new)
         except (ConflictError, NotFoundError) as exc:
             raise StreamGone(f"stream {self.config.stream_id!r}, log {self.log_name!r}: checkpoint taken over or deleted ({exc.message})") from None
+        self._safe.settle(new.safe_time)
         self._report()
 
     def _report(self) -> None:
@@ -488,7 +514,8 @@ class StreamWorker:
         cp = self._checkpoint.value
         lag_records, lag_bytes = self._lag if self._lag is not None else (None, None)
         report = WorkerReport(
-            self.config.stream_id, self.log_name, cp.applied_records, cp.last_applied_at, cp.caught_up_at, self.config.created, lag_records, lag_bytes
+            self.config.stream_id, self.log_name, cp.applied_records, cp.last_applied_at, cp.caught_up_at, self.config.created, lag_records, lag_bytes,
+            cp.wire_bytes, cp.wire_payload_bytes, safe_time=cp.safe_time,
         )
         try:
             self.observer(report)
@@ -505,8 +532,11 @@ class StreamWorker:
             self._last_contact = self._caught_up_at = time.time()
             cp = self._checkpoint
             if cp is not None and time.time() - cp.value.updated > self.options.checkpoint_interval:
-                await self._write_checkpoint(replace(cp.value, last_contact=self._last_contact, caught_up_at=self._caught_up_at, **self._source_end))
+                await self._write_checkpoint(replace(
+                    cp.value, last_contact=self._last_contact, caught_up_at=self._caught_up_at, safe_time=self._safe.value_at(cp.value.next), **self._source_end,
+                ))
         await self._maybe_pin()
+        self._maybe_measure_end()  # the safe time of an idle stream moves with these measures
         if self._filtering:
             self._maybe_refresh_sink_cvv()
 
@@ -584,6 +614,7 @@ class StreamWorker:
         """Where the source ends and how many records lie after the checkpoint (what a failover
         would report at risk if the source vanished now). Best effort, off the hot path."""
         started = time.time()  # the source held at least this much then: caught up to it means caught up to then
+        await self._observe_end(started, cp)
         try:
             end = await log_end(self.source_meta, self.source_pool, self.log_name, region=self.options.region)
             behind, behind_bytes = await records_from(self.source_meta, self.source_pool, self.log_name, cp.next, region=self.options.region)
@@ -598,6 +629,16 @@ class StreamWorker:
         }
         self._lag = (behind, behind_bytes)
         self._report()
+
+    async def _observe_end(self, started: float, cp: Checkpoint) -> None:
+        """An observation for the safe time: the source held nothing after this end at ``started``.
+        A claim needs a firmer end than the estimate of ``log_end`` (``positions.quorum_end``)."""
+        try:
+            end = await quorum_end(self.source_meta, self.source_pool, self.log_name, region=self.options.region)
+        except Exception as exc:  # noqa: BLE001 - too few source replicas answered: no observation this time
+            log.debug("stream %s, log %s: no safe-time observation: %r", self.config.stream_id, self.log_name, exc)
+            return
+        self._safe.observe(started, end if end is not None else cp.next)  # (None: the source holds no record)
 
     async def _collect_pin(self) -> None:
         assert self._pin_task is not None

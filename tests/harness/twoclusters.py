@@ -14,6 +14,7 @@ import io
 import json
 import shutil
 from collections.abc import Iterator
+from typing import Any
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,16 @@ def replication_extra(
     return "\n".join(lines) + "\n"
 
 
+def sites_for_test(zk_server: ZooKeeperServer, tmp_path: Path, request: Any, **options: Any) -> Iterator[Sites]:
+    """Body of a test's fixture: ``yield from sites_for_test(zk_server, tmp_path, request, ...)``
+    — the sites of ``replication_sites(**options)`` behind a fault network of their own, on the
+    session's ZooKeeper, named after the test."""
+    zk_server.ensure_running()
+    procs = ProcessRegistry(tmp_path / "procs")
+    with FaultNetwork() as network:
+        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, **options)
+
+
 def replication_sites(
     zk_server: ZooKeeperServer,
     base: Path,
@@ -134,13 +145,15 @@ def replication_sites(
     agent_options: str = "",
     private_zk: dict[str, ZooKeeperServer] | None = None,
     replication_options: str = "",
+    cluster_options: dict[str, str] | None = None,
 ) -> Iterator[Sites]:
     """Body of a fixture: ``yield from replication_sites(...)``. Every cluster is a sink of
     every other one (agents are configured for all sources; streams decide what runs).
     ``proxied=False``: sink agents reach sources directly (no fault proxy in the path).
     ``private_zk``: clusters that get a ZooKeeper server of their own (a test may kill it with
     the cluster's agents: the whole location goes down); the others share ``zk_server``.
-    ``replication_options``: more lines of every agent's ``[replication]`` table."""
+    ``replication_options``: more lines of every agent's ``[replication]`` table.
+    ``cluster_options``: more TOML tables for the agents of one cluster (e.g. ``[server]``)."""
     ns = ZkNamespace(zk_server, label=label)
     spaces = {c: ZkNamespace(server, label=f"{label}-{c}") for c, server in (private_zk or {}).items()}
     try:
@@ -166,7 +179,7 @@ def replication_sites(
                     addresses[n] = f"{p.host}:{p.port}"
                 routes[sink][source] = (f"{zk_proxy.host}:{zk_proxy.port}{spaces[source].path}", addresses)
         for c in clusters:
-            extra = agent_options + replication_extra(routes[c], options=replication_options)
+            extra = agent_options + (cluster_options or {}).get(c, "") + replication_extra(routes[c], options=replication_options)
             agents[c] = {}
             for n, node in placeholders[c].items():
                 # Rewrite the config with the replication table (AgentNode wrote it already).

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+from kazoo.handlers.threading import KazooTimeoutError
 
 from dlctl.sandbox.zookeeper import java_executable, zookeeper_jars_dir
 
@@ -460,8 +462,13 @@ def expire_session(client: KazooClient, connect_string: str, timeout: float = 15
         # reconnecting client without closing its session): try again while the session lives.
         attempts = 3
         for attempt in range(attempts):
-            intruder = make_client(connect_string, client_id=(session_id, client.client_id[1] if client.client_id else b""))
-            close_client(intruder)
+            intruder = make_client(connect_string, client_id=(session_id, client.client_id[1] if client.client_id else b""), start=False)
+            try:
+                intruder.start(timeout=timeout / attempts)
+            except (ConnectionLoss, SessionExpiredError, KazooTimeoutError):
+                pass  # the original took the session back under it (its chroot check failed): see below
+            finally:
+                close_client(intruder)  # never left running, even when its start failed
             try:
                 wait_until(gone, timeout / attempts, message=f"client {client} to observe the expiry of session 0x{session_id:x}")
                 return

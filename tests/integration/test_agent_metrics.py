@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 from harness.agents import AgentNode, harness_credentials
-from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
-from harness.procs import ProcessRegistry, wait_until
-from harness.twoclusters import Sites, replication_sites
+from harness.procs import wait_until
+from harness.twoclusters import Sites, sites_for_test
 from prometheus_client.parser import text_string_to_metric_families
 
 from dlctl.errors import ExitCode
@@ -223,10 +222,7 @@ async def append(meta, name: str, payloads: list[bytes]) -> None:
 
 @pytest.fixture
 def sites(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, proxied=False)
+    yield from sites_for_test(zk_server, tmp_path, request, proxied=False)
 
 
 def test_a_running_streams_lag_and_applied_records_show_on_the_sink_agent_running_it(sites: Sites):

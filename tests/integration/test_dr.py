@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 from harness.agents import harness_credentials
-from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
-from harness.procs import ProcessRegistry
-from harness.twoclusters import Sites, read_all, replication_sites, run_cli
+from harness.twoclusters import Sites, read_all, run_cli, sites_for_test
 
 from dlctl.log.dlsn import DLSN
 from dlctl.log.errors import ReadOnlyLogError
@@ -42,10 +40,7 @@ LOG = "orders"
 
 @pytest.fixture
 def sites(zk_server, zk_private_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, private_zk={"a": zk_private_server.server})
+    yield from sites_for_test(zk_server, tmp_path, request, private_zk={"a": zk_private_server.server})
 
 
 def inventory(sites: Sites, path: Path) -> Path:
@@ -367,10 +362,7 @@ def test_switchover_under_load_loses_nothing_duplicates_nothing_and_reverses_the
 
 @pytest.fixture
 def cycle(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, clusters=("a", "b", "c"))
+    yield from sites_for_test(zk_server, tmp_path, request, clusters=("a", "b", "c"))
 
 
 async def write_rounds(site, name: str, prefix: str, rounds: int, per_round: int) -> None:

@@ -22,10 +22,8 @@ from pathlib import Path
 
 import pytest
 from harness.agents import harness_credentials
-from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
-from harness.procs import ProcessRegistry
-from harness.twoclusters import Site, Sites, read_all, replication_sites, run_cli
+from harness.twoclusters import Site, Sites, read_all, run_cli, sites_for_test
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
 
@@ -50,18 +48,12 @@ PROFILES, CARTS, ORDERS, LATE = "profiles", "carts", "orders", "late"
 @pytest.fixture
 def three(zk_server, zk_private_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
     """a (with a ZooKeeper server of its own), b and c."""
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, clusters=("a", "b", "c"), private_zk={"a": zk_private_server.server})
+    yield from sites_for_test(zk_server, tmp_path, request, clusters=("a", "b", "c"), private_zk={"a": zk_private_server.server})
 
 
 @pytest.fixture
 def pair(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, clusters=("a", "b"))
+    yield from sites_for_test(zk_server, tmp_path, request, clusters=("a", "b"))
 
 
 # -- helpers ------------------------------------------------------------------------------------------

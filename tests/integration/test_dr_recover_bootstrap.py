@@ -18,10 +18,8 @@ from pathlib import Path
 
 import pytest
 from harness.agents import harness_credentials
-from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
-from harness.procs import ProcessRegistry
-from harness.twoclusters import Sites, read_all, replication_sites, run_cli
+from harness.twoclusters import Sites, read_all, run_cli, sites_for_test
 
 from dlctl.errors import ExitCode
 from dlctl.log.dlsn import DLSN, INITIAL
@@ -42,10 +40,7 @@ LOG = "profiles"
 
 @pytest.fixture
 def pair(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, clusters=("a", "b"))
+    yield from sites_for_test(zk_server, tmp_path, request, clusters=("a", "b"))
 
 
 def dlctl(inv: Path, *argv: str) -> tuple[int, dict | list | str]:
@@ -258,10 +253,7 @@ def test_dr_recover_of_a_location_restored_from_an_old_backup_whose_peer_truncat
 
 @pytest.fixture
 def trio(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, clusters=("a", "b", "c"), nodes=1)
+    yield from sites_for_test(zk_server, tmp_path, request, clusters=("a", "b", "c"), nodes=1)
 
 
 def test_dr_recover_from_a_peer_that_truncated_waits_for_the_peer_that_still_holds_the_past_and_loses_nothing(trio: Sites, tmp_path: Path):

@@ -7,9 +7,12 @@ pass their own promtool unit tests, and a wrong expectation fails them (the nega
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
 import shutil
 import subprocess
+import sys
 import threading
 import urllib.parse
 import urllib.request
@@ -18,10 +21,9 @@ from pathlib import Path
 
 import pytest
 from harness.agents import harness_credentials
-from harness.faultproxy import FaultNetwork
 from harness.logcluster import run
 from harness.procs import ProcessRegistry, free_port, tcp_connectable, wait_until
-from harness.twoclusters import Sites, replication_sites, run_cli
+from harness.twoclusters import Sites, run_cli, sites_for_test
 
 from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer
@@ -57,10 +59,7 @@ def test_the_alert_rules_pass_their_unit_tests_and_a_wrong_expectation_fails_the
 
 @pytest.fixture
 def two(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, clusters=("a", "b"), nodes=2)
+    yield from sites_for_test(zk_server, tmp_path, request, clusters=("a", "b"), nodes=2)
 
 
 class Prometheus:
@@ -77,7 +76,16 @@ class Prometheus:
             [tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={base / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}"],
             name="prometheus",
         )
-        wait_until(lambda: tcp_connectable("127.0.0.1", self.port), 30, message="prometheus listening", watch=self.proc)
+        wait_until(self.ready, 60, message="prometheus ready (/-/ready)", watch=self.proc)
+
+    def ready(self) -> bool:
+        if not tcp_connectable("127.0.0.1", self.port):
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=5) as answer:
+                return answer.status == 200
+        except urllib.error.HTTPError:  # 503 while it loads its rules and storage
+            return False
 
     def api(self, path: str, **params: str) -> dict:
         url = f"http://127.0.0.1:{self.port}/api/v1/{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
@@ -174,6 +182,8 @@ def test_prometheus_scrapes_every_agent_answers_the_dashboard_and_raises_the_ale
         assert code == 0 and [(r["stream"], r["log"]) for r in view["streams"]] == [("a-to-b", LOG)], (view, err)
         assert view["streams"][0]["worker"] in two["b"].agents
 
+        live_view_quits_on_q(inventory)
+
         victim = two["a"].agents["a2"]
         victim.proc.kill()
         def alert_raised() -> bool:
@@ -187,3 +197,33 @@ def test_prometheus_scrapes_every_agent_answers_the_dashboard_and_raises_the_ale
         assert code == 0 and {r["node"]: r["metrics"] for r in rows}["a1"] == next(g["targets"][0] for g in groups if g["labels"]["node"] == "a1"), rows
     finally:
         prometheus.proc.terminate()
+
+
+def live_view_quits_on_q(inventory: Path) -> None:
+    """``dlctl top`` in a terminal (a pseudo-terminal here): it draws the agents' table, redraws
+    it, and exits 0 when q is pressed."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dlctl"), "--config", str(inventory), "--cluster", "a", "top", "--interval", "0.3"],
+        stdin=slave, stdout=slave, stderr=slave, env={**os.environ, "COLUMNS": "250", "LINES": "60"}, close_fds=True,
+    )
+    os.close(slave)
+    screen = b""
+    try:
+        def drawn_twice() -> bool:
+            nonlocal screen
+            while select.select([master], [], [], 0.05)[0]:
+                try:
+                    screen += os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    break
+            return screen.count(b"agents") >= 2 and b"a1" in screen and b"a2" in screen
+
+        wait_until(drawn_twice, 30, message=f"dlctl top drew the agents twice (so far: {screen[-500:]!r})")
+        os.write(master, b"q")
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)

@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 from harness.agents import harness_credentials
-from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
-from harness.procs import ProcessRegistry
-from harness.twoclusters import Sites, origin_of, read_all, replication_sites
+from harness.twoclusters import Sites, origin_of, read_all, sites_for_test
 
 from dlctl.log.dlsn import DLSN
 from dlctl.log.idempotence import PRODUCER_HEADER
@@ -34,10 +32,7 @@ pytestmark = pytest.mark.zk
 
 @pytest.fixture
 def sites(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name)
+    yield from sites_for_test(zk_server, tmp_path, request)
 
 
 async def write(meta, name: str, payloads: list[bytes]) -> list[DLSN]:
@@ -147,10 +142,7 @@ def claimed_by(sites: Sites, log: str, stream: str = "a-to-b") -> str | None:
 
 @pytest.fixture
 def four_node_sites(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, nodes=4)
+    yield from sites_for_test(zk_server, tmp_path, request, nodes=4)
 
 
 def test_sigkill_of_the_worker_agent_moves_the_worker_and_the_sink_log_equals_the_source_log(four_node_sites: Sites):
@@ -523,10 +515,7 @@ def test_a_source_producer_request_is_one_request_in_one_entry_at_the_sink(sites
 
 @pytest.fixture
 def three_sites(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, clusters=("a", "b", "c"))
+    yield from sites_for_test(zk_server, tmp_path, request, clusters=("a", "b", "c"))
 
 
 async def local_writer(site, name: str, rounds: int, per_round: int, others: tuple[str, ...]) -> None:

@@ -10,15 +10,14 @@ third location drops the truncated ones for ever.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from harness.agents import harness_credentials
-from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, run
-from harness.procs import ProcessRegistry
-from harness.twoclusters import Sites, origin_of, read_all, replication_sites, run_cli
+from harness.twoclusters import Sites, origin_of, read_all, run_cli, sites_for_test
 
 from dlctl.log.dlsn import DLSN
 from dlctl.log.pool import AgentPool
@@ -35,10 +34,7 @@ ONE_COPY = LogConfig(ensemble_size=1, write_quorum=1, ack_quorum=1, roll_bytes=1
 
 @pytest.fixture
 def four(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
-    zk_server.ensure_running()
-    procs = ProcessRegistry(tmp_path / "procs")
-    with FaultNetwork() as network:
-        yield from replication_sites(zk_server, tmp_path, procs, network, request.node.name, clusters=("a", "b", "c", "d"), nodes=1)
+    yield from sites_for_test(zk_server, tmp_path, request, clusters=("a", "b", "c", "d"), nodes=1)
 
 
 async def append_one(meta, payload: bytes, key: bytes = b"") -> DLSN:
@@ -310,7 +306,8 @@ def test_records_the_sink_holds_stay_at_the_source(four: Sites, tmp_path: Path):
         code, _, err = run_cli(inventory, "init-replication", "--source", source, "--sink", sink, "--causal", "--logs", LOG)
         assert code == 0, err
     count, size = 200, 4000
-    ids = [("a", p) for p in run(append_many(a.meta(), [bytes([65 + i % 26]) * size for i in range(count)]))]
+    # Incompressible payloads: the byte counts measure what crosses, whatever the stream's compression.
+    ids = [("a", p) for p in run(append_many(a.meta(), [os.urandom(size) for _ in range(count)]))]
     for site in (b, c):
         run(eventually(lambda site=site: _at_least(site, count), timeout=60, message=f"{site.name} holds A's records"))
     run(eventually(lambda: StreamStore(c.meta()).get_checkpoint("a-to-c", LOG).value.next > ids[-1][1], timeout=30, message="A -> C checkpointed past the last record"))
