@@ -59,7 +59,7 @@ from .names import validate_name
 from .systemd import validate_user
 
 _CLUSTER_KEYS = {"zookeeper", "zookeeper_tls", "secret_file", "zk_auth_file", "tls_dir", "insecure_zookeeper", "defaults", "regions", "ssh_config", "known_hosts"}
-_NODE_KEYS = {"id", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python", "agent_port", "home", "transport", "agent_user"}
+_NODE_KEYS = {"id", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python", "agent_port", "metrics_port", "home", "transport", "agent_user"}
 _DEFAULT_KEYS = _NODE_KEYS - {"id", "host", "listen"}
 # python = None: `dlctl agent install` creates <home>/venv and the agent runs from it; a path
 # names an interpreter that already has dlctl installed (nothing is installed then).
@@ -70,6 +70,7 @@ _NODE_DEFAULTS: dict[str, Any] = {
     "data_dir": "/var/lib/dlagent",
     "python": None,
     "agent_port": 3181,
+    "metrics_port": 9181,  # the agent's /metrics on its host ("off": none); nodes sharing a host need their own
     "home": "/opt/dlagent",
     "transport": "ssh",
     "agent_user": None,
@@ -93,6 +94,7 @@ class Node:
     home: str = "/opt/dlagent"
     transport: str = "ssh"
     agent_user: str | None = None  # a systemd unit's User= (dlctl.systemd); None: the SSH user
+    metrics_listen: str = ""  # [metrics] listen of its agent.toml ("off": none; "": the agent's default)
 
     @property
     def agent_python(self) -> str:
@@ -104,7 +106,7 @@ class Node:
         return f"{self.home}/agent.toml"
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("id", "region", "rack", "host", "listen", "transport", "ssh_user", "ssh_port", "identity_file", "home", "data_dir", "python", "agent_user")}
+        return {k: getattr(self, k) for k in ("id", "region", "rack", "host", "listen", "metrics_listen", "transport", "ssh_user", "ssh_port", "identity_file", "home", "data_dir", "python", "agent_user")}
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,9 @@ def _node(cluster: str, region: str, rack: str, body: Any, defaults: dict[str, A
     for key in ("ssh_port", "agent_port"):
         if not isinstance(settings[key], int) or not 0 < settings[key] < 65536:
             raise ConfigError(f"{where}: '{key}' must be a port number, got {settings[key]!r}")
+    metrics_port = settings["metrics_port"]
+    if metrics_port != "off" and (isinstance(metrics_port, bool) or not isinstance(metrics_port, int) or not 0 < metrics_port < 65536):
+        raise ConfigError(f"{where}: 'metrics_port' must be a port number or \"off\", got {metrics_port!r}")
     listen = settings.get("listen") or f"{host}:{settings['agent_port']}"
     _, sep, port = str(listen).rpartition(":")
     if not sep or not port.isdigit():
@@ -320,6 +325,7 @@ def _node(cluster: str, region: str, rack: str, body: Any, defaults: dict[str, A
         home=settings["home"],
         transport=settings["transport"],
         agent_user=settings["agent_user"],
+        metrics_listen="off" if metrics_port == "off" else f"{listen.rpartition(':')[0]}:{metrics_port}",
     )
 
 

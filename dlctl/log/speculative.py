@@ -140,12 +140,14 @@ class ReplicaReader:
         raise EntryReadError(log_id, segment.seq, entry_id, failures)
 
     async def read_lac(self, log_id: int, segment: SegmentRecord) -> int:
-        """The highest LAC the replicas of the segment's ensembles report (-1 if none answers).
+        """The highest LAC the replicas of the segment's ensembles report (-1: they hold no entry).
 
         Any replica's LAC is a lower bound of the true one (the writer piggybacks only what it
         confirmed), so the maximum is safe. Once one replica has answered, the others get one
-        speculative timeout more: a hung replica must not hold the answer up.
-        """
+        speculative timeout more: a hung replica must not hold the answer up. When none answers,
+        ``AgentUnavailableError`` naming each: -1 would say the segment is empty, and a caller
+        would take an unreachable tail for the log's end (a replication lag of 0, nothing at
+        risk in a failover)."""
         nodes = dict.fromkeys(n for change in segment.ensembles for n in change.nodes)
 
         async def one(node: str) -> int:
@@ -154,6 +156,7 @@ class ReplicaReader:
 
         tasks = {asyncio.ensure_future(one(n)) for n in nodes}
         best = -1
+        failures: list[str] = []
         try:
             pending = tasks
             answered = False
@@ -168,11 +171,17 @@ class ReplicaReader:
                     if exc is None:
                         best = max(best, task.result())
                         answered = True
+                    elif isinstance(exc, NoSuchSegmentError):
+                        answered = True  # it never stored an entry of it: an answer, "nothing"
                     elif not isinstance(exc, AgentError):
                         raise exc
+                    else:
+                        failures.append(_describe(exc))
         finally:
             for task in tasks:
                 task.cancel()
+        if not answered:
+            raise AgentUnavailableError(f"no replica of segment {segment.seq} of log {log_id} answered its LAC ({', '.join(nodes)}): " + "; ".join(failures))
         return best
 
 

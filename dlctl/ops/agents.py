@@ -188,6 +188,8 @@ def agent_config_text(cluster: Cluster, node: Node, *, tls: bool = False) -> str
     if cluster.zk_auth_file is not None:
         lines.append(toml.line("zk_auth_file", node.home + "/zk-auth"))
     text = "\n".join(lines) + "\n"
+    if node.metrics_listen:
+        text += "\n" + toml.table("metrics") + "\n" + toml.line("listen", node.metrics_listen) + "\n"
     if cluster.zookeeper_tls is not None:
         zk = cluster.zookeeper_tls
         text += "\n" + toml.table("zookeeper_tls") + "\n" + "".join(
@@ -207,8 +209,23 @@ def _zk_tls_names(zk: ZkTls) -> list[tuple[str, str]]:
     return names
 
 
+def _refuse_shared_metrics_endpoints(cluster: Cluster) -> None:
+    """Two agents of one host serving metrics on one port: the second would not start."""
+    seen: dict[str, str] = {}
+    for node in cluster.nodes:
+        if node.metrics_listen in ("", "off"):
+            continue
+        if node.metrics_listen in seen:
+            raise ConfigError(
+                f"nodes {seen[node.metrics_listen]!r} and {node.id!r} of cluster {cluster.name!r} would both serve metrics on {node.metrics_listen}",
+                hint="give one of them its own metrics_port in the inventory (or \"off\")",
+            )
+        seen[node.metrics_listen] = node.id
+
+
 def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, progress: Callable[[FanoutEvent], None] | None = None) -> Plan:
     cluster = fleet.cluster
+    _refuse_shared_metrics_endpoints(cluster)
     for f in (cluster.secret_file, cluster.zk_auth_file):
         if f is not None and not f.exists():
             raise ConfigError(f"{f} does not exist", hint="run `dlctl cluster init` first: it creates the cluster's secrets")

@@ -31,6 +31,7 @@ from ..errors import (
     UsageError,
 )
 from ..log.dlsn import DLSN, INITIAL
+from ..log.errors import AgentUnavailableError
 from ..log.pool import AgentPool
 from ..log.recovery import recover_log
 from ..meta.access import REPLICATION_PREFIX, AccessMode, AccessStore
@@ -600,7 +601,10 @@ async def _probe_segments(session: ClusterSession, pool: AgentPool, name: str) -
             if value.state is SegmentState.INPROGRESS:
                 if await _forgotten_everywhere(pool, log_id, value):
                     return segments[index:]
-                lac = await asyncio.wait_for(replicas.read_lac(log_id, value), 10)
+                try:
+                    lac = await asyncio.wait_for(replicas.read_lac(log_id, value), 10)
+                except AgentUnavailableError:
+                    lac = -1  # no member answers: they may still hold it (not lost), as in _forgotten_everywhere
                 if lac >= value.min_active_entry:
                     await asyncio.wait_for(replicas.read(log_id, value, value.min_active_entry), 10)
             elif value.last_entry_id >= value.min_active_entry:

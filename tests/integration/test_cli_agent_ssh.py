@@ -46,6 +46,7 @@ def write_inventory(path: Path, cluster, zk_connect: str, *, python_for: dict[st
             f'home = "{home}"',
             f'data_dir = "{home}/data"',
             f'listen = "{node.address}:{free_port(node.address)}"',
+            f"metrics_port = {free_port(node.address)}",  # 9181 may be another test's (parallel workers)
         ]
         if python_for.get(node.name):
             lines.append(f'python = "{python_for[node.name]}"')

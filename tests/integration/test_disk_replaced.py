@@ -102,6 +102,10 @@ def _double_fault(env, tmp_path, seed: int, *, disguise: bool) -> tuple[list[tup
         writer = await takeover
         (result,) = writer.recovered
         await writer.close()
+        # Y holds the entries X and Z lack; after the pause its ZooKeeper session may have
+        # expired and it registers again: read back once it is available (a busy machine can
+        # take seconds), or the read names Y "not available" though nothing was lost.
+        await asyncio.to_thread(y.wait_ready, env.cluster.admin)
         back = await read_back(meta, env.pool(meta), env.name, require_completed=True)
         if not disguise:
             # Afterwards the auditor refills the wiped member in place: its replica of the

@@ -477,6 +477,39 @@ def test_an_entry_no_replica_serves_is_an_error_naming_each_replica_and_a_retry_
     run(main())
 
 
+def test_an_in_progress_segment_no_replica_answers_for_is_not_taken_for_an_empty_one(cluster, zkc):
+    """Where a log ends is unknown while no replica of its in-progress segment answers: the LAC
+    read says so (naming them) instead of answering -1, which would make the log's end the
+    previous segment's — a replication lag of 0 and "nothing at risk" in a failover."""
+    from dlctl.log.errors import AgentUnavailableError
+    from dlctl.log.speculative import ReplicaReader
+    from dlctl.replication.positions import log_end
+
+    async def main():
+        meta, pool, feeder = await setup(zkc, "unreachable-tail")
+        try:
+            await feeder.new_segment()
+            await feeder.add([Record(txid=1, payload=b"one")])
+            await feeder.add([control_record(2)], lac=0)
+            assert await ReplicaReader(pool).read_lac(feeder.log_id, feeder.seg.value) == 0
+            feeder.nodes = ("ghost1", "ghost2", "ghost3")  # registered nowhere: unreachable
+            await feeder.new_segment()
+            seg = feeder.seg.value
+            with pytest.raises(AgentUnavailableError, match="no replica of segment 2") as info:
+                await ReplicaReader(pool).read_lac(feeder.log_id, seg)
+            assert all(node in str(info.value) for node in feeder.nodes)
+            with pytest.raises(AgentUnavailableError):
+                await log_end(meta, pool, "unreachable-tail")
+            # A segment its replicas answer for but hold nothing of yet is empty, as before.
+            feeder.nodes = NODES
+            await feeder.new_segment()
+            assert await ReplicaReader(pool).read_lac(feeder.log_id, feeder.seg.value) == -1
+        finally:
+            await pool.close()
+
+    run(main())
+
+
 # -- tailing --------------------------------------------------------------------------------------
 
 

@@ -106,3 +106,26 @@ def test_agent_user_is_optional_and_validated():
     for bad in ('"root"', '"Bad User"', '"a;b"', "7"):
         with pytest.raises(ConfigError, match="agent_user"):
             inv(GOOD.replace('ssh_user = "ops"', f"agent_user = {bad}"))
+
+
+def test_each_agent_gets_a_metrics_port_and_agent_install_refuses_two_nodes_of_one_host_sharing_one():
+    e1, e2, w1 = inv().cluster(None).nodes
+    assert (e1.metrics_listen, e2.metrics_listen, w1.metrics_listen) == ("127.0.1.1:9181", "127.0.1.2:9181", "127.0.2.1:9181")
+    off = inv(GOOD.replace('ssh_port = 2222', 'ssh_port = 2222\nmetrics_port = "off"')).cluster(None).nodes[1]
+    assert off.metrics_listen == "off"
+    from dlctl.ops.agents import _refuse_shared_metrics_endpoints
+
+    shared = GOOD.replace('host = "127.0.1.2"', 'host = "127.0.1.1"\nlisten = "127.0.1.1:4001"')
+    with pytest.raises(ConfigError, match="'e1' and 'e2' of cluster 'east' would both serve metrics on 127.0.1.1:9181"):
+        _refuse_shared_metrics_endpoints(inv(shared).cluster(None))  # what agent install checks first
+    _refuse_shared_metrics_endpoints(inv(shared.replace('listen = "127.0.1.1:4001"', 'listen = "127.0.1.1:4001"\nmetrics_port = 9182')).cluster(None))
+    with pytest.raises(ConfigError, match="'metrics_port' must be a port number"):
+        inv(GOOD.replace("agent_port = 4000", "agent_port = 4000\nmetrics_port = 70000"))
+
+
+def test_agent_toml_names_the_nodes_metrics_endpoint():
+    from dlctl.ops.agents import agent_config_text
+
+    cluster = inv().cluster(None)
+    text = agent_config_text(cluster, cluster.nodes[0])
+    assert tomllib.loads(text)["metrics"] == {"listen": "127.0.1.1:9181"}
