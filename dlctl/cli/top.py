@@ -22,7 +22,7 @@ from ..output import rich_table
 from .context import AppContext, command_options, pass_app
 
 AGENT_COLUMNS = ["node", "write_entries_per_s", "write_bytes_per_s", "read_entries_per_s", "add_p50_ms", "add_p99_ms", "read_p99_ms", "fsync_p99_ms", "segments", "data_bytes", "disk_free_bytes", "under_replicated", "roles"]
-STREAM_COLUMNS = ["stream", "log", "worker", "lag_records", "lag_bytes", "lag_seconds", "applied_per_s", "last_apply_ago_s"]
+STREAM_COLUMNS = ["stream", "log", "worker", "lag_records", "lag_bytes", "lag_seconds", "safe_time_ago_s", "applied_per_s", "last_apply_ago_s", "compression_ratio"]
 LOG_COLUMNS = ["log", "owner", "queue_bytes", "producers"]
 
 
@@ -68,7 +68,7 @@ def _quit_pressed(fd: int, wait: float) -> bool:
 def top_command(app: AppContext, interval: float, once: bool) -> None:
     """Watch the cluster live from its agents' metrics: per agent write and read rates, add,
     read and fsync latency (p50/p99 over the last interval), disk; per replication stream and
-    log the lag and apply rate; per log the write proxy's queue. q quits. Agents with metrics
+    log the lag, safe time, apply rate and compression ratio; per log the write proxy's queue. q quits. Agents with metrics
     off or not answering are listed below the tables."""
     top = Top(app.session())
     if once or not app.stdout.is_terminal or app.output != "table" or not sys.stdin.isatty():

@@ -124,6 +124,9 @@ def stream_rows(befores: Mapping[str, Snapshot | None], afters: Mapping[str, Sna
             match = {"stream": [key[0]], "log": [key[1]]}
             applied = growth(before, after, "dlagent_replication_applied_records_total", match)
             last = after.value("dlagent_replication_last_apply_timestamp_seconds", **where)
+            safe = after.value("dlagent_replication_safe_timestamp_seconds", **where)
+            wire = after.value("dlagent_replication_wire_bytes_total", **where)
+            payload = after.value("dlagent_replication_payload_bytes_total", **where)
             rows[key] = {
                 "stream": key[0],
                 "log": key[1],
@@ -133,6 +136,9 @@ def stream_rows(befores: Mapping[str, Snapshot | None], afters: Mapping[str, Sna
                 "lag_seconds": after.value("dlagent_replication_lag_seconds", **where),
                 "applied_per_s": round(applied / dt, 2) if dt > 0 else None,
                 "last_apply_ago_s": round(wall_now - last, 1) if last else None,
+                # The sink holds everything the source held this long ago (dlctl.replication.safetime).
+                "safe_time_ago_s": round(wall_now - safe, 1) if safe else None,
+                "compression_ratio": round(payload / wire, 2) if wire and payload else None,
             }
     return [rows[k] for k in sorted(rows)]
 

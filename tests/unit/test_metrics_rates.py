@@ -21,6 +21,9 @@ class Agent:
         self.applied = Counter("dlagent_replication_applied_records_total", "", ["stream", "log"], registry=r)
         self.queue = Gauge("dlagent_proxy_queue_bytes", "", ["log"], registry=r)
         self.producers = Gauge("dlagent_proxy_producers", "", ["log"], registry=r)
+        self.safe = Gauge("dlagent_replication_safe_timestamp_seconds", "", ["stream", "log"], registry=r)
+        self.wire = Counter("dlagent_replication_wire_bytes", "", ["stream", "log"], registry=r)
+        self.payload = Counter("dlagent_replication_payload_bytes", "", ["stream", "log"], registry=r)
 
     def snapshot(self, at: float):
         return parse(generate_latest(self.registry).decode(), at=at)
@@ -73,8 +76,14 @@ def test_stream_and_log_rows_come_from_the_agent_that_reports_them():
     owner.queue.labels("ledger").set(4096)
     owner.producers.labels("ledger").set(3)
     after = {"w": worker.snapshot(2.0), "o": owner.snapshot(2.0)}
-    [row] = stream_rows(before, after)
+    [row] = stream_rows(before, after, wall_now=1000.0)
     assert (row["stream"], row["log"], row["worker"], row["lag_records"], row["applied_per_s"]) == ("a-to-b", "ledger", "w", 7, 20.0)
+    assert row["safe_time_ago_s"] is None and row["compression_ratio"] is None  # not measured yet
+    worker.safe.labels("a-to-b", "ledger").set(990.0)
+    worker.wire.labels("a-to-b", "ledger").inc(1000)
+    worker.payload.labels("a-to-b", "ledger").inc(6500)
+    [row] = stream_rows(before, {**after, "w": worker.snapshot(2.0)}, wall_now=1000.0)
+    assert (row["safe_time_ago_s"], row["compression_ratio"]) == (10.0, 6.5)
     assert log_rows(after) == [{"log": "ledger", "owner": "o", "queue_bytes": 4096, "producers": 3}]
 
 
