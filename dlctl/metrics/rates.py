@@ -44,13 +44,14 @@ def _matches(labels: Labels, match: Mapping[str, Iterable[str]] | None) -> bool:
 
 def bucket_growth(before: Snapshot | None, after: Snapshot, histogram: str, match: Mapping[str, Iterable[str]] | None = None) -> list[tuple[float, float]]:
     """(upper bound, cumulative count) of a histogram's growth, summed over matching series."""
+    then = before.series(f"{histogram}_bucket") if before is not None else {}
     sums: dict[float, float] = {}
-    for labels in after.series(f"{histogram}_bucket"):
-        rest = tuple((k, v) for k, v in labels if k != "le")
-        if not _matches(rest, match):
+    for labels, value in after.series(f"{histogram}_bucket").items():
+        if not _matches(tuple((k, v) for k, v in labels if k != "le"), match):
             continue
+        old = then.get(labels, 0.0)
         le = float(dict(labels)["le"])
-        sums[le] = sums.get(le, 0.0) + growth(before, after, f"{histogram}_bucket", {**{k: [v] for k, v in labels}})
+        sums[le] = sums.get(le, 0.0) + (value - old if value >= old else value)
     return sorted(sums.items())
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -75,6 +75,3 @@ def addresses(available: Mapping[str, Mapping]) -> dict[str, str]:
     """node id -> metrics address, from the availability records (agents with metrics on)."""
     return {node: str(info["metrics"]) for node, info in available.items() if info.get("metrics")}
 
-
-def label_values(snapshot: Snapshot, name: str, label: str) -> Iterable[str]:
-    return sorted({dict(labels).get(label, "") for labels in snapshot.series(name)})

@@ -90,7 +90,8 @@ def check_connection(view: NetworkView, src: str, snk: str, record_filter: str, 
             f"{src} receives (or received) over a filtered connection (from {', '.join(feeding)}): a location a filter feeds is terminal, it passes nothing on (the filter's holes would reach {snk} ahead of what other paths bring)",
             hint="replicate to that location only; take records onward from the filtered connection's source instead",
         )
-    other = sorted((f, sorted(sources)) for f, sources in _fed_through(view, snk).items() if f != record_filter)
+    feeds = _fed_through(view, snk)
+    other = sorted((f, sorted(sources)) for f, sources in feeds.items() if f != record_filter)
     if other:
         f, sources = other[0]
         carried = f"filter {record_filter}" if record_filter else "no filter"
@@ -100,7 +101,7 @@ def check_connection(view: NetworkView, src: str, snk: str, record_filter: str, 
         )
     if not record_filter:
         return
-    others = {u for sources in _fed_through(view, snk).values() for u in sources} - {src}
+    others = {u for sources in feeds.values() for u in sources} - {src}
     if others and not causal:
         raise RefusedError(
             f"--filter on {src} -> {snk}: {snk} is (or was) fed through its filter by {', '.join(sorted(others))}; a further feed of it must be causal, so that it skips what {snk} holds",

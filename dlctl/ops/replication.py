@@ -52,6 +52,7 @@ from ..replication.records import (
     StreamConfig,
     StreamState,
     default_stream_id,
+    lag_seconds,
 )
 from ..replication.safetime import stream_safe_time
 from ..replication.store import StreamStore
@@ -617,12 +618,7 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
         lag = lags.get(name)
         lag_records = lag[0] if isinstance(lag, tuple) else None
         lag_bytes = lag[1] if isinstance(lag, tuple) else None
-        if lag_records == 0:
-            lag_seconds: float | None = 0.0
-        elif lag_records is None:
-            lag_seconds = None
-        else:
-            lag_seconds = round(now - (cp.caught_up_at if cp and cp.caught_up_at else config.created), 1)
+        behind = lag_seconds(lag_records, cp.caught_up_at if cp else 0.0, config.created, now)  # the rule the agents' metric uses too
         if cp is None:
             log_state = "no checkpoint"
         elif needs:
@@ -640,7 +636,7 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
                 "state": log_state,
                 "lag_records": lag_records if lag_records is not None else (lag if isinstance(lag, str) else None),
                 "lag_bytes": lag_bytes,
-                "lag_seconds": lag_seconds,
+                "lag_seconds": round(behind, 1) if behind is not None else None,
                 "last_applied": str(DLSN(last.segment_seq, last.entry_id, last.slot - 1)) if last and last.slot > 0 else None,
                 "next": str(last) if last else None,
                 "applied_records": cp.applied_records if cp else 0,
