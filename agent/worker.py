@@ -98,6 +98,7 @@ class ReplicationService:
         self._unclaimed_since: dict[WorkItem, float] = {}
         self._history_synced = 0.0  # monotonic time of the last copy of the sources' network history
         self._upkeep_at = 0.0  # monotonic time of the last upkeep of the streams (dlctl.replication.upkeep)
+        self._upkeep_task: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -108,9 +109,10 @@ class ReplicationService:
 
     async def stop(self) -> None:
         """Stop every worker (each writes a final checkpoint) and release their claims."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._upkeep_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await asyncio.gather(*(self._stop_worker(item) for item in list(self._running)), return_exceptions=True)
         for link in self._sources.values():
             await link.close()
@@ -184,18 +186,25 @@ class ReplicationService:
             if claims.get(item) == self.node_id and item not in self._running:
                 self._start_worker(item, config)
         await self._sync_histories()
-        await self._upkeep(work, agents)
+        self._maybe_upkeep(work, agents)
 
-    async def _upkeep(self, work: dict[WorkItem, StreamConfig], agents: list[str]) -> None:
+    def _maybe_upkeep(self, work: dict[WorkItem, StreamConfig], agents: list[str]) -> None:
         """Every ``upkeep_seconds`` the sink agent with the lowest node id keeps the running
         streams in step with their sources (``dlctl.replication.upkeep``: logs that match a
         stream's patterns join, settings propagate, deletions are handled). Its steps are
-        idempotent, so two agents running it at once (membership changing) do no harm."""
+        idempotent, so two agents running it at once (membership changing) do no harm. It runs
+        beside the rounds, never in them: a source whose ZooKeeper is out of reach must not hold
+        up claiming, starting and stopping workers."""
         now = time.monotonic()
         if now - self._upkeep_at < self.settings.upkeep_seconds or not agents or min(agents) != self.node_id:
             return
+        if self._upkeep_task is not None and not self._upkeep_task.done():
+            return  # the previous one still waits on a source
         self._upkeep_at = now
-        for config in {c.stream_id: c for c in work.values()}.values():
+        self._upkeep_task = asyncio.ensure_future(self._upkeep(list({c.stream_id: c for c in work.values()}.values())))
+
+    async def _upkeep(self, configs: list[StreamConfig]) -> None:
+        for config in configs:
             try:
                 link = await self._source(config)
                 report = await self._zk(upkeep, config.stream_id, self.sink_meta, link.meta)
