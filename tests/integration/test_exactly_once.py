@@ -177,6 +177,20 @@ class PartitionablePool(AgentPool):
 # -- the tests ---------------------------------------------------------------------------------------
 
 
+def sender_stacks(producers: list[LogProducer]) -> list[str]:
+    """Where each producer's sender task waits (for a failure report)."""
+    out = []
+    for p in producers:
+        task = p._task
+        coro = task.get_coro() if task is not None and not task.done() else None
+        frames = []
+        while coro is not None and getattr(coro, "cr_frame", None) is not None:  # down the await chain
+            frames.append(f"{coro.cr_code.co_name}:{coro.cr_frame.f_lineno}")
+            coro = coro.cr_await
+        out.append(" -> ".join(frames) + (f" -> {coro!r}" if coro is not None else "") if frames else "idle")
+    return out
+
+
 def test_the_oracle_catches_a_request_stored_twice(env, cluster):
     """Negative check: the same non-idempotent request (no epoch, no sequence) sent twice is
     stored twice; ``exactly_once_violations`` must say so."""
@@ -324,7 +338,8 @@ def test_acknowledged_records_land_exactly_once_in_order_through_kill_pause_and_
             except AssertionError as exc:
                 raise AssertionError(
                     f"{exc}: resent {before} -> {resent()}, failovers {failovers} -> {[p.stats['failovers'] for p in producers]}, "
-                    f"ZooKeeper {[m.client.state for m in metas]}, nodes {[p.node for p in producers]}; timeline: {timeline}"
+                    f"ZooKeeper {[m.client.state for m in metas]}, nodes {[p.node for p in producers]}; timeline: {timeline}; "
+                    f"senders: {sender_stacks(producers)}"
                 ) from None
             partitioned_owner_still = owner_node(env)
             network.heal()
