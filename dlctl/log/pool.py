@@ -15,6 +15,9 @@ from .errors import AgentUnavailableError
 from .auth import Credentials
 
 
+LOOKUP_TIMEOUT = 5.0  # seconds a lookup of an unknown node waits on ZooKeeper (kazoo holds requests while it reconnects)
+
+
 class AgentPool:
     def __init__(self, meta: MetaStore, credentials: Credentials | bytes, *, request_timeout: float = 10.0) -> None:
         """``credentials``: the cluster secret and TLS files (bare bytes: a secret, plaintext)."""
@@ -41,7 +44,7 @@ class AgentPool:
         info = self._nodes.get(node_id)
         if info is None:
             try:
-                await self.refresh()
+                await asyncio.wait_for(self.refresh(), LOOKUP_TIMEOUT)
             except Exception as exc:  # noqa: BLE001 - ZooKeeper out of reach: this agent is, as far as we can tell
                 raise AgentUnavailableError(
                     f"agent {node_id!r} of cluster {self.meta.cluster!r}: not among the agents last read, and they cannot be read again now ({type(exc).__name__}: {exc})"

@@ -73,6 +73,7 @@ from .errors import (
     UnknownProducerError,
 )
 from .idempotence import MAX_EPOCH
+from .client import AgentClient
 from .pool import AgentPool
 from .records import Record, encode_record
 
@@ -239,6 +240,7 @@ class LogProducer:
             raise ValueError(f"producer id {self.producer_id} / epoch {epoch} out of range (0..2^63-1 / 0..2^32-1)")
         self.node: str | None = None  # the agent appends go to now
         self._token: object | None = None  # its connection (appends never switch connections mid-flight)
+        self._client: AgentClient | None = None  # the client of self.node that opened it
         self._confirmed = False  # that agent accepted an append since the last failure
         self._needs_reset = False
         self._pending: deque[_Item] = deque()
@@ -253,6 +255,7 @@ class LogProducer:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._closed = False
+        self._failure: BaseException | None = None  # what stopped the sender (a bug), if anything
         self._failing_since: float | None = None
         self._backoff = self.options.backoff_initial
         self._forward_until = float("-inf")  # until then, requests ask the agent to forward them to the owner
@@ -265,7 +268,7 @@ class LogProducer:
         the owner's ack quorum has it. A ``Record`` brings its key and headers; its txid is
         ignored (the owner assigns txids)."""
         if self._closing:
-            raise ProducerClosedError(f"producer of log {self.name!r} is closed", hint="create a new producer to append")
+            raise self._closed_error()
         if isinstance(payload, Record):
             payload, key, headers = payload.payload, payload.key, payload.headers
         encoded = encode_record(bytes(payload), 0, key, headers)
@@ -280,7 +283,7 @@ class LogProducer:
         ``ValueError``, queueing none of them, when together they exceed ``max_request_bytes``
         or ``max_request_records``."""
         if self._closing:
-            raise ProducerClosedError(f"producer of log {self.name!r} is closed", hint="create a new producer to append")
+            raise self._closed_error()
         encoded = [encode_record(bytes(r.payload), 0, r.key, r.headers) for r in records]
         size = sum(len(e) for e in encoded)
         if size > self.options.max_request_bytes or len(encoded) > self.options.max_request_records:
@@ -289,6 +292,10 @@ class LogProducer:
                 f"({self.options.max_request_records} records, {self.options.max_request_bytes} bytes)"
             )
         return self._enqueue(encoded)
+
+    def _closed_error(self) -> ProducerClosedError:
+        failed = f" (its sender failed: {type(self._failure).__name__}: {self._failure})" if self._failure is not None else ""
+        return ProducerClosedError(f"producer of log {self.name!r} is closed{failed}", hint="create a new producer to append")
 
     def _enqueue(self, encoded: list[bytes]) -> list[asyncio.Future[DLSN]]:
         """Queue records as one group (``_take_request`` never cuts a request inside it)."""
@@ -372,6 +379,9 @@ class LogProducer:
             raise
         except BaseException as exc:  # noqa: BLE001 - a bug must not leave futures hanging
             log.exception("producer of log %r failed", self.name)
+            # Nothing sends any more: later submits must fail at once, not queue for ever.
+            self._closing = True
+            self._failure = exc
             stuck = sorted([*self._failed, *self._inflight.values(), *self._resend], key=lambda r: r.seq)
             self._failed, self._inflight = [], {}
             self._resend.clear()
@@ -389,7 +399,12 @@ class LogProducer:
         request = self._resend.popleft() if self._resend else self._take_request()
         if request is None:
             return
-        client = await self.pool.client(self.node)  # type: ignore[arg-type]
+        # The client _connect opened, not the pool's again: between the two, a read of the
+        # availability records may have dropped this node, and looking it up anew would then
+        # wait on ZooKeeper (blocked for as long as it is out of reach) or fail outside any
+        # handler and stop this sender for good (CI: two producers never resent in a partition).
+        client = self._client
+        assert client is not None
         if request.body is None:
             request.body = b"".join(i.encoded for i in request.items)
         idempotent = self.options.idempotent
@@ -454,7 +469,7 @@ class LogProducer:
             self._fail_waiting(exc)
             await self._sleep_backoff()
             return False
-        self._token = client.connection
+        self._client, self._token = client, client.connection
         self._needs_reset = True
         return self._token is not None
 
@@ -538,7 +553,7 @@ class LogProducer:
         elif not isinstance(root, NotOwnerError):
             self.router.owners.pop(self.name, None)  # fenced, deposed, stalled: ask again
         self.node = self.router.choose(self.name, hint)
-        self._token = None
+        self._token = self._client = None
         self._confirmed = False
         self._needs_reset = True
         if self.node != previous:

@@ -392,3 +392,35 @@ def test_acknowledged_records_land_exactly_once_in_order_through_kill_pause_and_
     problems = exactly_once_violations(acked, submitted, log)
     assert not problems, f"{len(problems)} exactly-once violation(s):\n{summary(problems)}"
     assert len(log) == sum(submitted.values()), "every submitted record is in the log exactly once"
+
+
+def test_a_producer_appends_on_its_open_connection_with_zookeeper_cut_and_its_node_list_stale(env, cluster, fault_network: FaultNetwork):
+    """Appends go to the agents, not to ZooKeeper: with the producer's ZooKeeper connection cut
+    and its last read of the availability records missing the agent it appends through (as a
+    read that finished late may leave it), the next appends still go out on the open
+    connection. (The sender used to look the agent up again there and wait on ZooKeeper until
+    it came back: no append, no resend, no failover — CI saw two producers stuck so.)"""
+    env.create_log()
+    zk = cluster.ns.backend
+    zk_proxy = fault_network.proxy((zk.host, zk.client_port), node="zk", client_node=CLIENTS, client_region="clients", name=f"{CLIENTS}->zk")
+
+    async def scenario():
+        meta = env.meta(session_timeout=PRODUCER_ZK_SESSION, connect=f"{zk_proxy.host}:{zk_proxy.port}{cluster.ns.path}")
+        pool = AgentPool(meta, harness_credentials(), request_timeout=REQUEST_TIMEOUT)
+        producer = LogProducer(meta, pool, env.name)
+        try:
+            first = await producer.append(b"before the cut")
+            fault_network.partition_nodes(CLIENTS, ["zk"])
+            await eventually(lambda: meta.client.state != "CONNECTED", timeout=10, message="the producer's ZooKeeper session to notice the cut")
+            pool._nodes = {}  # the stale read (arranged: the race that leaves it is not reproducible on demand)
+            futures = [producer.submit(payload(0, seq)) for seq in range(200)]
+            done, _ = await asyncio.wait(futures, timeout=2 * REQUEST_TIMEOUT)
+            assert len(done) == len(futures), f"{len(done)} of {len(futures)} appends settled with ZooKeeper cut; sender: {sender_stacks([producer])}"
+            dlsns = [f.result() for f in futures]
+            assert dlsns == sorted(dlsns) and dlsns[0] > first and producer.stats["failovers"] == 0
+        finally:
+            fault_network.heal()
+            await producer.close()
+            await pool.close()
+
+    run(scenario())
