@@ -62,7 +62,7 @@ from dlctl.log.records import CorruptRecords, Record, decode_records
 from dlctl.log.writer import LogWriter, WriterDeposedError, WriterError, WriterOptions
 from dlctl.meta.store import MetaStore
 from dlctl.names import validate_name
-from dlctl.meta.access import LogReadOnlyError
+from dlctl.meta.access import AccessStore, LogReadOnlyError
 from dlctl.replication.origin import origin_event
 from dlctl.log.tail import records_in_tail
 
@@ -335,8 +335,13 @@ class WriteProxy:
     async def _claim(self, owned: _OwnedLog) -> None:
         name = owned.name
         try:
-            current = await asyncio.get_running_loop().run_in_executor(None, self.meta.owner_of, name)
+            loop = asyncio.get_running_loop()
+            current = await loop.run_in_executor(None, self.meta.owner_of, name)
             if current is not None:
+                # A standby's log is owned by its stream's worker, which takes no application
+                # appends: refuse them now (READ_ONLY), rather than send clients after it until
+                # their retry timeout.
+                await loop.run_in_executor(None, AccessStore(self.meta).check, name, "application")
                 info = owner_info(current[0])
                 raise NotOwnerError(f"log {name!r} is owned by {info['owner']}", owner=info.get("address"))
             self.counters["claims"] += 1

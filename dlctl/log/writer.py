@@ -248,6 +248,9 @@ class LogWriter:
     role = "application"
 
     async def _start(self) -> None:
+        # Before taking ownership too: a log its mode refuses to this role (a standby's, owned
+        # by its stream's worker) is refused now, not after waiting for an owner that stays.
+        await self._zk(AccessStore(self.meta).check, self.name, self.role)
         await self.ownership.acquire(wait=self.options.ownership_wait)
         try:
             # After taking ownership: whoever changes the mode deposes the owner it finds, so

@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 from harness.agents import harness_credentials
 from harness.logcluster import eventually, run
+from harness.procs import wait_until
 from harness.twoclusters import Sites, read_all, run_cli, sites_for_test
 
 from dlctl.log.dlsn import DLSN
 from dlctl.log.errors import ReadOnlyLogError
+from dlctl.log.ownership import owner_info
 from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer, ProducerOptions
 from dlctl.log.recovery import recover_log
@@ -176,6 +178,13 @@ def test_a_standby_refuses_application_writes_at_once_until_promoted(sites: Site
     one_way(sites)
     b = sites["b"]
     assert AccessStore(b.meta()).get(LOG).value.mode is AccessMode.REPLICA
+    # The stream's worker owns the standby's log: an application's append must not be sent after
+    # that owner (which never takes it) until the retry timeout, but refused at once.
+    def owner() -> str:
+        current = b.meta().owner_of(LOG)
+        return owner_info(current[0]).get("owner", "") if current else ""
+
+    wait_until(lambda: owner().startswith("replication:a-to-b:"), 30, message="the stream's worker to own b's log")
 
     async def try_writes() -> tuple[BaseException | None, BaseException | None, float]:
         pool = AgentPool(b.meta(), harness_credentials())
