@@ -73,6 +73,16 @@ def log(cluster: str, name: str) -> str:
     return f"{logs(cluster)}/{validate_name('log', name)}"
 
 
+def deleted_logs(cluster: str) -> str:
+    """Tombstones of deleted logs: a log absent *with* one was deleted; absent without one, the
+    metadata may have been lost (a wiped or restored ZooKeeper), which is not a deletion."""
+    return f"{cluster_root(cluster)}/deleted"
+
+
+def deleted_log(cluster: str, name: str) -> str:
+    return f"{deleted_logs(cluster)}/{validate_name('log', name)}"
+
+
 def log_owner(cluster: str, name: str) -> str:
     return f"{log(cluster, name)}/owner"
 

@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
@@ -84,6 +84,7 @@ class MetaStore:
         tx = self.client.transaction()
         tx.create(path, to_json(record), acl=self.acl)
         tx.create(paths.log_segments(self.cluster, name), b"", acl=self.acl)
+        self._clear_tombstone(tx, name)
         self._commit(tx, f"create log {name!r}")
         return record
 
@@ -124,7 +125,24 @@ class MetaStore:
             if self.client.exists(extra):
                 tx.delete(extra)
         tx.delete(path, version=current.version)
+        # The deletion leaves a tombstone (in the same transaction): a log that is merely gone
+        # (metadata lost) must not be taken for deleted by those replicating it.
+        tombstone = json.dumps({"log_id": current.value.log_id, "deleted": time.time()}).encode()
+        self._ensure(paths.deleted_logs(self.cluster))
+        if self.client.exists(paths.deleted_log(self.cluster, name)):
+            tx.set_data(paths.deleted_log(self.cluster, name), tombstone)
+        else:
+            tx.create(paths.deleted_log(self.cluster, name), tombstone, acl=self.acl)
         self._commit(tx, f"delete log {name!r}")
+
+    def was_deleted(self, name: str) -> bool:
+        """Whether log ``name`` is absent because it was deleted (its tombstone is there), as
+        opposed to never created or lost with the metadata."""
+        return self.client.exists(paths.deleted_log(self.cluster, name)) is not None
+
+    def _clear_tombstone(self, tx: Any, name: str) -> None:
+        if self.client.exists(paths.deleted_log(self.cluster, name)):
+            tx.delete(paths.deleted_log(self.cluster, name))
 
     # -- segments ---------------------------------------------------------------------------
 
@@ -432,6 +450,7 @@ class MetaStore:
         tx.create(paths.log_segments(self.cluster, name), b"", acl=self.acl)
         for child, data in sorted(records.items()):
             tx.create(f"{path}/{validate_name('log record', child)}", data, acl=self.acl)
+        self._clear_tombstone(tx, name)
         self._commit(tx, f"create log {name!r}")
         return record
 

@@ -15,7 +15,10 @@
   streams every location is a source, so a difference is only reported;
 - **handles logs deleted at the source**: the log leaves the stream (its worker stops; the sink
   keeps its copy, still read-only on a one-way stream until promoted or deleted) and the
-  deletion is reported.
+  deletion is reported. Only a deletion the source recorded counts (its tombstone,
+  ``MetaStore.delete_log``): a log merely gone — the source's ZooKeeper wiped or restored from
+  an old backup — stays in the stream and is reported as ``missing-at-source``, since taking it
+  out would leave ``dr recover`` nothing to bring it back by.
 
 What it found is stored with the stream (``streams/<id>/drift``) and shown by ``dlctl
 replication status``. A sink agent connects only to sources an operator declared: the upkeep
@@ -74,9 +77,14 @@ def upkeep(stream_id: str, sink: MetaStore, source: MetaStore, now: float | None
         else:
             report.joined.append(name)
     for name in config.logs:
-        if name not in source_logs:
+        if name not in source_logs and source.was_deleted(name):
             report.left.append(name)
             found(name, "deleted-at-source", "the source deleted the log: it left the stream; the sink keeps its copy (`dlctl log delete` removes it, `dlctl failover` promotes it)")
+            continue
+        if name not in source_logs:
+            # Gone without a deletion: the source lost its metadata (a wiped or restored
+            # ZooKeeper). The stream keeps the log: `dr recover` needs it to bring it back.
+            found(name, "missing-at-source", "the source no longer lists the log and recorded no deletion of it (lost metadata?): the stream keeps it; `dlctl dr recover` of the source brings it back")
             continue
         if name not in sink_logs:
             found(name, "missing-at-sink", "the sink log is gone: re-run init-replication for it")

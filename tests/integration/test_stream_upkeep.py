@@ -18,6 +18,7 @@ from harness.twoclusters import Sites, read_all, run_cli, sites_for_test
 
 from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer
+from dlctl.meta import paths
 from dlctl.meta.access import AccessMode, AccessStore
 from dlctl.meta.records import LogConfig
 from dlctl.replication.store import StreamStore
@@ -65,13 +66,20 @@ def status(inventory: Path) -> dict:
     return out
 
 
-def test_new_matching_logs_join_settings_propagate_and_a_deleted_source_log_leaves_the_stream(two: Sites, tmp_path: Path):
-    a, b = two["a"], two["b"]
+def stream_orders(two: Sites, tmp_path: Path) -> Path:
+    """A's orders-1 with one record, and a stream a -> b of the logs matching orders-*; the inventory."""
+    a = two["a"]
     inventory = two.write_inventory(tmp_path / "inventory.toml", default="a")
     a.meta().create_log("orders-1", ONE_COPY)
     run(append(a.meta(), "orders-1", [b"o1-1"]))
     code, _, err = run_cli(inventory, "init-replication", "--source", "a", "--sink", "b", "--logs", "orders-*")
     assert code == 0, err
+    return inventory
+
+
+def test_new_matching_logs_join_settings_propagate_and_a_deleted_source_log_leaves_the_stream(two: Sites, tmp_path: Path):
+    a, b = two["a"], two["b"]
+    inventory = stream_orders(two, tmp_path)
     assert status(inventory)["patterns"] == ["orders-*"]
 
     # A log created later that matches joins by itself; one that does not match stays out.
@@ -112,3 +120,28 @@ def test_new_matching_logs_join_settings_propagate_and_a_deleted_source_log_leav
     assert payloads(b, "orders-1") == [b"o1-1"]
     code, verdict, err = run_cli(inventory, "--cluster", "b", "replication", "check", "a-to-b")
     assert code == 1 and "orders-1: deleted-at-source" in " ".join(str(verdict).split()) + err, (verdict, err)
+
+
+def test_a_source_log_gone_without_a_deletion_stays_in_the_stream_and_is_reported(two: Sites, tmp_path: Path):
+    """A source whose metadata was lost (its ZooKeeper wiped, or restored from an old backup)
+    no longer lists the log, but never deleted it: the stream must keep the log, or ``dr
+    recover`` of the source would find no stream to bring it back by (CI saw it happen while a
+    wiped location waited for its recovery). The same removal by `dlctl log delete` — a recorded
+    deletion — does take the log out: the test above."""
+    a, b = two["a"], two["b"]
+    inventory = stream_orders(two, tmp_path)
+    run(eventually(holds(b, "orders-1", [b"o1-1"]), timeout=30, message="orders-1 reached B"))
+
+    code, _, err = run_cli(inventory, "--cluster", "a", "log", "release", "orders-1")
+    assert code == 0, err
+    # The metadata is lost, not deleted: the znodes go, as a wiped ZooKeeper loses them (no tombstone).
+    a.admin.delete(paths.log("a", "orders-1"), recursive=True)
+    assert "orders-1" not in a.meta().list_logs() and not a.meta().was_deleted("orders-1")
+
+    def drift() -> dict[str, str]:
+        return {d["log"]: d["kind"] for d in status(inventory)["drift"]}
+
+    wait_until(lambda: drift().get("orders-1") == "missing-at-source", 30, message="the missing log reported")
+    # (The upkeep pass that reported it is the one that would have taken it out.)
+    assert StreamStore(b.meta()).get_config("a-to-b").value.logs == ("orders-1",)
+    assert payloads(b, "orders-1") == [b"o1-1"]
