@@ -8,6 +8,8 @@
     pin_seconds = 5                # how often a worker refreshes its retention pin at the source
     source_filtering = true        # causal streams: records the sink holds stay at the source
     upkeep_seconds = 10            # how often new matching source logs join, settings propagate
+    sources_dir = "sources"        # where `dlctl init-replication` installs sources' credentials
+                                   # (relative to this file's directory; see below)
 
     [replication.sources.east]     # how to reach source cluster "east" (one table per source)
     zookeeper = "10.0.0.5:2181"    # optional: default is the connect string in the stream config
@@ -23,10 +25,19 @@
     zookeeper_tls_key_file = "/etc/dlagent/east-zk/client.key"   # default: this agent's [zookeeper_tls]
 
 Secrets stay in 0600 files; only their paths are here.
+
+A worker reads a source only when an operator declared it: here, or by installing its
+credentials with ``dlctl init-replication``, which writes ``<sources_dir>/<cluster>/source.toml``
+(the keys of a ``[replication.sources.<cluster>]`` table, paths relative to that directory) beside
+the files it names. A table here wins over an installed file. A source that neither declares is
+never read: its streams report "not declared on this agent", and the worker does not connect to the
+address the stream's record names (anyone who can write the sink's metadata could point it
+elsewhere).
 """
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +48,8 @@ from dlctl.meta.zk import ZK_TLS_KEYS, parse_tls
 from dlctl.names import validate_name
 from dlctl.replication.source import SourceSettings
 
-_KEYS = {"enabled", "poll_seconds", "claim_grace_seconds", "checkpoint_seconds", "pin_seconds", "source_filtering", "upkeep_seconds", "sources"}
+_KEYS = {"enabled", "poll_seconds", "claim_grace_seconds", "checkpoint_seconds", "pin_seconds", "source_filtering", "upkeep_seconds", "sources_dir", "sources"}
+SOURCE_FILE = "source.toml"  # in <sources_dir>/<cluster>/: written last by init-replication
 _TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
 _ZK_TLS_PREFIX = "zookeeper_tls_"
 _SOURCE_KEYS = {"zookeeper", "secret_file", "zk_auth_file", "region", "addresses", *_TLS_KEYS, *(_ZK_TLS_PREFIX + k for k in ZK_TLS_KEYS)}
@@ -53,6 +65,32 @@ class ReplicationSettings:
     source_filtering: bool = True
     upkeep_seconds: float = 10.0  # dlctl.replication.upkeep
     sources: dict[str, SourceSettings] = field(default_factory=dict)
+    sources_dir: Path | None = None  # None: no installed sources (only the tables above)
+
+
+def declared_source(settings: ReplicationSettings, cluster: str) -> SourceSettings | None:
+    """How to reach source ``cluster``: its ``[replication.sources.<cluster>]`` table, else the
+    credentials ``dlctl init-replication`` installed; None when neither declares it. Read anew on
+    each call (an installed file appears while the agent runs). Raises ``ConfigError`` naming
+    the file when an installed one is unreadable or malformed."""
+    if cluster in settings.sources:
+        return settings.sources[cluster]
+    if settings.sources_dir is None:
+        return None
+    try:
+        validate_name("cluster", cluster)  # a name read from metadata: it never leaves sources_dir
+    except ValueError as exc:
+        raise ConfigError(f"source cluster of a stream: {exc}") from None
+    path = settings.sources_dir / cluster / SOURCE_FILE
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: installed credentials of source {cluster!r} are not valid TOML: {exc}", hint=f"re-run `dlctl init-replication --source {cluster} ...` to install them again") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the installed credentials of source {cluster!r}: {exc}", hint=f"re-run `dlctl init-replication --source {cluster} ...` to install them again") from None
+    return _source(cluster, raw, path, where=str(path))
 
 
 def parse_replication(raw: Any, path: Path) -> ReplicationSettings:
@@ -75,6 +113,9 @@ def parse_replication(raw: Any, path: Path) -> ReplicationSettings:
     sources_raw = raw.get("sources", {})
     if not isinstance(sources_raw, dict):
         raise ConfigError(f"{path}: [replication] key 'sources' must be a table of tables ([replication.sources.NAME])")
+    sources_dir = raw.get("sources_dir", "sources")
+    if not isinstance(sources_dir, str) or not sources_dir:
+        raise ConfigError(f"{path}: [replication] key 'sources_dir' must be a directory path, got {sources_dir!r}")
     sources = {}
     for name, table in sources_raw.items():
         sources[name] = _source(name, table, path)
@@ -87,11 +128,12 @@ def parse_replication(raw: Any, path: Path) -> ReplicationSettings:
         source_filtering=source_filtering,
         upkeep_seconds=seconds("upkeep_seconds", 10.0, 0.1, 86400),
         sources=sources,
+        sources_dir=(path.parent / sources_dir).resolve(),
     )
 
 
-def _source(name: str, table: Any, path: Path) -> SourceSettings:
-    where = f"{path}: [replication.sources.{name}]"
+def _source(name: str, table: Any, path: Path, *, where: str | None = None) -> SourceSettings:
+    where = where or f"{path}: [replication.sources.{name}]"
     try:
         validate_name("cluster", name)
     except ValueError as exc:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient
 
-from dlctl.errors import NotFoundError
+from dlctl.errors import ConfigError, NotFoundError
 from dlctl.log.auth import Credentials
 from dlctl.log.pool import AgentPool
 from dlctl.meta.store import MetaStore
@@ -30,7 +30,7 @@ from dlctl.meta.zk import ZkAuth, ZkTls
 from dlctl.replication import history
 from dlctl.replication.assignment import WorkItem, plan_claims
 from dlctl.replication.records import StreamConfig, StreamState
-from dlctl.replication.source import SourceLink, SourceSettings
+from dlctl.replication.source import SourceLink
 from dlctl.replication.store import StreamStore
 from dlctl.replication.upkeep import upkeep
 from dlctl.replication.worker import (
@@ -42,7 +42,7 @@ from dlctl.replication.worker import (
 )
 
 from .metrics import AgentMetrics
-from .replication_config import ReplicationSettings
+from .replication_config import ReplicationSettings, declared_source
 
 log = logging.getLogger("dlagent.replication")
 
@@ -298,7 +298,15 @@ class ReplicationService:
     async def _source(self, config: StreamConfig) -> SourceLink:
         link = self._sources.get(config.source_cluster)
         if link is None:
-            settings = self.settings.sources.get(config.source_cluster) or SourceSettings(config.source_cluster)
+            settings = declared_source(self.settings, config.source_cluster)
+            if settings is None:
+                # (A stream's record alone is never enough: whoever can write the sink's metadata
+                # could otherwise point its workers, and their credentials, anywhere.)
+                raise ConfigError(
+                    f"source cluster {config.source_cluster!r} is not declared on agent {self.node_id}: install its credentials with "
+                    f"`dlctl init-replication --source {config.source_cluster} --sink {config.sink_cluster}` (its inventory listing this agent), "
+                    f"or declare [replication.sources.{config.source_cluster}] in agent.toml"
+                )
             link = await self._zk(
                 lambda: SourceLink.open(
                     settings, config.source_zookeeper,

@@ -60,13 +60,17 @@ sink_option = click.option("--sink", metavar="CLUSTER", default=None, shell_comp
     "--compression", type=click.Choice(COMPRESSIONS), default=None,
     help=f"How records cross the WAN: zstd (negotiated with each source agent; plain from one that cannot) or none. Default: an existing stream keeps its own, a new one gets {ops.NEW_STREAM_COMPRESSION}.",
 )
+@click.option(
+    "--install-credentials/--no-install-credentials", default=True, show_default=True,
+    help="Deliver SOURCE's credentials (secret, ZooKeeper credentials, a client certificate of its CA) over SSH to every SINK agent the inventory lists (and back with --bidirectional), into <home>/sources/SOURCE/. Without: each agent must declare the source in its agent.toml.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan (each log's decision and why) and change nothing.")
 @yes_option
 @output_option
 @pass_app
 def init_replication_command(
     app: AppContext, source: str, sink: str, patterns: tuple[str, ...], bidirectional: bool, causal: bool, start_from: str | None,
-    filters: tuple[str, ...], bootstrap: str, throttle: int, pin_max_age: float, compression: str | None, dry_run: bool,
+    filters: tuple[str, ...], bootstrap: str, throttle: int, pin_max_age: float, compression: str | None, install_credentials: bool, dry_run: bool,
 ) -> None:
     """Set up replication of logs from SOURCE to SINK (and back with --bidirectional).
 
@@ -77,12 +81,15 @@ def init_replication_command(
     (--bidirectional, --causal) from a source that deleted events starts only once the sink holds
     them (the location-addition rule): until then `replication status` shows it
     waiting-for-causal-past, naming what the sink lacks. Idempotent: re-run it after any failure
-    to complete the setup. Exit 4 when a bootstrap is required and unavailable."""
+    to complete the setup. A sink agent reads only sources declared to it: this command installs
+    SOURCE's credentials on SINK's agents first (a node out of reach: exit 3, re-run). Exit 4 when
+    a bootstrap is required and unavailable."""
     built = ops.init_plan(
         _session(app, source), _session(app, sink),
         patterns=patterns or ("*",), bidirectional=bidirectional, causal=causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age,
         start_from=_start_from(start_from) if start_from else None, filters=filters,
         peers=[_session(app, name) for name in app.inventory().clusters if name not in (source, sink)], compression=compression,
+        install_credentials=install_credentials,
     )
     if dry_run:
         app.render(built.plan)

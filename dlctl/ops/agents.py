@@ -193,7 +193,7 @@ def agent_config_text(cluster: Cluster, node: Node, *, tls: bool = False) -> str
     if cluster.zookeeper_tls is not None:
         zk = cluster.zookeeper_tls
         text += "\n" + toml.table("zookeeper_tls") + "\n" + "".join(
-            toml.line(key, f"{node.home}/{ZK_TLS_DIR}/{name}") + "\n" for key, name in _zk_tls_names(zk)
+            toml.line(key, f"{node.home}/{ZK_TLS_DIR}/{name}") + "\n" for key, name in zk_tls_names(zk)
         )
     return text + "\n" + certs.tls_table(node) if tls else text
 
@@ -201,7 +201,7 @@ def agent_config_text(cluster: Cluster, node: Node, *, tls: bool = False) -> str
 ZK_TLS_DIR = "zk-tls"  # under an agent's home: the ensemble's CA (and the client certificate it wants)
 
 
-def _zk_tls_names(zk: ZkTls) -> list[tuple[str, str]]:
+def zk_tls_names(zk: ZkTls) -> list[tuple[str, str]]:
     """(agent.toml key, file name under ZK_TLS_DIR) for each file the inventory names."""
     names = [("ca_file", "ca.pem")]
     if zk.cert_file is not None:
@@ -275,7 +275,7 @@ def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, pr
         if cluster.zookeeper_tls is not None:
             # The ensemble's CA and the client certificate the inventory uses for it, 0600.
             t.run(["mkdir", "-p", "-m", "700", f"{node.home}/{ZK_TLS_DIR}"], timeout=remaining()).check()
-            for key, name in _zk_tls_names(cluster.zookeeper_tls):
+            for key, name in zk_tls_names(cluster.zookeeper_tls):
                 t.put(getattr(cluster.zookeeper_tls, key), f"{node.home}/{ZK_TLS_DIR}/{name}", 0o600, timeout=remaining())
             done["zookeeper_tls"] = True
         version = t.run([node.agent_python, "-m", "dlagent", "--version"], timeout=remaining()).check().text.strip()

@@ -52,6 +52,7 @@ from ..replication.rebuild import (
 )
 from ..replication.records import Checkpoint, StreamConfig, StreamState
 from ..replication.store import StreamStore
+from . import source_credentials
 from .session import ClusterSession
 
 # -- facts ------------------------------------------------------------------------------------------
@@ -320,6 +321,12 @@ def plan_rebuild(target: ClusterSession, peers: dict[str, ClusterSession]) -> Me
                 parts.append(f"create checkpoints of {', '.join(stream.checkpoints)}")
             what = f"complete stream {c.stream_id} in {x}: " + "; ".join(parts)
         steps.append(Step("rebuild-stream", f"{x}/{c.stream_id}", what, params=stream.to_dict(), run=lambda stream=stream: _rebuild_stream(target, stream)))
+    # A location rebuilt from scratch lost its agents' installed credentials with its disks:
+    # deliver each recreated stream's source ones again (agents out of reach are reported).
+    for source in sorted({s.config.source_cluster for s in rebuild.streams if s.create} & set(peers)):
+        step, _ = source_credentials.credentials_step(peers[source].cluster, target.cluster, partial_ok=True)
+        if step is not None:
+            steps.append(step)
     if steps:
         rebuild.notes.insert(0, f"{x} lost metadata its peers know of ({', '.join(rebuild.known_by)}): it is recreated first ({len(steps)} step(s)); streams into it count as running before the loss")
     return MetadataRebuild(rebuild, steps)

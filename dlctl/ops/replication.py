@@ -57,6 +57,7 @@ from ..replication.records import (
 from ..replication.safetime import stream_safe_time
 from ..replication.store import StreamStore
 from . import network_rules as rules
+from . import source_credentials
 from .session import ClusterSession
 
 BOOTSTRAP_MODES = ("auto", "never", "always")
@@ -425,6 +426,7 @@ def init_plan(
     filters: tuple[str, ...] = (),
     peers: Sequence[ClusterSession] = (),
     compression: str | None = None,
+    install_credentials: bool = True,
 ) -> InitPlan:
     """``causal``: a one-way stream that is one edge of an active-active network (e.g. a cycle
     a -> b -> c -> a): the sink takes local writes too and applies the causality filter.
@@ -435,7 +437,9 @@ def init_plan(
     other locations the caller knows (its inventory), read for the network's shape (filters
     never on a cycle); the network history their streams passed on counts too. ``compression``:
     "zstd" or "none" (``StreamConfig.compression``); None keeps an existing stream's and gives a
-    new one ``NEW_STREAM_COMPRESSION``."""
+    new one ``NEW_STREAM_COMPRESSION``. ``install_credentials``: first deliver the source's
+    credentials to the sink's agents the inventory lists (``source_credentials``; both ways for
+    a bidirectional pair), so their workers can read it."""
     if bootstrap not in BOOTSTRAP_MODES:
         raise UsageError(f"--bootstrap must be one of {', '.join(BOOTSTRAP_MODES)}")
     if source.cluster.name == sink.cluster.name:
@@ -470,12 +474,15 @@ def init_plan(
     if compression is not None and compression not in COMPRESSIONS:
         raise UsageError(f"--compression must be one of {', '.join(COMPRESSIONS)} (got {compression!r})")
     opts: dict[str, Any] = dict(bidirectional=bidirectional or causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age, view=view, patterns=patterns, compression=compression)
+    notes: list[str] = []
     steps, decisions = _direction(source, sink, logs, **opts, start_from=start_from, sink_join=joins, record_filter=record_filter)
+    if install_credentials:
+        steps = _with_credentials(source, sink, steps, notes)
     if bidirectional:
         back_steps, back_decisions = _direction(sink, source, logs, **opts, source_join=joins)
-        steps += back_steps
+        steps += _with_credentials(sink, source, back_steps, notes) if install_credentials else back_steps
         decisions += back_decisions
-    notes = [f"{d.stream} {d.log}: {d.decision.value} — {d.reason}" for d in decisions]
+    notes += [f"{d.stream} {d.log}: {d.decision.value} — {d.reason}" for d in decisions]
     if bootstrap == "never" and any(d.decision is Decision.BOOTSTRAP for d in decisions):
         raise RefusedError(
             "init-replication: --bootstrap never, but a bootstrap copy is required for: " + ", ".join(d.log for d in decisions if d.decision is Decision.BOOTSTRAP),
@@ -483,6 +490,15 @@ def init_plan(
         )
     name = f"init-replication {source.cluster.name} -> {sink.cluster.name}" + (" (bidirectional)" if bidirectional else "")
     return InitPlan(Plan.of(name, steps, notes), decisions)
+
+
+def _with_credentials(source: ClusterSession, sink: ClusterSession, steps: list[Step], notes: list[str], *, partial_ok: bool = False) -> list[Step]:
+    """``steps`` of a stream source -> sink, after delivering the source's credentials to the
+    sink's agents (before the stream exists: its workers find them when they start)."""
+    step, note = source_credentials.credentials_step(source.cluster, sink.cluster, partial_ok=partial_ok)
+    if note:
+        notes.append(note)
+    return [step, *steps] if step is not None else steps
 
 
 def register_at_steps(
@@ -493,11 +509,14 @@ def register_at_steps(
     pin_max_age: float = 7 * 24 * 3600.0,
     compression: str = NEW_STREAM_COMPRESSION,
     why: str = "",
+    install_credentials: bool = True,
 ) -> list[Step]:
     """A one-way stream source -> sink whose logs continue at given source positions (with the
     source's version vector there): no copy, no decision — the caller knows the sink holds
     everything before them (a switchover's reversed stream, a failback onto a prefix; it takes
-    the forward stream's ``compression``). Idempotent steps; the stream runs only after the last one."""
+    the forward stream's ``compression``). Idempotent steps; the stream runs only after the last one.
+    ``install_credentials``: first deliver the source's credentials to the sink's agents the
+    inventory lists, skipping (and reporting) those out of reach."""
     src, snk = source.cluster.name, sink.cluster.name
     stream_id = default_stream_id(src, snk)
     streams, pins, access = StreamStore(sink.meta), PinStore(source.meta), AccessStore(sink.meta)
@@ -524,7 +543,7 @@ def register_at_steps(
         steps.append(Step("checkpoint", f"{snk}/{stream_id}/{name}", f"checkpoint {name}: continue at {position} (the sink holds everything before it)", run=lambda cp=cp: _set_checkpoint(streams, stream_id, cp)))
         steps.append(Step("mark-replica", f"{snk}/{name}", f"make {snk}/{name} a replica of {stream_id}", run=lambda name=name: _mark_replica(access, name, stream_id)))
     steps.append(Step("activate", f"{snk}/{stream_id}", f"start stream {stream_id}: workers in {snk} pick it up", run=lambda: _activate(streams, stream_id)))
-    return steps
+    return _with_credentials(source, sink, steps, [], partial_ok=True) if install_credentials else steps
 
 
 def _set_checkpoint(streams: StreamStore, stream_id: str, cp: Checkpoint) -> str:
@@ -574,7 +593,7 @@ async def _lags(source: ClusterSession, checkpoints: dict[str, Checkpoint], regi
     try:
         for name, cp in checkpoints.items():
             try:
-                out[name] = await asyncio.wait_for(positions.records_from(source.meta, pool, name, cp.next, region=region), 15.0)
+                out[name] = await asyncio.wait_for(positions.records_from(source.meta, pool, name, cp.next, region=region, quorum=True), 15.0)
             except Exception as exc:  # noqa: BLE001 - status shows what could not be measured
                 out[name] = f"unknown ({getattr(exc, 'message', None) or exc!r})"
     finally:
@@ -790,7 +809,8 @@ def wait_drain(sink: ClusterSession, source: ClusterSession, stream_id: str, *, 
     async def ends() -> dict[str, DLSN | None]:
         pool = AgentPool(source.meta, source.credentials)
         try:
-            return {name: (await positions.log_end(source.meta, pool, name)).next for name in config.logs}
+            # Quorum LAC reads: the target includes every record acknowledged before the call.
+            return {name: (await positions.log_end(source.meta, pool, name, quorum=True)).next for name in config.logs}
         finally:
             await pool.close()
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import current_context
 from .. import tomltext as toml
-from ..certdir import AGENT_CA, AGENT_CERT, AGENT_DIR, AGENT_KEY, CA_CERT, CLIENT_CERT, CLIENT_KEY, CertDir
+from ..certdir import AGENT_CA, AGENT_CERT, AGENT_DIR, AGENT_KEY, CertDir
 from ..config import user_config_dir
 from ..errors import DlctlError, PartialFailure
 from ..meta.zk import ZkTls
@@ -122,28 +122,6 @@ def _zookeeper_tls_lines(zk_tls: ZkTls | None, prefix: str = "") -> list[str]:
     return [toml.line(f"{prefix}{key}", value) for key, value in zk_tls.to_dict().items() if value is not None]
 
 
-def _replication_sources(node: dict[str, Any], zk: str, cluster_dir: Path, clusters: list[str], zk_tls: ZkTls | None = None) -> str:
-    """Every other sandbox cluster as a replication source: its secret files (0600, made by
-    `cluster init`) so this agent's workers can read it (dlagent.replication_config)."""
-    lines = []
-    for other in clusters:
-        if other != node["cluster"]:
-            other_dir = cluster_dir.parent / other
-            lines += [
-                toml.table("replication", "sources", other),
-                toml.line("zookeeper", zk),
-                toml.line("secret_file", other_dir / "secret"),
-                toml.line("zk_auth_file", other_dir / "zk-auth"),
-                # The source's CA, and a certificate it issued (the sandbox operator's: one user).
-                toml.line("tls_ca_file", _tls_dir(other_dir, other) / CA_CERT),
-                toml.line("tls_cert_file", _tls_dir(other_dir, other) / CLIENT_CERT),
-                toml.line("tls_key_file", _tls_dir(other_dir, other) / CLIENT_KEY),
-                # One ZooKeeper serves every sandbox cluster: the agent's own [zookeeper_tls].
-                *_zookeeper_tls_lines(zk_tls, "zookeeper_tls_"),
-            ]
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
 def _tls_dir(cluster_dir: Path, cluster: str) -> Path:
     """Where `cluster init` keeps the sandbox cluster's CA (the inventory's default tls_dir)."""
     return cluster_dir / f"{cluster}.tls"
@@ -161,7 +139,7 @@ def _issue_certs(directory: Path, nodes: list[dict[str, Any]]) -> dict[str, Any]
     return {"certificates": len(nodes)}
 
 
-def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path, clusters: list[str] = (), zk_tls: ZkTls | None = None) -> None:
+def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path, zk_tls: ZkTls | None = None) -> None:
     node_dir = Path(node["dir"])
     node_dir.mkdir(parents=True, exist_ok=True)
     (node_dir / "agent.toml").write_text(
@@ -190,7 +168,6 @@ def _write_agent_config(node: dict[str, Any], zk: str, cluster_dir: Path, cluste
                 *([toml.table("zookeeper_tls"), *_zookeeper_tls_lines(zk_tls), ""] if zk_tls else []),
             ]
         )
-        + _replication_sources(node, zk, cluster_dir, list(clusters), zk_tls)
     )
 
 
@@ -284,7 +261,7 @@ def up_plan(directory: Path, layout: Layout, init_cluster) -> Plan:
         inventory_path.parent.mkdir(parents=True, exist_ok=True)
         inventory_path.write_text(_inventory(directory, layout, zk, nodes, zk_tls))
         for node in nodes:
-            _write_agent_config(node, zk, directory / node["cluster"], layout.cluster_names(), zk_tls)
+            _write_agent_config(node, zk, directory / node["cluster"], zk_tls)
         return {"inventory": str(inventory_path), "nodes": len(nodes), "zookeeper_tls": str(zk_dir / "tls")}
 
     def start_zookeeper() -> dict[str, Any]:

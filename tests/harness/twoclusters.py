@@ -169,7 +169,10 @@ def replication_sites(
                 placeholders[c][n] = AgentNode(procs, base / c, spaces[c].connect_string, cluster=c, node_id=n, region=f"r-{c}", secret=DEFAULT_SECRET)
         for sink in clusters:
             for source in clusters:
-                if source == sink or not proxied:
+                if source == sink:
+                    continue
+                if not proxied:  # declared all the same: a sink agent reads only declared sources
+                    routes[sink][source] = (spaces[source].connect_string, {})
                     continue
                 zk_host, zk_port = spaces[source].hosts.split(",")[0].rsplit(":", 1)
                 zk_proxy = network.proxy((zk_host, int(zk_port)), node=f"zk-{source}", region=source, client_region=sink, name=f"zk-{source}-for-{sink}")

@@ -184,9 +184,11 @@ def test_the_sandbox_points_the_inventory_and_every_agent_at_zookeeper_over_tls(
         node["port"] = 3181
     zk_tls = ZkTls(directory / "zookeeper/tls/ca.pem", directory / "zookeeper/tls/client.pem", directory / "zookeeper/tls/client.key")
     for node in nodes:
-        sandbox._write_agent_config(node, "127.0.0.1:2281", directory / node["cluster"], layout.cluster_names(), zk_tls)
+        sandbox._write_agent_config(node, "127.0.0.1:2281", directory / node["cluster"], zk_tls)
         loaded = agent_config.load(Path(node["dir"]) / "agent.toml")
         assert loaded.zookeeper_tls == zk_tls
-        assert [s.zookeeper_tls for s in loaded.replication.sources.values()] == [zk_tls]
+        # No source declared by hand: init-replication installs each one's credentials, its
+        # ZooKeeper's TLS files included (tests/unit/test_source_credentials.py).
+        assert loaded.replication.sources == {}
     parsed = inventory.parse(tomllib.loads(sandbox._inventory(directory, layout, "127.0.0.1:2281", nodes, zk_tls)), directory / "config.toml")
     assert all(c.zookeeper_tls == zk_tls for c in parsed.clusters.values())
