@@ -6,6 +6,8 @@ on plain values; ``dlctl.log.reader`` and ``dlctl.log.speculative`` do the talki
 from __future__ import annotations
 
 import bisect
+import hashlib
+import random
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -50,6 +52,140 @@ def order_replicas(
         return near + (3 if node in suspects else 0)
 
     return tuple(sorted(write_set, key=tier))  # sorted() is stable
+
+
+class ReplicaScores:
+    """What a reader has seen of each replica lately: a smoothed latency and a decaying count of
+    failures (unreachable, timed out, a wrong answer). Observations older than ``memory``
+    seconds are forgotten, so a replica avoided for being slow is tried again later (it would
+    otherwise never be sampled again). ``now`` is passed in: a pure function of time."""
+
+    def __init__(self, memory: float = 10.0, alpha: float = 0.3) -> None:
+        self.memory, self.alpha = memory, alpha
+        self._latency: dict[str, tuple[float, float]] = {}  # node -> (smoothed seconds, when last observed)
+        self._failures: dict[str, tuple[float, float]] = {}  # node -> (decayed count, when last updated)
+
+    def observe(self, node: str, seconds: float, now: float) -> None:
+        """``node`` answered after ``seconds`` (or had not answered after that long: a lower
+        bound counts too, it is what makes a slow replica look slow without any failure)."""
+        if seconds < 0:
+            return
+        current = self._fresh_latency(node, now)
+        smoothed = seconds if current is None else current + self.alpha * (seconds - current)
+        self._latency[node] = (smoothed, now)
+
+    def fail(self, node: str, now: float) -> None:
+        self._failures[node] = (self.failures(node, now) + 1.0, now)
+
+    def latency(self, node: str, now: float) -> float | None:
+        return self._fresh_latency(node, now)
+
+    def failures(self, node: str, now: float) -> float:
+        """Failures, each weighing half as much every ``memory / 2`` seconds."""
+        count, at = self._failures.get(node, (0.0, now))
+        if not count or self.memory <= 0:
+            return 0.0
+        return count * 0.5 ** (max(0.0, now - at) / (self.memory / 2))
+
+    def _fresh_latency(self, node: str, now: float) -> float | None:
+        seen = self._latency.get(node)
+        return seen[0] if seen is not None and now - seen[1] <= self.memory else None
+
+
+SLOW_FACTOR = 3.0  # a replica this many times slower than the fastest one seen, ...
+SLOW_MARGIN = 0.005  # ... and this many seconds slower, is asked after the others
+
+
+def speculative_order(
+    write_set: Sequence[str],
+    nodes: Mapping[str, Mapping[str, object]],
+    region: str | None = None,
+    rack: str | None = None,
+    *,
+    scores: ReplicaScores | None = None,
+    now: float = 0.0,
+    suspects: Collection[str] = (),
+    lacking: Collection[str] = (),
+    rng: random.Random | None = None,
+    salt: object = None,
+) -> tuple[str, ...]:
+    """The order in which a reader asks the replicas of an entry (DistributedLog's speculative
+    reads): the first request to the closest replica (the fastest one seen lately among equally
+    close ones, at random among equals), the second across a failure domain (another rack than
+    the first), the third into another region, then the rest by distance. So the first few
+    requests cross domains even when two replicas share the reader's rack, and one slow rack or
+    region cannot hold every attempt up. When the first choice is not fast (over ``SLOW_MARGIN``)
+    and a replica has not been heard from lately, that one is asked first instead, to learn its
+    latency: a slow route is found out even when it answers within the speculative timeout.
+
+    A replica that failed lately (``scores`` failures, or ``suspects``) or is much slower than
+    the fastest one seen (``SLOW_FACTOR`` and ``SLOW_MARGIN``) is asked only after the others,
+    nearest first: a slow route is left without waiting for a failure. Unregistered agents come
+    next, and last the members the segment's record says lack the entry."""
+    rng = rng or random
+    registered = [n for n in write_set if n in nodes and n not in lacking]
+    tail = [n for n in write_set if n not in nodes and n not in lacking] + [n for n in write_set if n in lacking]
+    latency = {n: scores.latency(n, now) if scores else None for n in registered}
+    known = [v for v in latency.values() if v is not None]
+    fastest = min(known) if known else None
+
+    def distance(node: str) -> int:
+        info = nodes[node]
+        if region is None:
+            return 0
+        if info.get("region") != region:
+            return 2
+        return 0 if rack is not None and info.get("rack") == rack else (1 if rack is not None else 0)
+
+    def penalized(node: str) -> bool:
+        if node in suspects or (scores is not None and scores.failures(node, now) >= 0.5):
+            return True
+        seen = latency[node]
+        return seen is not None and fastest is not None and seen > SLOW_FACTOR * fastest and seen - fastest > SLOW_MARGIN
+
+    # Ties broken at random, so that equals share the load: with a ``salt`` (the entry being
+    # read) by a hash of it and the node, the same draw for every reader of that entry
+    # (reproducible, and still spread over entries); else by ``rng``.
+    jitter = {n: rng.random() if salt is None else _draw(salt, n) for n in registered}
+
+    def key(node: str, *domain: bool) -> tuple:
+        seen = latency[node]
+        # Within a tier, a replica seen fast before one never seen, before one seen slow — but
+        # only by a clear margin: small differences are noise, and the load should spread.
+        speed = 0 if seen is None or fastest is None or seen <= 2 * fastest + SLOW_MARGIN else 1
+        return (penalized(node), *domain, distance(node), speed, jitter[node])
+
+    order: list[str] = []
+    left = list(registered)
+    if left:
+        first = min(left, key=key)
+        seen_first = latency[first]
+        if seen_first is not None and seen_first > SLOW_MARGIN and not penalized(first):
+            # The usual first choice is not fast, and some replica has not been heard from
+            # lately: ask that one first, once, to learn whether it is faster (otherwise a slow
+            # route that still answers within the speculative timeout would be kept for ever).
+            unknown = [n for n in left if latency[n] is None and not penalized(n)]
+            if unknown:
+                first = min(unknown, key=key)
+        order.append(first)
+        left.remove(first)
+        info = nodes[first]
+        if left:  # the second: another rack (another region counts as another rack)
+            other_rack = lambda n: (nodes[n].get("region"), nodes[n].get("rack")) == (info.get("region"), info.get("rack"))  # noqa: E731
+            second = min(left, key=lambda n: key(n, other_rack(n)))
+            order.append(second)
+            left.remove(second)
+            if left:  # the third: a region neither of them is in
+                seen_regions = {info.get("region"), nodes[second].get("region")}
+                third = min(left, key=lambda n: key(n, nodes[n].get("region") in seen_regions))
+                order.append(third)
+                left.remove(third)
+        order += sorted(left, key=key)
+    return tuple(order + tail)
+
+
+def _draw(salt: object, node: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{salt}\0{node}".encode(), digest_size=8).digest(), "big")
 
 
 def poll_targets(segment: SegmentRecord, lac: int) -> tuple[str, ...]:
@@ -112,6 +248,14 @@ class AdaptiveTimeout:
         if self._srtt is None:
             return self._initial
         return min(max(self._srtt + self._k * self._rttvar, self.floor), self.ceiling)
+
+    def after(self, speculations: int, *, backoff: float = 2.0, cap: float | None = None) -> float:
+        """The wait before the next speculative request when ``speculations`` were sent
+        already (BookKeeper's speculative read policy): the adaptive timeout, times ``backoff``
+        per request sent, up to ``cap`` (default: twice the ceiling). Each replica asked is one
+        more request in flight: the next must wait longer before adding load to a slow cluster."""
+        limit = cap if cap is not None else 2 * self.ceiling
+        return min(self.current * backoff ** max(0, speculations), max(limit, self.current))
 
 
 class SuspectList:

@@ -22,10 +22,11 @@ async def log_segments(meta: MetaStore, log: str) -> tuple[int, list[SegmentReco
     return record.value.log_id, [s.value for s in segments if s.value.state is not SegmentState.TRUNCATED]
 
 
-async def last_entry(replicas: ReplicaReader, log_id: int, seg: SegmentRecord) -> int:
-    """The segment's last readable entry: its LAC while in progress, else its recorded end."""
+async def last_entry(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, *, quorum: bool = False) -> int:
+    """The segment's last readable entry: its LAC while in progress (``quorum``: a quorum LAC
+    read, ``ReplicaReader.read_lac``), else its recorded end."""
     if seg.state is SegmentState.INPROGRESS:
-        return await replicas.read_lac(log_id, seg)
+        return await replicas.read_lac(log_id, seg, quorum=quorum)
     return seg.last_entry_id
 
 

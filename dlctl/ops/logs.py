@@ -6,12 +6,16 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConflictError, NotFoundError, RefusedError
+from ..log.errors import AgentError
 from ..log.ownership import owner_info
-from ..meta.records import LogConfig
+from ..log.speculative import ReplicaReader
+from ..meta.records import LogConfig, SegmentRecord, SegmentState
 from ..names import validate_name
 from ..plan import Plan, Step
 from ..log.repair import AUDITED_STATES, Cause
 from .session import ClusterSession
+
+LAC_TIMEOUT = 5.0  # seconds `log show` waits for a quorum of an in-progress segment's replicas
 
 
 def create_log_plan(session: ClusterSession, name: str, config: LogConfig) -> Plan:
@@ -125,6 +129,7 @@ def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
     log = session.meta.get_log(name)
     segments = session.meta.segments(name)
     health = _replica_health(session, name)
+    lacs = _in_progress_lacs(session, log.value.log_id, [s.value for s in segments if s.value.state is SegmentState.INPROGRESS])
     return {
         "name": name,
         "log_id": log.value.log_id,
@@ -140,6 +145,9 @@ def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
                 "ensemble": ",".join(s.value.ensembles[-1].nodes),
                 "ensemble_changes": len(s.value.ensembles) - 1,
                 "last_entry_id": s.value.last_entry_id,
+                # An in-progress segment's end so far: its quorum-read LAC (every entry
+                # acknowledged before this command ran is at or before it).
+                "lac": lacs.get(s.value.seq, "-"),
                 "first_txid": s.value.first_txid,
                 "last_txid": s.value.last_txid,
                 "records": s.value.records,
@@ -150,6 +158,26 @@ def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
             for s in segments
         ],
     }
+
+
+def _in_progress_lacs(session: ClusterSession, log_id: int, segments: list[SegmentRecord]) -> dict[int, int | str]:
+    """seq -> quorum-read LAC of each in-progress segment ("unreachable: ..." when too few
+    replicas answer: ``log show`` still shows the rest)."""
+    if not segments:
+        return {}
+
+    async def read(pool: Any) -> dict[int, int | str]:
+        await pool.refresh()
+        replicas = ReplicaReader(pool)
+        out: dict[int, int | str] = {}
+        for seg in segments:
+            try:
+                out[seg.seq] = await replicas.read_lac(log_id, seg, quorum=True, timeout=LAC_TIMEOUT)
+            except AgentError as exc:
+                out[seg.seq] = f"unreachable: {exc.message}"
+        return out
+
+    return session.with_pool(read)
 
 
 def _replica_health(session: ClusterSession, name: str) -> dict[int, str]:

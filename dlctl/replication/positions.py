@@ -7,12 +7,10 @@ Every entry ends with a totals record (records and bytes of its segment so far; 
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from ..log import format as fmt
 from ..log.dlsn import DLSN
-from ..log.errors import AgentError, AgentUnavailableError, NoSuchSegmentError
 from ..log.pool import AgentPool
 from ..log.records import Record, decode_records
 from ..log.recovery import entry_summary
@@ -62,15 +60,17 @@ class LogEnd:
     bytes: int
 
 
-async def log_end(meta: MetaStore, pool: AgentPool, log: str, region: str | None = None) -> LogEnd:
-    """Where log ``log`` ends right now (in-progress segments up to their LAC)."""
+async def log_end(meta: MetaStore, pool: AgentPool, log: str, region: str | None = None, *, quorum: bool = False) -> LogEnd:
+    """Where log ``log`` ends right now (in-progress segments up to their LAC; ``quorum``: a
+    quorum LAC read, for a target that must include every record acknowledged before the call,
+    e.g. ``wait-drain``'s)."""
     log_id, segments = await log_segments(meta, log)
     replicas = ReplicaReader(pool, region=region)
     await pool.refresh()
     total_records = total_bytes = 0
     end: DLSN | None = None
     for seg in reversed(segments):
-        last = await last_entry(replicas, log_id, seg)
+        last = await last_entry(replicas, log_id, seg, quorum=quorum)
         if seg.state is SegmentState.INPROGRESS:
             summary = await _summary(replicas, log_id, seg, last)
             total_records += summary[0]
@@ -98,48 +98,12 @@ async def quorum_end(meta: MetaStore, pool: AgentPool, log: str, region: str | N
     await pool.refresh()
     for seg in reversed(segments):
         inprogress = seg.state is SegmentState.INPROGRESS
-        last = await _quorum_lac(pool, log_id, seg, timeout) if inprogress else seg.last_entry_id
+        last = await replicas.read_lac(log_id, seg, quorum=True, timeout=timeout) if inprogress else seg.last_entry_id
         if last >= seg.min_active_entry and (inprogress or seg.records > 0):
             end = await _last_data(replicas, log_id, seg, last)
             if end is not None:
                 return end
     return None
-
-
-async def _quorum_lac(pool: AgentPool, log_id: int, seg: SegmentRecord, timeout: float) -> int:
-    """The highest LAC of the first E - A + 1 replicas of the segment's current ensemble to
-    answer. (More answers could only raise it: a higher end is no truer, only harder to reach.)"""
-    nodes = seg.ensembles[-1].nodes
-    need = len(nodes) - seg.ack_quorum + 1
-
-    async def one(node: str) -> int:
-        client = await pool.client(node)
-        try:
-            return await client.read_lac(log_id, seg.seq)
-        except NoSuchSegmentError:
-            return -1  # a member no entry has reached yet: it holds nothing of the segment
-
-    tasks = {asyncio.ensure_future(one(n)) for n in nodes}
-    answers: list[int] = []
-    failures: list[str] = []
-    try:
-        async with asyncio.timeout(timeout):
-            for next_done in asyncio.as_completed(tasks):
-                try:
-                    answers.append(await next_done)
-                except AgentError as exc:
-                    failures.append(str(exc))
-                if len(answers) >= need:
-                    return max(answers)
-    except TimeoutError:
-        pass
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    raise AgentUnavailableError(
-        f"segment {seg.seq}: {len(answers)} of {len(nodes)} replicas told their LAC, {need} needed" + (f" ({'; '.join(failures)})" if failures else "")
-    )
 
 
 async def _summary(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, entry_id: int) -> tuple[int, int]:
@@ -163,8 +127,9 @@ async def _last_data(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, l
     return None
 
 
-async def records_from(meta: MetaStore, pool: AgentPool, log: str, position: DLSN, region: str | None = None) -> tuple[int, int]:
-    """(records, bytes) at or after ``position`` in log ``log``: a stream's lag."""
+async def records_from(meta: MetaStore, pool: AgentPool, log: str, position: DLSN, region: str | None = None, *, quorum: bool = False) -> tuple[int, int]:
+    """(records, bytes) at or after ``position`` in log ``log``: a stream's lag (``quorum``: to
+    a quorum-read LAC, for ``replication status``; a worker's estimate reads it best effort)."""
     log_id, segments = await log_segments(meta, log)
     replicas = ReplicaReader(pool, region=region)
     await pool.refresh()
@@ -172,7 +137,7 @@ async def records_from(meta: MetaStore, pool: AgentPool, log: str, position: DLS
     for seg in segments:
         if seg.seq < position.segment_seq:
             continue
-        last = await last_entry(replicas, log_id, seg)
+        last = await last_entry(replicas, log_id, seg, quorum=quorum)
         if seg.state is SegmentState.INPROGRESS:
             seg_records, seg_bytes = await _summary(replicas, log_id, seg, last)
         else:

@@ -28,6 +28,7 @@ from dlctl.log.client import SyncAgentClient
 from dlctl.log.dlsn import DLSN
 from dlctl.log.pool import AgentPool
 from dlctl.log.reader import LogReader
+from dlctl.log.readpolicy import speculative_order
 from dlctl.log.writer import LogWriter
 from dlctl.meta import roles
 from dlctl.meta.pins import PinStore
@@ -322,7 +323,9 @@ def test_a_bit_flip_in_one_source_replica_is_caught_and_another_replica_is_copie
     create_source_log(sandbox, name, segments=4, per_segment=30, size=500)
     expected = records_of(sandbox, SOURCE, name)
     log_id, seg = segment_info(sandbox, name, 2)
-    first_choice = seg.write_set(0)[0]  # entry 0 is asked of the first member of its write set first
+    # Entry 0 is asked first of the replica its hash draw ranks first (the copy's reader knows
+    # no region, so all replicas are equally near, readpolicy.speculative_order).
+    first_choice = speculative_order(seg.write_set(0), {n: {} for n in seg.write_set(0)}, salt=(log_id, 2, 0))[0]
     assert limbo_replicas(sandbox, first_choice) == 0
     # The source's auditor would refill the caught replica at its next check: off while we look.
     with session(sandbox, SOURCE) as s:

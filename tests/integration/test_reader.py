@@ -25,7 +25,9 @@ from dlctl.log.readpolicy import AdaptiveTimeout
 from dlctl.log.records import Record, control_record, encode_records
 from dlctl.meta.records import EnsembleChange, LogConfig, SegmentRecord, SegmentState, Versioned
 from dlctl.meta.store import MetaStore
+from dlctl.replication.source import RoutedAgentPool
 from harness.agents import AgentNode, harness_credentials
+from harness.faultproxy import FaultNetwork
 from harness.procs import ProcessRegistry
 from harness.zk import ZkNamespace, close_client, make_client
 
@@ -362,7 +364,10 @@ def test_a_replica_in_limbo_from_a_flipped_bit_is_survived(cluster, zkc):
     async def read(meta: MetaStore, feeder: Feeder):
         pool = AgentPool(meta, harness_credentials())
         try:
-            async with LogReader(meta, pool, "limbo", region="r1", read_ahead=ReadAhead(max_entries=1)) as reader:
+            # A patient speculative timeout: n1, just restarted and perhaps slow on a loaded
+            # machine, must be the one that answers entry 0 (with "limbo"), not be overtaken.
+            async with LogReader(meta, pool, "limbo", region="r1", read_ahead=ReadAhead(max_entries=1),
+                                 speculative_timeout=AdaptiveTimeout(floor=1.0, ceiling=3.0, initial=3.0)) as reader:
                 got = await read_all(reader, 40)
                 assert [(r.dlsn, r.txid) for r in got] == feeder.expected
                 assert [r.payload.rstrip(b".") for r in got] == [f"payload-{r.txid}".encode() for r in got]
@@ -423,6 +428,85 @@ def test_slow_replica_costs_about_one_timeout_not_a_failure(cluster, zkc):
         finally:
             cluster.agents["n1"].proc.resume()
             await pool.close()
+
+    run(main())
+
+
+def test_reads_move_away_from_a_delayed_replica_within_a_few_requests(cluster, zkc, fault_network: FaultNetwork):
+    """n1, the replica nearest the reader, is delayed 50 ms each way by the fault proxy: no
+    failure, and it answers within the speculative ceiling. The reader's scores must find the
+    faster replicas within a few reads. Control: the same reader without memory of what it saw
+    (``suspect_seconds=0``) keeps asking n1 first and pays the delay on nearly every read."""
+    n1 = cluster.agents["n1"]
+    proxy = fault_network.proxy((n1.host, n1.port), node="n1", name="reader->n1")
+    proxy.delay = 0.05
+    entries = 30
+
+    async def main():
+        meta, direct, feeder = await setup(zkc, "delayed")
+        await feeder.new_segment()
+        for _ in range(entries):
+            await feeder.append(1)
+        await feeder.complete()
+
+        async def slow_reads(**options) -> tuple[int, tuple[str, ...]]:
+            pool = RoutedAgentPool(meta, harness_credentials(), addresses={"n1": "%s:%d" % proxy.address})
+            await pool.refresh()
+            reader = LogReader(meta, pool, "delayed", region="r1", read_ahead=ReadAhead(max_entries=1),
+                               speculative_timeout=AdaptiveTimeout(floor=0.01, ceiling=1.0, initial=0.5), **options)
+            try:
+                async with reader:
+                    slow, got = 0, []
+                    for _ in range(entries):
+                        started = time.monotonic()
+                        got.append(await reader.read_next(10))
+                        slow += time.monotonic() - started > 0.08  # a round trip through the delay
+                    assert [(r.dlsn, r.txid) for r in got] == feeder.expected
+                    return slow, reader.replicas.order(("n1", "n2", "n3"))
+            finally:
+                await pool.close()
+
+        try:
+            adaptive, order = await slow_reads()
+            assert adaptive <= 3 and order[0] != "n1", (adaptive, order)
+            fixed, _ = await slow_reads(suspect_seconds=0)
+            assert fixed >= entries - 3, fixed  # the control: without scores, n1 every time
+        finally:
+            await direct.close()
+
+    run(main())
+
+
+def test_a_quorum_lac_read_sees_what_a_lagging_first_replica_missed(cluster, zkc, fault_network: FaultNetwork):
+    """Entries 6-10 reached n2 and n3 only (an ack quorum of 2 of 3), so n1 tells LAC 4 while
+    they tell 9; n2 and n3 answer slowly (the fault proxy). A best-effort LAC read (tailing)
+    returns what the first replica to answer said, plus whatever else arrives within one
+    speculative timeout: 4. A quorum LAC read (E - A + 1 = 2 answers: what wait-drain targets,
+    a stream's end in replication status and log show use) cannot miss an acknowledged entry: 9."""
+    from dlctl.log.speculative import ReplicaReader
+
+    async def main():
+        meta, direct, feeder = await setup(zkc, "quorum-lac")
+        await feeder.new_segment()
+        for _ in range(6):
+            await feeder.append(1)
+        for _ in range(5):
+            await feeder.append(1, only=("n2", "n3"))
+        proxies = {}
+        for name in ("n2", "n3"):
+            agent = cluster.agents[name]
+            proxies[name] = fault_network.proxy((agent.host, agent.port), node=name, name=f"reader->{name}")
+            proxies[name].delay = 0.15
+        pool = RoutedAgentPool(meta, harness_credentials(), addresses={n: "%s:%d" % p.address for n, p in proxies.items()})
+        await pool.refresh()
+        try:
+            seg = feeder.seg.value
+            best_effort = await ReplicaReader(pool, region="r1", timeout=AdaptiveTimeout(floor=0.01, ceiling=0.05, initial=0.05)).read_lac(feeder.log_id, seg)
+            quorum = await ReplicaReader(pool, region="r1").read_lac(feeder.log_id, seg, quorum=True)
+            assert (best_effort, quorum) == (4, 9)
+        finally:
+            await pool.close()
+            await direct.close()
 
     run(main())
 

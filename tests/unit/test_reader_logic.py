@@ -12,6 +12,7 @@ from dlctl.log.dlsn import DLSN
 from dlctl.log.readpolicy import (
     AdaptiveTimeout,
     ReadAhead,
+    ReplicaScores,
     SuspectList,
     bisect_first,
     entry_max_txid,
@@ -20,6 +21,7 @@ from dlctl.log.readpolicy import (
     poll_targets,
     readable_end,
     segment_index_for_txid,
+    speculative_order,
     start_for_dlsn,
     start_of_log,
 )
@@ -73,6 +75,74 @@ def test_suspects_expire():
     suspects.mark("b1", now=0.0)
     suspects.clear("b1")
     assert suspects.active(1.0) == frozenset()
+
+
+# -- speculative order (DistributedLog's) ----------------------------------------------------------
+
+RACKS = {
+    "k1a": {"region": "east", "rack": "k1"},
+    "k1b": {"region": "east", "rack": "k1"},
+    "k2": {"region": "east", "rack": "k2"},
+    "w1": {"region": "west", "rack": "k1"},
+}
+
+
+def test_the_first_requests_cross_a_rack_then_a_region_even_with_two_replicas_in_the_readers_rack():
+    for seed in range(20):
+        order = speculative_order(("w1", "k1b", "k2", "k1a"), RACKS, "east", "k1", rng=random.Random(seed))
+        assert order[0] in ("k1a", "k1b")  # the closest
+        assert order[1:3] == ("k2", "w1")  # another rack, then another region
+        assert set(order) == set(RACKS)
+
+
+def test_equally_close_replicas_share_the_first_requests_at_random():
+    firsts = {speculative_order(("k1a", "k1b", "k2"), RACKS, "east", "k1", rng=random.Random(seed))[0] for seed in range(50)}
+    assert firsts == {"k1a", "k1b"}
+
+
+def test_with_the_entry_as_salt_every_reader_draws_the_same_first_replica_and_entries_spread():
+    firsts = [speculative_order(("k1a", "k1b", "k2"), RACKS, salt=(7, 1, e))[0] for e in range(60)]
+    assert firsts == [speculative_order(("k2", "k1b", "k1a"), RACKS, salt=(7, 1, e))[0] for e in range(60)]  # not the write-set order
+    assert set(firsts) == {"k1a", "k1b", "k2"}
+
+
+def test_a_replica_seen_slow_is_asked_after_the_others_without_any_failure_and_tried_again_later():
+    scores = ReplicaScores(memory=10.0)
+    for _ in range(3):
+        scores.observe("k1a", 0.050, now=100.0)  # the closest replica, delayed (a slow route)
+        scores.observe("k2", 0.002, now=100.0)
+    order = speculative_order(("k1a", "k2", "w1"), RACKS, "east", "k1", scores=scores, now=100.5, rng=random.Random(1))
+    assert order == ("k2", "w1", "k1a")
+    # Slower, but within the margin of noise: the closest stays first.
+    close = ReplicaScores()
+    close.observe("k1a", 0.003, now=0.0)
+    close.observe("k2", 0.002, now=0.0)
+    assert speculative_order(("k1a", "k2"), RACKS, "east", "k1", scores=close, now=0.1)[0] == "k1a"
+    # The closest seen slow and another never heard from: that one is asked first, to learn it.
+    alone = ReplicaScores()
+    alone.observe("k1a", 0.050, now=0.0)
+    assert speculative_order(("k1a", "k2", "w1"), RACKS, "east", "k1", scores=alone, now=0.1)[0] == "k2"
+    quick = ReplicaScores()
+    quick.observe("k1a", 0.001, now=0.0)  # fast: no reason to look elsewhere
+    assert speculative_order(("k1a", "k2", "w1"), RACKS, "east", "k1", scores=quick, now=0.1)[0] == "k1a"
+    # Forgotten after ``memory``: the closest is asked first again, so its recovery is noticed.
+    assert speculative_order(("k1a", "k2", "w1"), RACKS, "east", "k1", scores=scores, now=110.5, rng=random.Random(1))[0] == "k1a"
+
+
+def test_failures_demote_a_replica_while_they_are_recent():
+    scores = ReplicaScores(memory=10.0)
+    scores.fail("k1a", now=0.0)
+    assert speculative_order(("k1a", "k2"), RACKS, "east", "k1", scores=scores, now=1.0)[0] == "k2"
+    assert 0.25 < scores.failures("k1a", now=6.0) < 0.5  # halved every memory / 2 seconds
+    assert speculative_order(("k1a", "k2"), RACKS, "east", "k1", scores=scores, now=6.0)[0] == "k1a"
+    # Unregistered agents and members lacking the entry still come last, in that order.
+    assert speculative_order(("zz", "k1a", "k2"), RACKS, "east", "k1", lacking={"k1a"}) == ("k2", "zz", "k1a")
+
+
+def test_successive_speculative_timeouts_grow_by_the_backoff_up_to_the_cap():
+    t = AdaptiveTimeout(floor=0.01, ceiling=0.5, initial=0.1)
+    assert [t.after(k) for k in range(5)] == [0.1, 0.2, 0.4, 0.8, 1.0]  # cap: twice the ceiling
+    assert t.after(3, backoff=1.5, cap=0.25) == 0.25
 
 
 def test_long_polls_cover_the_holders_of_the_next_entry_and_of_the_one_carrying_its_lac():
