@@ -46,6 +46,7 @@ from .protocol import Seen
 from .readpolicy import (
     AdaptiveTimeout,
     ReadAhead,
+    ReadAheadWindow,
     bisect_first,
     entry_max_txid,
     live_segments,
@@ -115,7 +116,10 @@ class LogReader:
     """Reads log ``name`` from ``start_dlsn`` or ``start_txid`` (default: its beginning).
 
     ``region``/``rack`` say where the reader runs (closer replicas are asked first).
-    ``read_ahead`` bounds the prefetch buffer; ``speculative_timeout`` tunes when a slow replica
+    ``read_ahead`` bounds the prefetch buffer; within the bounds the reader keeps as many entries
+    requested as the consumer's pace needs (``self.window``, ``readpolicy.ReadAheadWindow``:
+    grown while it waits on entries in flight, shrunk while entries wait for it; unless
+    ``ReadAhead(adaptive=False)``). ``speculative_timeout`` tunes when a slow replica
     gets company; ``long_poll_timeout`` is how long one long poll may wait at an agent.
     Use ``async with LogReader(...) as reader`` or ``await reader.open()`` / ``await reader.close()``.
     """
@@ -149,6 +153,8 @@ class LogReader:
         self.meta, self.pool, self.name = meta, pool, name
         self._start_dlsn, self._start_txid = start_dlsn, start_txid
         self.read_ahead = read_ahead or ReadAhead()
+        bound = self.read_ahead.max_entries
+        self.window = ReadAheadWindow(bound, minimum=min(2, bound), initial=min(4, bound)) if self.read_ahead.adaptive else None
         self.replicas = ReplicaReader(pool, region=region, rack=rack, timeout=speculative_timeout, suspect_seconds=suspect_seconds)
         self.long_poll_timeout = long_poll_timeout
         self._seen = seen or (lambda: None)
@@ -403,6 +409,7 @@ class LogReader:
             except TimeoutError:
                 return None
         head = self._buffer[0]
+        waited = not head.future.done()  # requested, not arrived: the window did not cover the latency
         if not head.future.done():
             loop = asyncio.get_running_loop()
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
@@ -414,6 +421,8 @@ class LogReader:
             return await self._next_entry_from_buffer(deadline)
         self._buffer.popleft()
         self._buffered_bytes_sub(head)
+        if self.window is not None:
+            self.window.taken(waited=waited, ready=sum(1 for f in self._buffer if f.future.done()))
         self._wake.set()  # room for the fetcher
         exc = head.future.exception()
         if exc is not None:
@@ -455,6 +464,8 @@ class LogReader:
                 return  # the next segment does not exist yet: a metadata watch wakes us
             end = readable_end(seg, self._lac)
             if self._next_entry <= end:
+                if self.window is not None and len(self._buffer) >= self.window.size:
+                    return
                 if not self.read_ahead.allows(len(self._buffer), self.stats.buffered_bytes, self._in_flight, self._size_estimate):
                     return
                 self._request(seg, self._next_entry)

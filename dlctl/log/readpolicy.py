@@ -378,6 +378,7 @@ class ReadAhead:
 
     max_entries: int = 64
     max_bytes: int = 4 * 1024 * 1024
+    adaptive: bool = True  # within these bounds, a ReadAheadWindow paced by the consumer
 
     def __post_init__(self) -> None:
         if self.max_entries < 1 or self.max_bytes < 1:
@@ -395,3 +396,33 @@ class ReadAhead:
         if size_estimate <= 0:
             return in_flight == 0 and buffered_bytes < self.max_bytes
         return buffered_bytes + (in_flight + 1) * size_estimate <= self.max_bytes
+
+
+class ReadAheadWindow:
+    """How many entries to keep requested ahead of the consumer, paced by what it does
+    (DistributedLog's read-ahead adapts; a fixed bound either starves a fast reader catching up
+    or buffers megabytes for a slow one), within ``ReadAhead``'s bounds.
+
+    Each time the consumer takes an entry, ``taken(waited, ready)`` says whether it had to wait
+    for that entry although it was already requested (the window was too small to cover the
+    fetch latency at the consumer's pace: double it, up to ``maximum``), and how many entries
+    behind it had arrived (more than half the window waiting: the consumer is the slow side,
+    shrink by one, down to ``minimum``). Waiting for an entry that was not yet readable is
+    tailing, not a shortage, and changes nothing: at the log's end no window reads further."""
+
+    def __init__(self, maximum: int, *, minimum: int = 2, initial: int = 4) -> None:
+        if not 1 <= minimum <= maximum:
+            raise ValueError(f"read-ahead window needs 1 <= minimum <= maximum (got {minimum}, {maximum})")
+        self.minimum, self.maximum = minimum, maximum
+        self.size = min(max(initial, minimum), maximum)
+        self.grown = self.shrunk = 0
+
+    def taken(self, *, waited: bool, ready: int) -> None:
+        if waited:
+            if self.size < self.maximum:
+                self.size = min(self.size * 2, self.maximum)
+                self.grown += 1
+        elif ready > self.size // 2 and self.size > self.minimum:
+            self.size -= 1
+            self.shrunk += 1
+

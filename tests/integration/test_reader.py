@@ -704,7 +704,7 @@ def test_read_ahead_is_bounded_by_count_and_bytes(cluster, zkc):
             await asyncio.sleep(0.3)  # asserting an absence: nothing more may be fetched
 
         try:
-            async with LogReader(meta, pool, "read-ahead", read_ahead=ReadAhead(max_entries=5, max_bytes=1 << 20)) as reader:
+            async with LogReader(meta, pool, "read-ahead", read_ahead=ReadAhead(max_entries=5, max_bytes=1 << 20, adaptive=False)) as reader:
                 await settled(reader, 5)
                 assert reader.stats.entries_fetched == 5 and reader.stats.buffered_entries == 5
                 await read_all(reader, 2)  # one entry consumed: one more fetched
@@ -714,7 +714,7 @@ def test_read_ahead_is_bounded_by_count_and_bytes(cluster, zkc):
                 assert reader.stats.max_buffered_entries <= 5
                 assert [r.txid for r in got] == list(range(3, 121))
             bound = 4 * entry_size + 8
-            async with LogReader(meta, pool, "read-ahead", read_ahead=ReadAhead(max_entries=1000, max_bytes=bound)) as reader:
+            async with LogReader(meta, pool, "read-ahead", read_ahead=ReadAhead(max_entries=1000, max_bytes=bound, adaptive=False)) as reader:
                 await settled(reader, 4)
                 assert reader.stats.entries_fetched == 4
                 assert reader.stats.buffered_bytes <= bound
@@ -722,6 +722,45 @@ def test_read_ahead_is_bounded_by_count_and_bytes(cluster, zkc):
                 assert [r.txid for r in got] == list(range(1, 121))
                 assert reader.stats.max_buffered_bytes <= bound
                 assert reader.stats.max_buffered_entries <= 4
+        finally:
+            await pool.close()
+
+    run(main())
+
+
+def test_read_ahead_follows_the_consumer_wide_for_a_fast_one_narrow_for_a_slow_one(cluster, zkc):
+    """Catching up, a consumer faster than one fetch at a time gets a window that grows until it
+    covers the fetch latency; a slow consumer holds only a few entries in memory. Control: the
+    fixed read-ahead of the same bound buffers its whole bound for the slow consumer."""
+    entries = 150
+
+    async def main():
+        meta, pool, feeder = await setup(zkc, "adaptive-read-ahead")
+        await feeder.new_segment()
+        for _ in range(entries):
+            await feeder.append(1, payload_size=200)
+        await feeder.complete()
+
+        async def consume(adaptive: bool, pause: float) -> tuple[LogReader, list[ReadRecord]]:
+            reader = LogReader(meta, pool, "adaptive-read-ahead", read_ahead=ReadAhead(max_entries=64, adaptive=adaptive))
+            async with reader:
+                got = []
+                for _ in range(entries if pause == 0 else 60):
+                    got.append(await reader.read_next(10))
+                    if pause:
+                        await asyncio.sleep(pause)
+            return reader, got
+
+        try:
+            fast, got = await consume(True, 0)
+            assert [(r.dlsn, r.txid) for r in got] == feeder.expected
+            assert fast.window.grown >= 2 and fast.window.size >= 16, (fast.window.size, fast.window.grown)
+            slow, got = await consume(True, 0.02)
+            assert [(r.dlsn, r.txid) for r in got] == feeder.expected[:60]
+            # (its first read waits for the first fetch, which doubles the window once)
+            assert slow.stats.max_buffered_entries <= 8 and slow.window.size <= 4, (slow.stats.max_buffered_entries, slow.window.size)
+            fixed, _ = await consume(False, 0.02)
+            assert fixed.stats.max_buffered_entries >= 32, fixed.stats.max_buffered_entries  # the control
         finally:
             await pool.close()
 

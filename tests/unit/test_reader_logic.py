@@ -12,6 +12,7 @@ from dlctl.log.dlsn import DLSN
 from dlctl.log.readpolicy import (
     AdaptiveTimeout,
     ReadAhead,
+    ReadAheadWindow,
     ReplicaScores,
     SuspectList,
     bisect_first,
@@ -302,3 +303,29 @@ def test_read_ahead_is_bounded_by_count_and_by_bytes():
     assert not bounds.allows(1, 5000, 0, 5000)
     with pytest.raises(ValueError):
         ReadAhead(max_entries=0)
+
+
+# -- adaptive read-ahead -----------------------------------------------------------------------------
+
+
+def test_a_consumer_waiting_on_entries_in_flight_doubles_the_window_up_to_the_bound():
+    window = ReadAheadWindow(64)
+    sizes = []
+    for _ in range(6):
+        window.taken(waited=True, ready=0)
+        sizes.append(window.size)
+    assert sizes == [8, 16, 32, 64, 64, 64]
+
+
+def test_a_slow_consumer_shrinks_the_window_to_its_minimum_and_one_keeping_pace_keeps_it():
+    window = ReadAheadWindow(64, initial=32)
+    for _ in range(100):
+        window.taken(waited=False, ready=window.size)  # everything requested is already there
+    assert window.size == 2
+    steady = ReadAheadWindow(64, initial=16)
+    for _ in range(100):
+        steady.taken(waited=False, ready=3)  # the pace matches: a few arrive ahead, not half the window
+    assert steady.size == 16
+    with pytest.raises(ValueError):
+        ReadAheadWindow(1, minimum=2)
+
