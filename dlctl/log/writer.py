@@ -27,7 +27,11 @@ assigned only then, so nothing acknowledged moves). When no fresh ensemble can b
 few agents) the writer stays on the degraded segment as long as ack quorum holds and retries
 every ``ensemble_retry`` seconds; if an entry can no longer reach quorum it waits up to
 ``stall_timeout`` for agents to come back and then fails. Segments left with fewer than W
-replicas are for re-replication (DESIGN.md §6) to repair.
+replicas are for re-replication (DESIGN.md §6) to repair. A *silent* agent (packets dropped, no
+connection reset) counts as failed once the oldest unacknowledged entry has waited
+``silent_after`` (or ``SILENT_FACTOR`` smoothed add latencies, if longer) for it: a silent region
+costs about a second, not the request timeout. A slow agent outside the ack quorum never holds an
+entry up, so it is left alone.
 
 **Deposition.** A fencing error from any agent, the loss of the ZooKeeper session (or of the
 owner znode), or a lost compare-and-set on our own segment means another writer took over:
@@ -58,6 +62,7 @@ from . import format as fmt
 from .dlsn import DLSN
 from .errors import AgentError, AgentUnavailableError, FencedError
 from .ownership import Ownership
+from .readpolicy import AdaptiveTimeout
 from .records import Record, encode_records
 from .recovery import TOTALS_RECORD_SIZE, RecoveryResult, can_still_ack, recover_segment, totals_record, write_set_of
 
@@ -68,6 +73,7 @@ log = logging.getLogger(__name__)
 _PLAIN = struct.Struct(">IBqHH")
 _PLAIN_BODY = _PLAIN.size - 4  # bytes counted by the size field before the payload
 _MAX_RECORD = fmt.MAX_PAYLOAD - TOTALS_RECORD_SIZE
+SILENT_FACTOR = 8.0  # a replica is silent after this many smoothed add latencies (at least silent_after)
 _TXID_MAX = 2**63 - 1
 # ZooKeeper answers lost to a connection blip: the request may or may not have been applied.
 _ZK_BLIPS = (ConnectionLoss, OperationTimeoutError)
@@ -102,6 +108,11 @@ class WriterOptions:
     recovery_timeout: float = 30.0  # open(): bound on recovering the previous owner's segment
     roll_bytes: int | None = None  # override the log's config
     roll_seconds: float | None = None  # override the log's config
+    # A replica that has not answered the add of the oldest unacknowledged entry this long (at
+    # least; longer when adds are slow: SILENT_FACTOR times their smoothed latency) is taken
+    # for failed: a silent agent (packets dropped, no reset) costs this, not a request timeout.
+    # None: wait for the request timeout.
+    silent_after: float | None = 1.0
 
     def __post_init__(self) -> None:
         if self.batch_bytes < 1 or self.batch_delay < 0 or self.lac_delay < 0:
@@ -123,16 +134,18 @@ class _Batch:
 
 
 class _Entry:
-    __slots__ = ("batch", "entry_id", "encoded", "body_len", "acks", "outstanding", "acked")
+    __slots__ = ("batch", "entry_id", "encoded", "body_len", "acks", "outstanding", "acked", "sent_at", "waiting")
 
-    def __init__(self, batch: _Batch, entry_id: int, encoded: bytes, body_len: int, outstanding: int) -> None:
+    def __init__(self, batch: _Batch, entry_id: int, encoded: bytes, body_len: int, targets: list[str], sent_at: float) -> None:
         self.batch = batch
         self.entry_id = entry_id
         self.encoded = encoded
         self.body_len = body_len
         self.acks = 0
-        self.outstanding = outstanding
+        self.outstanding = len(targets)
         self.acked = False
+        self.sent_at = sent_at
+        self.waiting = set(targets)  # replicas that have not answered its add yet
 
 
 class _Segment:
@@ -149,6 +162,10 @@ class _Segment:
         # Dropped members: node -> the entry before the first one it failed (what it holds at
         # most, contiguously); the closed record names them (SegmentRecord.short).
         self.short: dict[str, int] = {}
+        # Per member, the entries sent to it that it has not answered yet, in order: what a
+        # member given up on as silent holds at most is what comes before the first of them.
+        self.unanswered: dict[str, deque[int]] = {}
+        self.silent: set[str] = set()  # members given up on for silence: not probed again to roll
         self.next_entry_id = 0
         self.inflight: deque[_Entry] = deque()  # dispatched, not yet acknowledged, in entry order
         self.lac = NO_ENTRY
@@ -203,6 +220,7 @@ class LogWriter:
         self._timer: asyncio.Handle | None = None
         self._lac_timer: asyncio.TimerHandle | None = None
         self._transition: asyncio.Task | None = None  # opening, rolling or closing a segment
+        self._add_latency = AdaptiveTimeout(floor=0.0005, ceiling=10.0)  # replicas' answers to adds (_check_silent)
         self._housekeeper: asyncio.Task | None = None
         self._last_txid = NO_TXID  # last assigned
         self._submitted = 0  # records accepted by submit()
@@ -541,13 +559,18 @@ class LogWriter:
         )
         batch.parts = []  # the entry's bytes hold them now
         targets = [n for n in write_set_of(seg.ensemble, seg.w, entry_id) if n not in seg.failed]
-        entry = _Entry(batch, entry_id, encoded, len(body), len(targets))
+        entry = _Entry(batch, entry_id, encoded, len(body), targets, self._loop.time())
         seg.inflight.append(entry)
         self._cancel_lac_timer()  # this entry carries the LAC
         # A lone entry (a synchronous writer) goes out now; entries dispatched together are
         # coalesced into one write per agent at the end of the loop turn.
         flush = len(seg.inflight) == 1
+        unanswered = seg.unanswered
         for node in targets:
+            if node in unanswered:
+                unanswered[node].append(entry_id)
+            else:
+                unanswered[node] = deque((entry_id,))
             # The hot path has no task per replica: the reply is handled where it is parsed.
             if not seg.clients[node].add_nowait(entry.encoded, lambda exc, node=node: self._added(seg, entry, node, exc), flush=flush):
                 task = self._loop.create_task(self._send(seg, entry, node))
@@ -567,6 +590,15 @@ class LogWriter:
 
     def _added(self, seg: _Segment, entry: _Entry, node: str, exc: BaseException | None) -> None:
         """Agent ``node`` answered the add of ``entry``: stored (``exc`` None) or not."""
+        pending = seg.unanswered.get(node)
+        if pending:
+            if pending[0] == entry.entry_id:
+                pending.popleft()
+            else:  # answers out of order (one connection keeps them in order; a reconnect may not)
+                try:
+                    pending.remove(entry.entry_id)
+                except ValueError:
+                    pass
         if isinstance(exc, FencedError):
             if not seg.sealed:
                 self._fail(
@@ -584,7 +616,12 @@ class LogWriter:
             return
         if seg.sealed or self._error is not None:
             return
-        entry.outstanding -= 1
+        if node in entry.waiting:
+            entry.waiting.discard(node)
+            entry.outstanding -= 1
+            self._add_latency.observe(self._loop.time() - entry.sent_at)
+        else:  # a replica given up on as silent answers after all: its ack is real, and it lives
+            seg.silent.discard(node)
         entry.acks += 1
         if entry.acks == seg.a:
             entry.acked = True
@@ -643,8 +680,9 @@ class LogWriter:
             self._lac_timer = None
 
     def _on_replica_failed(self, seg: _Segment, entry: _Entry, node: str, exc: AgentError) -> None:
-        if seg.sealed or self._error is not None:
-            return
+        if seg.sealed or self._error is not None or node not in entry.waiting:
+            return  # (not waiting: given up on as silent already, and counted then)
+        entry.waiting.discard(node)
         entry.outstanding -= 1
         seg.short[node] = min(seg.short.get(node, entry.entry_id - 1), entry.entry_id - 1)
         new = node not in seg.failed
@@ -706,7 +744,7 @@ class LogWriter:
     async def _roll(self, seg: _Segment, reason: str, failure: bool) -> None:
         # The next ensemble first: if none can be formed (too few agents), rolling would leave
         # us with no segment at all, so stay on this one while it can still acknowledge.
-        ensemble = await self._fresh_ensemble(set(seg.failed))
+        ensemble = await self._fresh_ensemble(set(seg.failed), silent=seg.silent)
         if ensemble is None:
             if seg.all_ackable():
                 level = logging.WARNING if seg.retry_at == 0.0 else logging.DEBUG  # once, not every retry
@@ -742,7 +780,7 @@ class LogWriter:
                 raise self._error
             if seg.all_ackable():
                 return None
-            ensemble = await self._fresh_ensemble(set(seg.failed))
+            ensemble = await self._fresh_ensemble(set(seg.failed), silent=seg.silent)
             if ensemble is not None:
                 return ensemble
             if time.monotonic() + delay > deadline:
@@ -759,10 +797,11 @@ class LogWriter:
         assert self._log is not None
         return self._log.value.config.ensemble_size
 
-    async def _fresh_ensemble(self, failed: set[str]) -> tuple[str, ...] | None:
-        """An ensemble without agents that are still failing, or None when too few are left."""
+    async def _fresh_ensemble(self, failed: set[str], silent: set[str] = frozenset()) -> tuple[str, ...] | None:  # type: ignore[assignment]
+        """An ensemble without agents that are still failing, or None when too few are left.
+        ``silent``: failed members that just went silent; a probe of them would only wait."""
         nodes = await self._available()
-        suspects = {n for n in failed if n in nodes}
+        suspects = {n for n in failed if n in nodes and n not in silent}
         still_failing = set(failed) - suspects
         if suspects:
             # A failed agent that answers now (a dropped connection, a restart) may serve again.
@@ -1021,18 +1060,48 @@ class LogWriter:
             self._transition.cancel()
 
     async def _housekeeping(self) -> None:
-        """Roll by time; on a degraded segment, look for a fresh ensemble now and then."""
+        """Roll by time; on a degraded segment, look for a fresh ensemble now and then; give up
+        on replicas that went silent (``_check_silent``)."""
         tick = min(0.25, self._roll_seconds() / 4)
         while self._error is None:
             await asyncio.sleep(tick)
             seg = self._segment
-            if seg is None or self._transition is not None or seg.closing or self._closing:
+            if seg is None or self._closing:
+                continue
+            self._check_silent(seg)  # during a roll too: it waits for the in-flight entries
+            if self._transition is not None or seg.closing:
                 continue
             now = time.monotonic()
             if seg.failed and now >= seg.retry_at:
                 self._request_roll("looking for a fresh ensemble for a degraded segment", failure=True)
             elif seg.next_entry_id > 0 and now - seg.created >= self._roll_seconds():
                 self._request_roll(f"segment {seg.seq} is {now - seg.created:.1f}s old")
+
+    def _check_silent(self, seg: _Segment) -> None:
+        """The oldest unacknowledged entry waited longer than a replica may take to answer:
+        its replicas that have not answered are taken for failed (``silent_after``), as if their
+        adds had failed — the writer goes on without them while the others still make an ack
+        quorum, and rolls to a fresh ensemble when they do not (``_on_replica_failed``). Only
+        an entry that holds the others up counts (a slow replica outside the ack quorum costs
+        nothing and is left alone), and only once another replica has stored it: silence is
+        relative to the others, not a stall of everything."""
+        if self.options.silent_after is None or not seg.inflight or seg.sealed:
+            return
+        entry = seg.inflight[0]
+        if entry.acked or not entry.waiting or entry.acks == 0:
+            # (Nobody answered: the writer's own side or every disk is slow — a stall for all,
+            # not a silent member; giving up on every replica would only stop the writer.)
+            return
+        silence = max(self.options.silent_after, SILENT_FACTOR * self._add_latency.current)
+        waited = self._loop.time() - entry.sent_at
+        if waited < silence:
+            return
+        for node in sorted(entry.waiting):
+            pending = seg.unanswered.get(node)
+            if pending:  # it may lack entries acknowledged without it, before this one
+                seg.short[node] = min(seg.short.get(node, pending[0] - 1), pending[0] - 1)
+            seg.silent.add(node)
+            self._on_replica_failed(seg, entry, node, AgentUnavailableError(f"agent {node} has not answered the add of entry {entry.entry_id} for {waited:.2f}s (silent)"))
 
     async def _zk(self, fn: Any, *args: Any) -> Any:
         return await self._loop.run_in_executor(None, fn, *args)

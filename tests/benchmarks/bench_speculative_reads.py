@@ -25,9 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harness
 
-from harness.agents import AgentNode, harness_credentials
+from harness.agents import harness_credentials
 from harness.faultproxy import FaultNetwork
-from harness.zk import ZkNamespace, bench_zookeeper
+from harness.logcluster import CLUSTER, agent_cluster
+from harness.zk import bench_zookeeper
 
 from dlctl.log.pool import AgentPool
 from dlctl.log.reader import LogReader, ReadAhead
@@ -38,7 +39,7 @@ from dlctl.meta.records import LogConfig
 from dlctl.meta.store import MetaStore
 from dlctl.replication.source import RoutedAgentPool
 
-CLUSTER, LOG = "bench", "reads"
+LOG = "reads"
 REGIONS = {"n1": "r1", "n2": "r2", "n3": "r3"}
 
 
@@ -107,15 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--delay-ms", type=float, default=20.0)
     opts = args.parse_args(argv)
     work, procs, zk = bench_zookeeper("bench-spec-")
-    ns = ZkNamespace(zk, label="bench-speculative")
+    cluster = agent_cluster(zk, work, "bench-speculative", regions=REGIONS)
     try:
-        admin = ns.client()
-        agents = {n: AgentNode(procs, work, ns.connect_string, cluster=CLUSTER, node_id=n, region=r, rack="rack1") for n, r in REGIONS.items()}
-        for agent in agents.values():
-            agent.start(wait=False)
-        for agent in agents.values():
-            agent.wait_ready(admin)
-        meta = MetaStore(admin, CLUSTER)
+        agents_up = next(cluster)
+        agents = agents_up.agents
+        meta = MetaStore(agents_up.admin, CLUSTER)
         meta.create_log(LOG, LogConfig(3, 3, 2))
         asyncio.run(write(meta, opts.entries))
         with FaultNetwork() as network:
@@ -130,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             print(describe("adaptive", *adaptive))
         return 0
     finally:
-        ns.close()  # (its clients first: ZooKeeper stops with the processes)
+        cluster.close()  # its agents and ZooKeeper namespace
         procs.close()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -10,6 +10,7 @@ acknowledged record reads back.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,9 +197,12 @@ def test_an_interrupted_operation_is_continued_by_the_next_run(env):
     meta.create_log("resume", LogConfig(3, 3, 2))
     _, pool = run(write(meta, "resume", 900, roll_bytes=30_000))
     run(pool.close())
-    node = sorted(members(meta.segments("resume")[0].value))[0]
+    # The member of the most segments (ensembles are drawn at random at each roll): the run is
+    # cut while copying a second segment of it, so it needs at least two.
+    counts = Counter(n for s in meta.segments("resume") for n in members(s.value))
+    node = max(sorted(counts), key=lambda n: counts[n])
     plan = rr.plan(meta, [node])
-    assert len(plan.work) >= 3
+    assert len(plan.work) >= 2, counts
 
     async def interrupted() -> None:
         # Cancel the run once the first segment is committed and another copy is under way.

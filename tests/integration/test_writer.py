@@ -318,6 +318,44 @@ def test_when_an_agent_dies_and_quorum_is_lost_unacknowledged_entries_move_to_a_
         wait_until(lambda: spare.registration(env.cluster.admin) is None, 15, message="spare agent to unregister")
 
 
+def test_a_silent_replica_the_ack_quorum_needs_costs_about_silent_after_not_the_request_timeout(env):
+    """A = W = 3 and one member SIGSTOPped: no reset, no answer, the connection open — a silent
+    agent. The writer must give up on it after ``silent_after`` (not the 4 s request timeout),
+    roll the unacknowledged entries to a fresh ensemble and lose nothing. Control: the same with
+    silence detection off waits for the request timeout."""
+    env.create_log(LogConfig(3, 3, 3))
+    spare = AgentNode(env.cluster.procs, env.cluster.base, env.cluster.ns.connect_string, cluster=CLUSTER, node_id="n4")
+    spare.start(zk=env.cluster.admin)
+
+    async def stall(silent_after: float | None) -> float:
+        writer = await env.writer(request_timeout=4.0, silent_after=silent_after)
+        dlsns = [await writer.append(b"before %d" % i) for i in range(20)]
+        victim = next(n for n in writer._segment.ensemble if n in env.cluster.agents)
+        env.cluster.agents[victim].proc.pause()
+        try:
+            started = time.monotonic()
+            dlsns.append(await writer.append(b"while silent"))
+            took = time.monotonic() - started
+            dlsns += [await writer.append(b"after %d" % i) for i in range(20)]
+            assert victim not in writer._segment.ensemble
+        finally:
+            env.cluster.agents[victim].proc.resume()
+        await writer.close()
+        meta = env.meta()
+        back = await read_back(meta, env.pool(meta), env.name)
+        assert [d for d, _ in back][-len(dlsns):] == dlsns  # every acknowledged record, where it was acknowledged
+        return took
+
+    try:
+        fast = run(stall(0.3), timeout=60)
+        assert fast < 2.0, fast
+        slow = run(stall(None), timeout=60)
+        assert slow >= 3.5, slow  # the control: without it, the request timeout
+    finally:
+        spare.proc.terminate()
+        wait_until(lambda: spare.registration(env.cluster.admin) is None, 15, message="spare agent to unregister")
+
+
 def test_writer_fails_pending_appends_after_stall_timeout_when_ack_quorum_is_lost(env):
     env.create_log(LogConfig(3, 3, 2))
 
