@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import statistics
 import sys
 import time
@@ -25,8 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harness
 
 from harness.agents import AgentNode, harness_credentials
-from harness.logcluster import CLUSTER, agent_cluster
-from harness.zk import bench_zookeeper
+from harness.logcluster import CLUSTER, bench_agents
 
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter, WriterOptions
@@ -60,11 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--rounds", type=int, default=3)
     args.add_argument("--request-timeout", type=float, default=10.0)
     opts = args.parse_args(argv)
-    work, procs, zk = bench_zookeeper("bench-silent-")
-    cluster = agent_cluster(zk, work, "bench-silent", ("n1", "n2", "n3", "n4"))
-    try:
-        agents_up = next(cluster)
-        admin, agents = agents_up.admin, agents_up.agents
+    with bench_agents("bench-silent-", ("n1", "n2", "n3", "n4")) as up:
+        admin, agents = up.admin, up.agents
         meta = MetaStore(admin, CLUSTER)
         results: dict[str, list[float]] = {"detection": [], "request timeout": []}
         for r in range(opts.rounds):
@@ -78,11 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, took in results.items():
             label = f"silent_after={DEFAULT_SILENT_AFTER:g}s" if name == "detection" else f"off (request timeout {opts.request_timeout:g}s)"
             print(f"  {label:<36} median {statistics.median(took):6.2f} s   max {max(took):6.2f} s")
-        return 0
-    finally:
-        cluster.close()  # its agents and ZooKeeper namespace
-        procs.close()
-        shutil.rmtree(work, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import statistics
 import sys
 import time
@@ -27,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the harn
 
 from harness.agents import harness_credentials
 from harness.faultproxy import FaultNetwork
-from harness.logcluster import CLUSTER, agent_cluster
-from harness.zk import bench_zookeeper
+from harness.logcluster import CLUSTER, bench_agents
 
 from dlctl.log.pool import AgentPool
 from dlctl.log.reader import LogReader, ReadAhead
@@ -107,12 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--entries", type=int, default=2000)
     args.add_argument("--delay-ms", type=float, default=20.0)
     opts = args.parse_args(argv)
-    work, procs, zk = bench_zookeeper("bench-spec-")
-    cluster = agent_cluster(zk, work, "bench-speculative", regions=REGIONS)
-    try:
-        agents_up = next(cluster)
-        agents = agents_up.agents
-        meta = MetaStore(agents_up.admin, CLUSTER)
+    with bench_agents("bench-spec-", regions=REGIONS) as up:
+        agents = up.agents
+        meta = MetaStore(up.admin, CLUSTER)
         meta.create_log(LOG, LogConfig(3, 3, 2))
         asyncio.run(write(meta, opts.entries))
         with FaultNetwork() as network:
@@ -125,11 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             adaptive = asyncio.run(read(meta, routes, opts.entries, static=False))
             print(describe("static", *static))
             print(describe("adaptive", *adaptive))
-        return 0
-    finally:
-        cluster.close()  # its agents and ZooKeeper namespace
-        procs.close()
-        shutil.rmtree(work, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ agents over the segment metadata (not through the log reader, so writer tests ju
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ from dlctl.meta.store import MetaStore
 
 from .agents import AgentNode, harness_credentials
 from .procs import ProcessRegistry
-from .zk import ZkNamespace, ZooKeeperServer, make_client
+from .zk import ZkNamespace, ZooKeeperServer, bench_zookeeper, make_client
 
 T = TypeVar("T")
 CLUSTER = "c1"
@@ -75,6 +77,20 @@ def agent_cluster(
     finally:
         procs.close()
         ns.close()
+
+
+@contextlib.contextmanager
+def bench_agents(prefix: str, nodes: tuple[str, ...] = NODES, *, regions: dict[str, str] | None = None) -> Iterator[AgentCluster]:
+    """For a benchmark script: ``agent_cluster``'s agents on a ZooKeeper of their own, in a
+    scratch directory that is removed with everything started in it."""
+    work, procs, zk = bench_zookeeper(prefix)
+    cluster = agent_cluster(zk, work, prefix.strip("-"), nodes, regions=regions)
+    try:
+        yield next(cluster)
+    finally:
+        cluster.close()  # its agents and ZooKeeper namespace, before the server goes
+        procs.close()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def solo_agent(zk: ZkNamespace, procs: ProcessRegistry, base: Path, log: str, extra_config: str = "") -> tuple[AgentNode, MetaStore]:
