@@ -87,6 +87,23 @@ def log_show(app: AppContext, name: str) -> None:
     app.render(logs.show_log(app.session(), name))
 
 
+@log_group.command("count")
+@click.argument("name", shell_complete=complete_log)
+@click.option("--from", "from_dlsn", metavar="SEG/ENTRY/SLOT", help="Count from this position (inclusive; default: the first live record).")
+@click.option("--to", "to_dlsn", metavar="SEG/ENTRY/SLOT", help="Count up to this position (exclusive; default: the end, to a quorum-read LAC).")
+@command_options
+@pass_app
+def log_count(app: AppContext, name: str, from_dlsn: str | None, to_dlsn: str | None) -> None:
+    """Print how many records NAME holds between two positions (sequence ids: from the
+    segments' totals and each entry's running totals; no record is read)."""
+    try:
+        start = DLSN.parse(from_dlsn) if from_dlsn else None
+        stop = DLSN.parse(to_dlsn) if to_dlsn else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--from/--to") from None
+    app.render(logs.count_records(app.session(), name, start, stop))
+
+
 @log_group.command("delete")
 @click.argument("name", shell_complete=complete_log)
 @mutating(confirm=True)

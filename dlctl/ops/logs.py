@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import ConflictError, NotFoundError, RefusedError
+from ..errors import ConflictError, NotFoundError, RefusedError, UsageError
+from ..log.dlsn import DLSN
 from ..log.errors import AgentError
 from ..log.ownership import owner_info
 from ..log.speculative import ReplicaReader
@@ -158,6 +159,18 @@ def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
             for s in segments
         ],
     }
+
+
+def count_records(session: ClusterSession, name: str, start: DLSN | None = None, stop: DLSN | None = None) -> dict[str, Any]:
+    """``log count``: how many data records ``name`` holds from ``start`` (inclusive) to
+    ``stop`` (exclusive); None: the first live record / the end (a quorum-read LAC)."""
+    from ..replication.positions import records_between
+
+    session.meta.get_log(name)  # NotFoundError naming the log, before any agent is asked
+    if start is not None and stop is not None and stop < start:
+        raise UsageError(f"--to {stop} is before --from {start}")
+    count = session.with_pool(lambda pool: records_between(session.meta, pool, name, start, stop))
+    return {"log": name, "from": str(start) if start else None, "to": str(stop) if stop else None, "records": count}
 
 
 def _in_progress_lacs(session: ClusterSession, log_id: int, segments: list[SegmentRecord]) -> dict[int, int | str]:

@@ -152,6 +152,36 @@ async def records_from(meta: MetaStore, pool: AgentPool, log: str, position: DLS
     return records, nbytes
 
 
+async def records_between(meta: MetaStore, pool: AgentPool, log: str, start: DLSN | None = None, stop: DLSN | None = None, region: str | None = None) -> int:
+    """How many data records log ``log`` holds at positions >= ``start`` and < ``stop`` (None:
+    from its first live record; to its end, an in-progress segment's quorum-read LAC): the
+    difference of two sequence ids, from the segments' totals and entries' summaries, no
+    records read."""
+    log_id, segments = await log_segments(meta, log)
+    replicas = ReplicaReader(pool, region=region)
+    await pool.refresh()
+    total = 0
+    for seg in segments:
+        if start is not None and seg.seq < start.segment_seq:
+            continue
+        if stop is not None and seg.seq > stop.segment_seq:
+            break
+        last = await last_entry(replicas, log_id, seg, quorum=True)
+        held = seg.records if seg.state is not SegmentState.INPROGRESS else (await _summary(replicas, log_id, seg, last))[0]
+        upto = held if stop is None or seg.seq < stop.segment_seq else await _records_before(replicas, log_id, seg, stop, last)
+        since = 0 if start is None or seg.seq > start.segment_seq else await _records_before(replicas, log_id, seg, start, last)
+        total += max(0, upto - since)
+    return total
+
+
+async def _records_before(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, position: DLSN, last: int) -> int:
+    """Data records of ``seg`` before ``position`` (a position in it; ``last``: its last entry)."""
+    if position.entry_id > last:
+        return (await _summary(replicas, log_id, seg, last))[0]
+    records, _ = await _summary(replicas, log_id, seg, position.entry_id - 1)
+    return records + position.slot
+
+
 async def origin_events_in_tail(
     meta: MetaStore, pool: AgentPool, log: str, *, max_entries: int = 1024, region: str | None = None, concurrency: int = 32
 ) -> tuple[dict[str, tuple[int, DLSN]], DLSN | None]:

@@ -101,6 +101,42 @@ def test_fence_refuses_a_live_writer_without_force_and_deposes_it_with_force(san
     assert [json.loads(line)["payload"] for line in lines] == ["before the fence"]
 
 
+def test_log_count_between_positions_matches_the_records_a_reader_reads(sandbox):
+    """(Before the roles test below: it kills an agent.) `log count` works from the segments' totals and the entries' running totals; the oracle
+    is the reader: the positions `log read` prints for every record. Several segments, the last
+    one in progress (the appending agent keeps the log open)."""
+    assert dlctl(sandbox, "log", "create", "counted", "--roll-bytes", "4096").returncode == 0
+    # Three appends of 5 KiB (each one entry, and a roll after it), then a small one: several
+    # segments, the last still in progress.
+    for first, size in ((0, 95), (95, 95), (190, 95), (285, 15)):
+        lines = "".join(f"record {i:04d} {'x' * 40}\n" for i in range(first, first + size))
+        appended = subprocess.run(
+            [sys.executable, "-m", "dlctl.cli", "--yes", "log", "append", "counted"], input=lines,
+            capture_output=True, text=True, timeout=180, env={**os.environ, **sandbox},
+        )
+        assert appended.returncode == 0, appended.stderr
+    read = dlctl(sandbox, "-o", "json", "log", "read", "counted")
+    positions = [json.loads(line)["dlsn"] for line in read.stdout.splitlines() if line.strip()]
+    assert len(positions) == 300
+    shown = json.loads(dlctl(sandbox, "-o", "json", "log", "show", "counted").stdout)
+    assert len(shown["segments"]) >= 3 and shown["segments"][-1]["state"] == "inprogress"
+    # An in-progress segment's end, read from a quorum: at least the last record's entry.
+    assert shown["segments"][-1]["lac"] >= int(positions[-1].split("/")[1]), shown["segments"][-1]
+
+    def count(*bounds: str) -> int:
+        out = dlctl(sandbox, "-o", "json", "log", "count", "counted", *bounds)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["records"]
+
+    assert count() == 300
+    assert count("--from", positions[10], "--to", positions[250]) == 240
+    assert count("--from", positions[299]) == 1 and count("--to", positions[0]) == 0
+    middle = next(i for i, p in enumerate(positions) if p.split("/")[0] != positions[0].split("/")[0])  # first of the second segment
+    assert count("--from", positions[middle - 1], "--to", positions[middle + 1]) == 2
+    backwards = dlctl(sandbox, "log", "count", "counted", "--from", positions[250], "--to", positions[10])
+    assert backwards.returncode == ExitCode.USAGE and "is before" in backwards.stderr
+
+
 def test_cluster_roles_names_the_elected_agents_and_the_auditor_switch_is_cluster_wide(sandbox):
     """``cluster roles`` shows who holds each elected role and who stands behind; the auditor
     switch is a dry-runnable, idempotent plan; SIGKILL of the auditor moves the role to the next
