@@ -23,6 +23,7 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.reader import EntryReadError, LogReader, ReadAhead, ReadRecord
 from dlctl.log.readpolicy import AdaptiveTimeout
 from dlctl.log.records import Record, control_record, encode_records
+from dlctl.meta import roles
 from dlctl.meta.records import EnsembleChange, LogConfig, SegmentRecord, SegmentState, Versioned
 from dlctl.meta.store import MetaStore
 from dlctl.replication.source import RoutedAgentPool
@@ -376,14 +377,20 @@ def test_a_replica_in_limbo_from_a_flipped_bit_is_survived(cluster, zkc):
             await pool.close()
 
     meta, feeder = run(main())
-    n1 = cluster.agents["n1"]
-    n1.proc.kill()
-    path = n1.data_dir / "segments" / f"{feeder.log_id:016x}" / f"{1:016x}.log"
-    data = bytearray(path.read_bytes())
-    data[fmt.HEADER_SIZE + 40] ^= 0x04  # inside entry 0's payload: corruption before valid data
-    path.write_bytes(bytes(data))
-    n1.start(zk=cluster.admin)
-    stats = run(read(meta, feeder))
+    # The agents' auditor refills a replica in limbo from its peers: off while we look, or on
+    # a slow machine it may have repaired n1's before the reader asks (a flake CI showed).
+    roles.write_auditor_switch(cluster.admin, CLUSTER, False)
+    try:
+        n1 = cluster.agents["n1"]
+        n1.proc.kill()
+        path = n1.data_dir / "segments" / f"{feeder.log_id:016x}" / f"{1:016x}.log"
+        data = bytearray(path.read_bytes())
+        data[fmt.HEADER_SIZE + 40] ^= 0x04  # inside entry 0's payload: corruption before valid data
+        path.write_bytes(bytes(data))
+        n1.start(zk=cluster.admin)
+        stats = run(read(meta, feeder))
+    finally:
+        roles.write_auditor_switch(cluster.admin, CLUSTER, True)
     assert stats.replica_failures >= 1  # n1 was asked first and answered "limbo"
 
 
