@@ -59,14 +59,21 @@ def tls_table(node: Node) -> str:
     ) + "\n"
 
 
-def _upload(t: Transport, node: Node, files: Sequence[tuple[str, bytes]], remaining: Callable[[], float]) -> None:
-    """``files`` (name, bytes) into ``<home>/tls/`` (0700), each 0600, in the order given."""
-    t.run(["mkdir", "-p", "-m", "700", f"{node.home}/{AGENT_DIR}"], timeout=remaining()).check()
-    with tempfile.TemporaryDirectory(prefix="dlctl-tls-") as scratch:
-        for name, data in files:
-            local = Path(scratch) / name
+def upload_private(t: Transport, directory: str, files: Sequence[tuple[str, bytes]], remaining: Callable[[], float]) -> None:
+    """``files`` (path under ``directory``, bytes) into ``directory`` (0700, as is every
+    subdirectory they name), each 0600, in the order given: by SFTP, never in argv."""
+    subdirs = sorted({f"{directory}/{name.rpartition('/')[0]}" for name, _ in files if "/" in name})
+    t.run(["mkdir", "-p", "-m", "700", directory, *subdirs], timeout=remaining()).check()
+    with tempfile.TemporaryDirectory(prefix="dlctl-upload-") as scratch:
+        for i, (name, data) in enumerate(files):
+            local = Path(scratch) / str(i)
             write_secret_file(local, data)
-            t.put(local, f"{node.home}/{AGENT_DIR}/{name}", 0o600, timeout=remaining())
+            t.put(local, f"{directory}/{name}", 0o600, timeout=remaining())
+
+
+def _upload(t: Transport, node: Node, files: Sequence[tuple[str, bytes]], remaining: Callable[[], float]) -> None:
+    """``files`` (name, bytes) into ``<home>/tls/``."""
+    upload_private(t, f"{node.home}/{AGENT_DIR}", files, remaining)
 
 
 def deliver_certificate(t: Transport, node: Node, certs: CertDir, remaining: Callable[[], float], *, with_bundle: bool = True) -> dict[str, Any]:

@@ -19,7 +19,6 @@ reading the source keeps its open connections.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from ..inventory import Cluster, Node
 from ..plan import Step
 from ..remote.fanout import Deadline, FanoutEvent, fan_out, outcome
 from ..remote.transport import Transport
-from ..secrets import write_secret_file
+from . import certs
 from .agents import Fleet, FleetOptions, zk_tls_names
 
 SOURCES_DIR = "sources"  # under an agent's home: what dlagent's [replication] sources_dir defaults to
@@ -76,14 +75,8 @@ def bundle_for(source: Cluster, sink: str, node: Node, ca: CertDir | None) -> li
 
 
 def _deliver(t: Transport, node: Node, source: str, files: Sequence[tuple[str, bytes]], remaining: Callable[[], float]) -> None:
-    base = source_dir(node, source)
-    dirs = sorted({base, f"{node.home}/{SOURCES_DIR}", *(f"{base}/{name.rpartition('/')[0]}" for name, _ in files if "/" in name)})
-    t.run(["mkdir", "-p", "-m", "700", *dirs], timeout=remaining()).check()
-    with tempfile.TemporaryDirectory(prefix="dlctl-source-") as scratch:
-        for i, (name, data) in enumerate(files):
-            local = Path(scratch) / str(i)
-            write_secret_file(local, data)
-            t.put(local, f"{base}/{name}", 0o600, timeout=remaining())
+    t.run(["mkdir", "-p", "-m", "700", f"{node.home}/{SOURCES_DIR}"], timeout=remaining()).check()
+    certs.upload_private(t, source_dir(node, source), files, remaining)
 
 
 def credentials_step(
