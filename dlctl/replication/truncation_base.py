@@ -25,7 +25,7 @@ When no reading is needed:
 * nothing lies between the previous base and T (no data record in the segments' metadata): the
   vector at T is the previous one with the clock steps in between — no read;
 * the log takes part in no replication (no retention pin of a stream from it, no stream into
-  this cluster carrying it, no clock steps): no other location holds a timestamp of its records,
+  this cluster carrying it now or in the network history, no clock steps): no other location holds a timestamp of its records,
   and every reader that ever starts at T or later finds the same base (none), so stamps stay
   consistent — nothing is written. A log that is replicated later is counted from its first
   truncation after that.
@@ -52,6 +52,7 @@ from ..meta.records import SegmentRecord, SegmentState
 from ..meta.store import MetaStore
 from .causal import SourceClock, merge
 from .clock import ClockStore, SegmentBase, floor_at
+from .history import HistoryStore
 from .origin import ORIGIN_CLUSTER, Origin, OriginHeaderError
 
 WINDOW = 64  # entries read at once while scanning
@@ -148,10 +149,11 @@ class Evidence:
     streams_in: list[str] = field(default_factory=list)  # streams writing into it here
     steps: int = 0  # clock steps (dr recover raised its clock)
     truncation_base: bool = False  # an earlier truncation recorded a base
+    fed_before: list[str] = field(default_factory=list)  # streams that wrote into it once (network history)
 
     @property
     def replicated(self) -> bool:
-        return bool(self.pins or self.streams_in or self.steps or self.truncation_base)
+        return bool(self.pins or self.streams_in or self.steps or self.truncation_base or self.fed_before)
 
     def describe(self) -> str:
         parts = []
@@ -163,6 +165,8 @@ class Evidence:
             parts.append(f"{self.steps} clock step(s)")
         if self.truncation_base:
             parts.append("a truncation base")
+        if self.fed_before:
+            parts.append("written by deleted stream(s) " + ", ".join(self.fed_before))
         return "; ".join(parts) or "not replicated"
 
 
@@ -181,6 +185,10 @@ def evidence(meta: MetaStore, name: str, steps: Sequence[Any], has_base: bool) -
                 out.streams_in.append(stream_id)
         except (NotFoundError, ValueError):
             continue
+    # A stream deleted since still left other locations' records in the log: what a truncation
+    # deletes of them is part of this location's deletion vector (``dlctl.replication.network``),
+    # which must be known, or a new connection out of here could start without it.
+    out.fed_before = sorted({e.stream for e in HistoryStore(meta).events() if e.kind == "connect" and e.sink == meta.cluster and name in e.logs} - set(out.streams_in))
     return out
 
 
@@ -328,7 +336,7 @@ def describe(meta: MetaStore, name: str, point: DLSN, segments: Sequence[Segment
     derived = store.derived_steps(name)  # a truncation's own steps are no evidence of a raised clock
     ev = evidence(meta, name, [s for s in steps if s not in derived and (base is None or s != (base[0], base[1]))], base is not None)
     if not ev.replicated:
-        return "clock base: none needed (the log is not replicated: no pin, no stream into it, no clock step)"
+        return "clock base: none needed (the log is not replicated: no pin, no stream into it now or before, no clock step)"
     start = base[0] if base is not None else (previous or INITIAL)
     try:
         todo = ranges(segments, start, point)

@@ -39,6 +39,7 @@ from dlctl.plan import apply
 from dlctl.replication import dr
 from dlctl.replication.causal import SourceClock
 from dlctl.replication.clock import ClockStore
+from dlctl.replication.network import deletion_vector
 from dlctl.replication.origin import Origin
 from dlctl.replication.store import StreamStore
 from dlctl.replication.truncation_base import prepare
@@ -261,6 +262,29 @@ def test_a_log_nobody_replicates_is_truncated_without_reading_or_a_clock_base(si
     code, out = dlctl(inventory, "truncate", name, "--to", f"{written[-1].segment_seq}/0/0")
     assert code == 0, out
     assert ClockStore(a.meta()).get(name).version == -1  # nothing written
+
+
+def test_a_log_a_deleted_stream_wrote_into_records_its_base_when_truncated(sites: Sites, inventory: Path):
+    """No stream carries it any more, but another location's records are in it: what the
+    truncation deletes of them is this location's deletion vector, which must be known (a new
+    connection out of here is gated on it)."""
+    b, c = sites["b"], sites["c"]
+    name = "fed-once"
+    c.meta().create_log(name, LogConfig())
+    from_c = write_segments(c, name, 2, 20, "c")
+    stream(sites, "c", "b", name)
+    stamps_at(b, name, len(from_c))
+    code, out = dlctl(inventory, "--cluster", "b", "replication", "delete", "c-to-b")
+    assert code == 0, out
+    assert "c-to-b" not in StreamStore(b.meta()).list_streams()
+    code, out = dlctl(inventory, "dr", "promote", "--cluster", "b", "--logs", name, "--confirm", "b")
+    assert code == 0, out
+    local = write_segments(b, name, 1, 10, "b")
+    code, out = dlctl(inventory, "--cluster", "b", "truncate", name, "--to", str(local[0]))
+    assert code == 0, out
+    # The oracle: c's 40 records lie before the point, b wrote none there.
+    assert ClockStore(b.meta()).truncation_base(name) == (local[0], {"c": len(from_c)})
+    assert deletion_vector(b.meta(), name) == {"c": len(from_c)}
 
 
 def test_a_point_inside_an_entry_keeps_the_stamps_of_the_records_after_it(sites: Sites, inventory: Path):
