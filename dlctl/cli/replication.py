@@ -226,6 +226,9 @@ def topology_command(app: AppContext) -> None:
         app.stdout.print(line, markup=False, highlight=False)
     if view["retired"]:
         app.stdout.print("retired: " + ", ".join(view["retired"]), markup=False, highlight=False)
+    for gone, counters in sorted(view["settled"].items()):
+        logs = ", ".join(f"{log} at {n}" for log, n in sorted(counters.items()))
+        app.stdout.print(f"settled: {gone} (left the timestamps of new records in {logs})", markup=False, highlight=False)
     for gone in view["unreachable"]:
         app.stdout.print(f"unreachable: {gone['location']} ({gone['error']}): its part of the network is missing", markup=False, highlight=False)
     history = [{"time": e["time"], "event": e["kind"], "edge": f"{e['source']} -> {e['sink']}" if e["sink"] else e["source"], "stream": e["stream"], "filter": e["filter"], "note": e["note"]} for e in view["history"]]
@@ -267,7 +270,10 @@ def delete_command(app: AppContext, stream: str, sink: str | None) -> Plan:
 def retire_command(app: AppContext, location: str) -> Plan:
     """Remove LOCATION from the replication network for good: delete every stream into or out
     of it (as `replication delete`), then record its retirement in the network history of every
-    location in reach. A retired location never joins again under that name."""
+    location in reach. A retired location never joins again under that name. Once every location
+    holds its events in a log, that is recorded too (settled): new records' timestamps stop
+    carrying its id there. The result names the logs still behind; run retire again to settle
+    them once they caught up (it is idempotent)."""
     from ..ops import network
 
     return network.retire_plan(location, [_session(app, name) for name in app.inventory().clusters])

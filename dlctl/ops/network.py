@@ -16,6 +16,8 @@ from ..errors import DlctlError, NotFoundError
 from ..names import validate_name
 from ..plan import Plan, Step
 from ..replication import history as H
+from ..replication import settle as S
+from ..replication.network import current_version_vector
 from ..replication.store import StreamStore
 from .replication import delete_plan
 from .session import ClusterSession
@@ -28,7 +30,8 @@ def _iso(epoch: float) -> str:
 def topology(sessions: Iterable[ClusterSession]) -> dict[str, Any]:
     """The network: ``edges`` (one per stream), ``history`` (merged, oldest first), the
     ``locations`` read, the ``retired`` ones, and those that could not be read
-    (``unreachable``: what they know is missing from the picture)."""
+    (``unreachable``: what they know is missing from the picture), and per retired location the
+    logs where it is ``settled`` (its last counter there: new timestamps no longer carry it)."""
     histories: list[list[H.NetworkEvent]] = []
     edges: dict[H.Edge, dict[str, Any]] = {}
     read, unreachable = [], []
@@ -68,9 +71,14 @@ def topology(sessions: Iterable[ClusterSession]) -> dict[str, Any]:
             "ever_on_cycle": edge in ever,
         })
     locations = sorted({*read, *(e[0] for e in edges), *(e[1] for e in edges)} - retired)
+    settled: dict[str, dict[str, int]] = {}
+    for event in history:
+        if event.kind == "settle":
+            settled.setdefault(event.source, {}).update(dict(event.counters))
     return {
         "locations": locations,
         "retired": sorted(retired),
+        "settled": settled,
         "edges": rows,
         "history": [{**e.to_dict(), "time": _iso(e.at)} for e in history],
         "unreachable": unreachable,
@@ -130,15 +138,66 @@ def retire_plan(location: str, sessions: Sequence[ClusterSession]) -> Plan:
             steps += list(delete_plan(session, source, stream_id).steps)
     if not known:
         raise NotFoundError(f"no location of the inventory knows a location named {location!r}", hint="see `dlctl replication topology`")
-    event = H.NetworkEvent("retire", location, note="dlctl replication retire")
+    histories = [H.HistoryStore(s.meta).events() for s in reachable]
+    history = H.merge(*histories)
+    already = next((e for e in history if e.kind == "retire" and e.source == location), None)
+    event = already or H.NetworkEvent("retire", location, note="dlctl replication retire")
 
     def record() -> str:
         done = [s.cluster.name for s in reachable if H.HistoryStore(s.meta).record(event)]
         return f"recorded at {', '.join(done)}" if done else "recorded already"
 
     steps.append(Step("record-retirement", f"{location}/network", f"record the retirement of {location} in the network history of {', '.join(s.cluster.name for s in reachable)}", run=record))
-    notes.append(f"{location}'s counters stay in the vector timestamps of the records it wrote; it may never join again under this name")
+    # Every location that was ever the source of a connection or the sink of an unfiltered one
+    # (a filtered feed ends at a terminal location: dlctl.replication.settle).
+    _, _, retired = H.replay(history)
+    members = {loc for e in history if e.kind == "connect" for loc in ((e.source, e.sink) if not e.filter else (e.source,))} - retired - {location}
+    unreachable = tuple(sorted(members - set(found)))
+
+    def settle() -> dict[str, Any]:
+        # Read when the step runs: the streams touching ``location`` are gone by then.
+        settled = H.merge(*(H.HistoryStore(s.meta).events() for s in reachable))
+        done = {log for e in settled if e.kind == "settle" and e.source == location for log, _ in e.counters}
+        verdict = S.decide(location, _held_events(reachable, location, skip=done), unreachable)
+        result: dict[str, Any] = {"settled": sorted(done), "pending": verdict.describe()}
+        if verdict.counters and not verdict.unreachable:
+            mark = H.NetworkEvent("settle", location, counters=tuple(sorted(verdict.counters.items())), note="dlctl replication retire")
+            for s in reachable:
+                H.HistoryStore(s.meta).record(mark)
+            result["settled"] = sorted(done | set(verdict.counters))
+            result["counters"] = verdict.counters
+        return result
+
+    steps.append(Step(
+        "settle", f"{location}/network",
+        f"once every location holds {location}'s events in a log (the same last counter everywhere), record that in the history: "
+        f"new records' timestamps stop carrying {location} there; re-run retire to settle the logs still behind",
+        run=settle,
+    ))
+    notes.append(f"{location} may never join again under this name; its counters stay in the timestamps of the records it wrote and leave those of new records once settled")
     return Plan.of(f"replication retire {location}", steps, notes)
+
+
+def _held_events(sessions: Sequence[ClusterSession], retired: str, skip: set[str]) -> dict[str, dict[str, int]]:
+    """Log -> location -> the highest of ``retired``'s counters it holds there, for each location
+    of ``sessions`` at an end of a stream carrying the log: its source, or the sink of an
+    unfiltered one (``dlctl.replication.settle``; ``skip``: logs settled already, final)."""
+    carries: dict[str, set[str]] = {}  # location -> logs
+    for session in sessions:
+        streams = StreamStore(session.meta)
+        for stream_id in streams.list_streams():
+            try:
+                config = streams.get_config(stream_id).value
+            except (NotFoundError, ValueError):
+                continue
+            carries.setdefault(config.source_cluster, set()).update(config.logs)
+            if not config.filter:
+                carries.setdefault(config.sink_cluster, set()).update(config.logs)
+    held: dict[str, dict[str, int]] = {}
+    for session in sessions:
+        for log in sorted(carries.get(session.cluster.name, set()) - skip):
+            held.setdefault(log, {})[session.cluster.name] = current_version_vector(session.meta, log).get(retired, 0)
+    return held
 
 
 def _stream_ends(session: ClusterSession) -> dict[str, tuple[str, str]]:

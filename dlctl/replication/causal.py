@@ -13,6 +13,16 @@ record's timestamp is ≤ the sink log's version vector (the sink's own componen
 every event of the sink's own location is already in its log). Because each location reads its
 sources in their log order and their logs are linear extensions of the causal order, so is the
 sink's; records never loop.
+
+**Retired locations leave the timestamps.** Once every location holds a retired location R's
+events in a log up to its last counter F (the network's ``settle`` event,
+``dlctl.replication.settle``), a derived timestamp whose past holds exactly F of R's events
+omits R (``settle``): the omitted component is F, known from the history, so nothing is lost,
+and new records stop carrying R. Version vectors keep R (one entry per log, not per record):
+they stay exact, so deletion and version vectors still compare as before. No decision here
+reads R off a local record's timestamp: a replicated record is held or not by its origin's own
+counter (the owner's origin dedup), and dropping a component only makes ``dominated`` answer
+"held" for records the origin counter says are held.
 """
 
 from __future__ import annotations
@@ -35,6 +45,12 @@ def merge(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
 def dominated(vt: Mapping[str, int], vv: Mapping[str, int], here: str | None = None) -> bool:
     """vt ≤ vv pointwise, ignoring location ``here``."""
     return all(count <= vv.get(loc, 0) for loc, count in vt.items() if loc != here)
+
+
+def settle(vt: Mapping[str, int], floors: Mapping[str, int]) -> dict[str, int]:
+    """``vt`` without each retired location's component that equals its settled last counter
+    (``floors``: retired location -> last counter; a component below or above it stays)."""
+    return {loc: n for loc, n in vt.items() if floors.get(loc) != n}
 
 
 def concurrent(a: Mapping[str, int], b: Mapping[str, int]) -> bool:
@@ -61,11 +77,15 @@ class SourceClock:
     ``base``: the log's clock base steps (``dlctl.replication.clock``), (from, vector) pairs:
     from each step's position on, the clock counts from at least its vector. Steps at or
     before ``start`` (where reading starts) apply at once; later ones when a record at or
-    after them is stamped (``stamp(..., dlsn=)``)."""
+    after them is stamped (``stamp(..., dlsn=)``).
 
-    def __init__(self, location: str, vv: Mapping[str, int] | None = None, *, base: Sequence[tuple[Any, Mapping[str, int]]] = (), start: Any = None) -> None:
+    ``settled``: retired location -> its settled last counter in this log: derived timestamps
+    omit those components where they equal it (``settle``); ``vv`` keeps them."""
+
+    def __init__(self, location: str, vv: Mapping[str, int] | None = None, *, base: Sequence[tuple[Any, Mapping[str, int]]] = (), start: Any = None, settled: Mapping[str, int] | None = None) -> None:
         self.location = location
         self.vv: dict[str, int] = dict(vv or {})
+        self.settled: dict[str, int] = {k: v for k, v in (settled or {}).items() if k != location}
         self._steps = sorted(base, key=lambda s: s[0])
         start = start if start is not None else INITIAL
         while self._steps and self._steps[0][0] <= start:
@@ -83,7 +103,7 @@ class SourceClock:
         vt = dict(self.vv)
         vt[self.location] = vt.get(self.location, 0) + 1
         self.vv = vt
-        return vt
+        return settle(vt, self.settled) if self.settled else vt
 
 
 class CausalityFilter:

@@ -1,7 +1,8 @@
 """The replication network's history and its shape (issue 21, DESIGN.md §7, Eventuate #314).
 
 Every change of a connection — a stream set up (``connect``), deleted (``disconnect``), its
-filter changed (``filter``), a location retired (``retire``) — is one ``NetworkEvent``, recorded
+filter changed (``filter``), a location retired (``retire``), a retired location's events held
+everywhere (``settle``) — is one ``NetworkEvent``, recorded
 in the ZooKeeper of every location it involves (``/dlctl/<cluster>/network/events``). An event
 keeps its id wherever it is recorded, so the histories of several locations merge into one
 (``merge``) without counting an event twice; whoever reads more locations sees more of the
@@ -27,7 +28,7 @@ from ..meta import paths
 from ..meta.store import MetaStore
 from ..names import validate_name
 
-KINDS = ("connect", "disconnect", "filter", "retire")
+KINDS = ("connect", "disconnect", "filter", "retire", "settle")
 
 Edge = tuple[str, str]  # (source location, sink location)
 
@@ -35,13 +36,16 @@ Edge = tuple[str, str]  # (source location, sink location)
 @dataclass(frozen=True)
 class NetworkEvent:
     kind: str
-    source: str  # for ``retire``: the retired location (sink empty)
+    source: str  # for ``retire`` and ``settle``: the retired location (sink empty)
     sink: str = ""
     stream: str = ""
     causal: bool = False  # the connection applies the causality filter (active-active)
     logs: tuple[str, ...] = ()
     filter: str = ""  # the connection's filter after the event ("" none)
     note: str = ""
+    # ``settle``: (log, the retired location's last counter in it) — every location holds its
+    # events up to there (``dlctl.replication.settle``)
+    counters: tuple[tuple[str, int], ...] = ()
     at: float = field(default_factory=time.time)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -51,6 +55,8 @@ class NetworkEvent:
         validate_name("location", self.source)
         if self.sink:
             validate_name("location", self.sink)
+        if any(n < 1 for _, n in self.counters):
+            raise ValueError(f"a settled counter must be positive (got {dict(self.counters)})")
 
     @property
     def edge(self) -> Edge:
@@ -63,6 +69,7 @@ class NetworkEvent:
     def to_dict(self) -> dict:
         raw = asdict(self)
         raw["logs"] = list(self.logs)
+        raw["counters"] = dict(self.counters)
         return raw
 
     @classmethod
@@ -70,8 +77,9 @@ class NetworkEvent:
         try:
             raw = json.loads(data)
             raw["logs"] = tuple(raw.get("logs", ()))
+            raw["counters"] = tuple(sorted((str(k), int(v)) for k, v in raw.get("counters", {}).items()))
             return cls(**raw)
-        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{where}: malformed network event: {exc}") from None
 
 
@@ -156,6 +164,18 @@ def _replay(history: Iterable[NetworkEvent]) -> tuple[dict[Edge, str], set[Edge]
             edges = {e: f for e, f in edges.items() if event.source not in e}
         ever |= on_cycle(edges)
     return edges, ever, retired
+
+
+def settled_floors(history: Iterable[NetworkEvent], log: str) -> dict[str, int]:
+    """Retired location -> its last counter in ``log``, for every retired location whose events
+    in ``log`` the network agreed every location holds (``settle`` events)."""
+    out: dict[str, int] = {}
+    for event in history:
+        if event.kind == "settle":
+            for name, count in event.counters:
+                if name == log:
+                    out[event.source] = max(out.get(event.source, 0), count)
+    return out
 
 
 def current_filters(history: Iterable[NetworkEvent]) -> dict[Edge, str]:

@@ -166,7 +166,7 @@ class Evidence:
         if self.truncation_base:
             parts.append("a truncation base")
         if self.fed_before:
-            parts.append("written by deleted stream(s) " + ", ".join(self.fed_before))
+            parts.append("a location fed by deleted stream(s) " + ", ".join(self.fed_before))
         return "; ".join(parts) or "not replicated"
 
 
@@ -187,8 +187,10 @@ def evidence(meta: MetaStore, name: str, steps: Sequence[Any], has_base: bool) -
             continue
     # A stream deleted since still left other locations' records in the log: what a truncation
     # deletes of them is part of this location's deletion vector (``dlctl.replication.network``),
-    # which must be known, or a new connection out of here could start without it.
-    out.fed_before = sorted({e.stream for e in HistoryStore(meta).events() if e.kind == "connect" and e.sink == meta.cluster and name in e.logs} - set(out.streams_in))
+    # which must be known, or a new connection out of here could start without it. Any stream
+    # that ever wrote into this location counts (a log can join a stream after its ``connect``
+    # event named the stream's logs): at worst a log it never carried is read once.
+    out.fed_before = sorted({e.stream for e in HistoryStore(meta).events() if e.kind == "connect" and e.sink == meta.cluster} - set(out.streams_in))
     return out
 
 

@@ -79,6 +79,7 @@ from .origin import (
 )
 from .filters import RecordFilter
 from .network import causal_gate, current_version_vector
+from . import settle
 from .seen import SEEN_MARK
 from .positions import find_applied, log_end, quorum_end, records_from
 from .records import Checkpoint, StreamConfig, lag_seconds
@@ -248,6 +249,7 @@ class StreamWorker:
         self._sink_cvv: dict[str, int] = {}  # what the sink log holds, as its streams checkpointed it
         self._cvv_task: asyncio.Task[None] | None = None
         self._last_cvv = 0.0
+        self._clock: SourceClock | None = None  # this run's, once it reads
         self._filtering = False  # reads carry the sink's version vector (source-side filtering)
         self._split_warned = False  # said once that a source request was too large to keep whole
         self._lag: tuple[int, int] | None = None  # (records, bytes) after the checkpoint, last measured
@@ -297,7 +299,8 @@ class StreamWorker:
             self.config.stream_id, self.log_name, cp.next, already,
         )
         base = await self._zk(ClockStore(self.source_meta).steps, self.log_name)
-        clock = SourceClock(self.source, cp.source_vv, base=base, start=cp.next)
+        settled = await self._zk(settle.floors, self.sink_meta, self.log_name)
+        self._clock = clock = SourceClock(self.source, cp.source_vv, base=base, start=cp.next, settled=settled)
         causal = CausalityFilter(self.here, cp.sink_vv, unfiltered=self.config.unfiltered) if self.config.bidirectional or self.config.unfiltered else None
         progress = _Progress(None, cp.processed_records, cp.applied_records, cp.applied_bytes, cp.last_applied_at, cp.left_at_source)
         self._wire_base = (cp.wire_bytes, cp.wire_payload_bytes)
@@ -313,7 +316,7 @@ class StreamWorker:
             # the sink has checkpointed (``_sink_cvv``, refreshed in the background). Both only grow.
             seen = lambda: (here, merge(causal.vv, self._sink_cvv))  # noqa: E731
             self._filtering = True
-            self._maybe_refresh_sink_cvv(force=True)
+            self._maybe_refresh_sink_view(force=True)
             assert self._cvv_task is not None
             await self._cvv_task  # the first reads already leave behind what the sink holds
         self._reader = reader = LogReader(
@@ -418,8 +421,7 @@ class StreamWorker:
                 next_checkpoint = time.monotonic() + self.options.checkpoint_interval
                 await self._maybe_pin()
                 self._maybe_measure_end()
-                if self._filtering:
-                    self._maybe_refresh_sink_cvv()
+                self._maybe_refresh_sink_view()
         # Stopping: apply what was submitted, then a final checkpoint.
         if progress.last is not None:
             snapshot = self._snapshot(progress, clock, causal)
@@ -537,8 +539,7 @@ class StreamWorker:
                 ))
         await self._maybe_pin()
         self._maybe_measure_end()  # the safe time of an idle stream moves with these measures
-        if self._filtering:
-            self._maybe_refresh_sink_cvv()
+        self._maybe_refresh_sink_view()
 
     async def _probe(self) -> bool:
         nodes = await self.source_pool.refresh() if not self.source_pool.nodes else self.source_pool.nodes
@@ -579,10 +580,11 @@ class StreamWorker:
             await asyncio.wait([self._pin_task])
             await self._collect_pin()
 
-    def _maybe_refresh_sink_cvv(self, force: bool = False) -> None:
-        """Read what the streams into the sink have checkpointed (``current_version_vector``) in
-        the background, at most every ``contact_interval`` unless ``force``: the source-side
-        filter's view of the sink log grows with it."""
+    def _maybe_refresh_sink_view(self, force: bool = False) -> None:
+        """Read in the background, at most every ``contact_interval`` unless ``force``: what the
+        streams into the sink have checkpointed (``current_version_vector``; with source-side
+        filtering, whose view of the sink log grows with it), and the retired locations the
+        sink's network history says are settled in this log (new timestamps omit them)."""
         if self._cvv_task is not None and not self._cvv_task.done():
             return
         now = time.monotonic()
@@ -592,9 +594,13 @@ class StreamWorker:
 
         async def refresh() -> None:
             try:
-                self._sink_cvv = merge(self._sink_cvv, await self._zk(current_version_vector, self.sink_meta, self.log_name))
+                if self._filtering:
+                    self._sink_cvv = merge(self._sink_cvv, await self._zk(current_version_vector, self.sink_meta, self.log_name))
+                if self._clock is not None:
+                    floors = await self._zk(settle.floors, self.sink_meta, self.log_name)
+                    self._clock.settled = {k: v for k, v in floors.items() if k != self.source}
             except Exception as exc:  # noqa: BLE001 - ZooKeeper trouble: the last view stays (it only filters less)
-                log.debug("stream %s, log %s: reading the sink's version vector: %r", self.config.stream_id, self.log_name, exc)
+                log.debug("stream %s, log %s: reading the sink's version vector and settled locations: %r", self.config.stream_id, self.log_name, exc)
 
         self._cvv_task = asyncio.ensure_future(refresh())
 

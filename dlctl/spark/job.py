@@ -47,6 +47,7 @@ from ..meta.pins import PinRecord, PinStore
 from ..meta.records import LogConfig, LogRecord, SegmentRecord, SegmentState, Versioned
 from ..names import validate_name
 from ..placement import PlacementPolicy
+from ..replication import settle
 from ..replication.origin import decode_source_position
 from . import clockbase
 from . import plan as P
@@ -90,6 +91,7 @@ class LogPlan:
     clock_derived: tuple = ()  # those that are truncation bases (exact: passed over inside a copied segment)
     skipped: int = 0  # data records of the first copied segment before its first active entry (not copied)
     start_vv: dict[str, int] = field(default_factory=dict)  # the source's version vector before the first copied record
+    settled: dict[str, int] = field(default_factory=dict)  # retired locations settled in this log (the sink's history)
 
     def to_dict(self) -> dict[str, Any]:
         sel = self.selection
@@ -162,6 +164,7 @@ def plan_job(source: Any, sink: Any, logs: Sequence[str], *, holder: str) -> Job
         if not lp.assume_local:
             lp.notes.append("the source log receives records from another location: their vector clocks are read in a first pass")
         lp.clock_steps = _clock_steps(source, name)
+        lp.settled = settle.floors(sink.meta, name)
         lp.clock_derived, recorded = _clock_kinds(source, name)
         lp.blockers += clockbase.blockers(selection.copy, lp.clock_steps, lp.clock_derived)
         skipped = clockbase.skipped(selection.copy[0], recorded) if selection.copy else 0
@@ -569,7 +572,7 @@ def _tasks(job: JobPlan, lp: LogPlan, prog: P.LogProgress, effects: list[ClockEf
     starts = clockbase.start_vectors(job.source_cluster, effect_list, clockbase.place(copy, lp.clock_steps, lp.clock_derived).at_start, lp.start_vv)
     seqs = list(range(prog.reserved[0], prog.reserved[0] + len(copy)))
     return [
-        P.SegmentTask(lp.log, job.source_cluster, lp.source_log.value.log_id, seg, job.sink_cluster, prog.sink_log_id, seq, lp.sink_policy, start, assume_local=effects is None)
+        P.SegmentTask(lp.log, job.source_cluster, lp.source_log.value.log_id, seg, job.sink_cluster, prog.sink_log_id, seq, lp.sink_policy, start, assume_local=effects is None, settled=lp.settled)
         for seg, seq, start in zip(copy, seqs, starts)
     ]
 

@@ -133,6 +133,7 @@ class SegmentTask:
     start_vv: dict[str, int]
     assume_local: bool  # start_vv came from metadata: fail (needs_clock) on a replicated record
     seed: int = 0
+    settled: dict[str, int] = field(default_factory=dict)  # retired locations local timestamps omit (causal.settle)
 
     @property
     def key(self) -> str:

@@ -427,7 +427,7 @@ async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: S
         source_seq=task.source.seq,
         sink_log_id=task.sink_log_id,
         sink_seq=task.sink_seq,
-        clock=Clock(task.source_cluster, task.start_vv),
+        clock=Clock(task.source_cluster, task.start_vv, settled=task.settled),
     )
     source_digest = ContentDigest()
     sink_digest = ContentDigest()

@@ -276,18 +276,20 @@ def content_digest(payloads: Iterable[bytes | memoryview]) -> str:
 class Clock:
     """``dlctl.replication.causal.SourceClock`` with the encoded timestamp of a local record
     built without a dict copy per record. ``vv`` is the source log's version vector before the
-    next record."""
+    next record; ``settled``: retired locations local timestamps omit where the vector holds
+    exactly their settled last counter (``dlctl.replication.causal.settle``)."""
 
-    def __init__(self, location: str, vv: Mapping[str, int] | None = None) -> None:
+    def __init__(self, location: str, vv: Mapping[str, int] | None = None, *, settled: Mapping[str, int] | None = None) -> None:
         self.location = location
         self.vv: dict[str, int] = dict(vv or {})
+        self.settled = {k: v for k, v in (settled or {}).items() if k != location}
         self._others_dirty = True
         self._before = b""
         self._after = b""
 
     def _split(self) -> None:
         # The encoded form is sorted by location: the own counter sits between two fixed parts.
-        others = {k: v for k, v in self.vv.items() if k != self.location and v > 0}
+        others = {k: v for k, v in self.vv.items() if k != self.location and v > 0 and self.settled.get(k) != v}
         before = encode_vt({k: v for k, v in others.items() if k < self.location})
         after = encode_vt({k: v for k, v in others.items() if k > self.location})
         self._before = before + b"," if before else b""

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from harness.agents import harness_credentials
 from harness.logcluster import eventually, run
+from harness.procs import wait_until
 from harness.twoclusters import Sites, origin_of, read_all, run_cli, sites_for_test
 
 from dlctl.log.dlsn import DLSN
@@ -24,6 +25,7 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer
 from dlctl.meta.pins import PinStore
 from dlctl.meta.records import LogConfig
+from dlctl.replication.origin import Origin
 from dlctl.replication.store import StreamStore
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
@@ -65,13 +67,19 @@ def log_row(site, stream: str, inventory: Path) -> dict:
     return next(row for row in status["logs"] if row["log"] == LOG)
 
 
-def test_a_location_joining_from_a_peer_that_truncated_waits_for_the_causal_past_and_no_location_loses_a_record(four: Sites, tmp_path: Path):
-    a, b, c, d = (four[n] for n in "abcd")
+def a_b_c(four: Sites, tmp_path: Path) -> Path:
+    """The log at A, with A <-> B and B <-> C; the inventory."""
     inventory = four.write_inventory(tmp_path / "inventory.toml", default="a")
-    a.meta().create_log(LOG, ONE_COPY)
+    four["a"].meta().create_log(LOG, ONE_COPY)
     for source, sink in (("a", "b"), ("b", "c")):
         code, _, err = run_cli(inventory, "init-replication", "--source", source, "--sink", sink, "--bidirectional", "--logs", LOG)
         assert code == 0, err
+    return inventory
+
+
+def test_a_location_joining_from_a_peer_that_truncated_waits_for_the_causal_past_and_no_location_loses_a_record(four: Sites, tmp_path: Path):
+    a, b, c, d = (four[n] for n in "abcd")
+    inventory = a_b_c(four, tmp_path)
     four.network.partition("b", "c")  # B -> C lags: C sees nothing of what follows
     events = [run(append_one(a.meta(), f"e{i}".encode())) for i in (1, 2, 3)]
     ids = [("a", p) for p in events]
@@ -269,11 +277,7 @@ def test_filters_sit_only_where_no_record_can_be_lost_and_the_topology_shows_the
 
 def test_a_retired_location_leaves_the_network_for_good(four: Sites, tmp_path: Path):
     a, b, c = four["a"], four["b"], four["c"]
-    inventory = four.write_inventory(tmp_path / "inventory.toml", default="a")
-    a.meta().create_log(LOG, ONE_COPY)
-    for source, sink in (("a", "b"), ("b", "c")):
-        code, _, err = run_cli(inventory, "init-replication", "--source", source, "--sink", sink, "--bidirectional", "--logs", LOG)
-        assert code == 0, err
+    inventory = a_b_c(four, tmp_path)
     first = run(append_one(a.meta(), b"before"))
     run(eventually(lambda: _at_least(c, 1), timeout=30, message="C got the first record"))
 
@@ -293,6 +297,56 @@ def test_a_retired_location_leaves_the_network_for_good(four: Sites, tmp_path: P
     after = run(append_one(a.meta(), b"after"))
     run(eventually(lambda: _at_least(b, 2), timeout=30, message="B still gets A's records"))
     assert held(c) == [("a", first)] and held(b) == [("a", first), ("a", after)]
+
+
+def stamps(site) -> dict[tuple[str, DLSN], dict[str, int]]:
+    """Origin identity -> the vector timestamp ``site`` stored with the record (``dl.vt``)."""
+    return {origin_of(r): Origin.from_headers(r.headers).vt for r in run(read_all(site.meta(), LOG, idle=1.0)) if origin_of(r)}
+
+
+def test_a_retired_location_settles_once_every_location_holds_its_events_and_leaves_new_timestamps(four: Sites, tmp_path: Path):
+    """Issue 21 item 7: C writes two records and retires. Once A and B both hold them (their
+    checkpoints say so), ``retire`` run again settles C at 2 in the log: records A writes from
+    then on reach B without C in their timestamps; those written before keep C exactly."""
+    a, b, c = four["a"], four["b"], four["c"]
+    inventory = a_b_c(four, tmp_path)
+    from_c = [("c", run(append_one(c.meta(), f"c{i}".encode()))) for i in (1, 2)]
+    run(eventually(lambda: _at_least(a, 2), timeout=60, message="A holds C's two records (through B)"))
+    before = ("a", run(append_one(a.meta(), b"before")))
+    run(eventually(lambda: _at_least(b, 3), timeout=30, message="B holds A's record"))
+    assert stamps(b)[before] == {"a": 1, "c": 2}  # C's events are in its past
+
+    code, out, err = run_cli(inventory, "-o", "json", "replication", "retire", "c")
+    assert code == 0, err
+
+    def settled() -> bool:
+        code, view, err = run_cli(inventory, "-o", "json", "replication", "topology")
+        assert code == 0, err
+        if view["settled"].get("c") == {LOG: 2}:
+            return True
+        code, _, err = run_cli(inventory, "replication", "retire", "c")  # run again: settles once A and B agree
+        assert code == 0, err
+        return False
+
+    wait_until(settled, timeout=60, interval=0.5, message="C settled at 2 in the log")
+
+    def written_without_c() -> bool:
+        # A's stream to B picks the settle up at its next refresh: write until a record comes without C.
+        mine = ("a", run(append_one(a.meta(), b"after")))
+        run(eventually(lambda: _holds(b, mine), timeout=30, message="B holds A's new record"))
+        return "c" not in stamps(b)[mine]
+
+    wait_until(written_without_c, timeout=60, message="A's new records reach B without C in their timestamps")
+    more = [("a", run(append_one(a.meta(), f"more{i}".encode()))) for i in range(3)]
+    run(eventually(lambda: _holds(b, more[-1]), timeout=30, message="B holds A's last record"))
+    at_b = stamps(b)
+    assert all("c" not in at_b[m] for m in more), {m: at_b[m] for m in more}
+    assert at_b[before] == {"a": 1, "c": 2} and [at_b[i]["c"] for i in from_c] == [1, 2]  # what was stamped stays
+    assert sorted(at_b) == sorted({*from_c, before, *at_b}) and len(at_b) == len(set(at_b))
+
+
+async def _holds(site, ident: tuple[str, DLSN]) -> bool:
+    return ident in await holding(site)
 
 
 def test_records_the_sink_holds_stay_at_the_source(four: Sites, tmp_path: Path):
