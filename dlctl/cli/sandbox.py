@@ -43,7 +43,9 @@ def _init_cluster(inventory_path: Path, name: str) -> dict:
 def sandbox_up(app: AppContext, directory: Path | None, clusters: int, regions: int, nodes_per_region: int) -> Plan:
     """Start ZooKeeper and the agents, write an inventory (<dir>/config.toml) and make it the
     current context: later commands use it without --config or DLCTL_CONFIG, until `sandbox
-    down`. A second `up` says it is already up."""
+    down`. A second `up` says it is already up. Two `up`s at once on one machine take turns
+    (each picks free ports)."""
+    click.get_current_context().call_on_close(sandbox.lock_ports())
     return sandbox.up_plan(directory or sandbox.default_dir(), sandbox.Layout(clusters, regions, nodes_per_region), _init_cluster)
 
 

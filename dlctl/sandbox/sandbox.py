@@ -14,13 +14,16 @@ certificate, in ``<dir>/zookeeper/tls``. Its plain port stays on loopback for th
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +74,19 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def lock_ports() -> Callable[[], None]:
+    """Serialise ``sandbox up`` on this machine (per user): it picks free ports and binds them
+    only later (ZooKeeper, then the agents), so two at once could pick the same ones. Waits for
+    another ``up`` to finish; returns the release."""
+    path = Path(tempfile.gettempdir()) / f"dlctl-sandbox-up-{os.getuid()}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        raise DlctlError(f"cannot lock {path} (it keeps two `sandbox up` from picking the same ports): {exc.strerror}") from None
+    return lambda: os.close(fd)
 
 
 def _pick_port(host: str, preferred: int) -> int:
