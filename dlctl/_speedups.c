@@ -24,7 +24,8 @@
 #define FLAG_CONTROL 0x01
 #define FIXED_SIZE 15       /* size, flags, txid, key length */
 #define MIN_RECORD 17       /* FIXED_SIZE + header count */
-#define TOTALS_SIZE 29      /* the size field of the writer's per-entry totals record, less the key */
+#define TOTALS_SIZE 37      /* the size field of the writer's per-entry totals record, less the key */
+#define TOTALS_SIZE_UNTIMED 29 /* the same, written before entries carried their append time */
 
 /* -- CRC-32C (Castagnoli), chained like the crc32c package: crc32c(b, crc32c(a)) == crc32c(a + b) -- */
 
@@ -332,14 +333,19 @@ fail:
 
 /* -- copy_local ---------------------------------------------------------------------------- */
 
+static int is_totals(uint32_t size, Py_ssize_t key_len) {
+    return size == (uint32_t)(TOTALS_SIZE + key_len) || size == (uint32_t)(TOTALS_SIZE_UNTIMED + key_len);
+}
+
 PyDoc_STRVAR(copy_local_doc,
              "copy_local(buf, start, end, seq_prefix, head, vt_name, src_name, src_prefix, before, after, counter, reserve)\n"
-             "    -> None | (out, records, counter, first_txid, last_txid, last_slot, totals_txid)\n\n"
+             "    -> None | (out, records, counter, first_txid, last_txid, last_slot, totals_txid, append_ms)\n\n"
              "The record loop of dlctl.spark.transform.EntryCopier.copy for an entry payload buf[start:end]\n"
              "whose data records carry no headers (written at the source). Returns None when a data record\n"
              "has headers (the caller takes the general path for the entry). ``out`` is a bytearray of\n"
              "``reserve`` bytes (left for the entry header) followed by the sink payload, without the\n"
-             "writer's totals record, whose txid is ``totals_txid`` (None: the entry had none).");
+             "writer's totals record, whose txid is ``totals_txid`` (None: the entry had none) and whose\n"
+             "append time is ``append_ms`` (0: none).");
 
 #define MAX_DIGITS 21 /* "-9223372036854775808" plus one */
 
@@ -376,7 +382,7 @@ static PyObject *copy_local(PyObject *self, PyObject *args) {
         Py_ssize_t key_len = key_end - pos - FIXED_SIZE;
         if (buf[pos + 4] & FLAG_CONTROL) {
             uint32_t size = be32(buf + pos);
-            if (!(stop == end && size == (uint32_t)(TOTALS_SIZE + key_len) && !buf[key_end] && !buf[key_end + 1]))
+            if (!(stop == end && is_totals(size, key_len) && !buf[key_end] && !buf[key_end + 1]))
                 length += stop - pos;
         } else if (buf[key_end] || buf[key_end + 1]) {
             result = Py_None; /* headers: the general path */
@@ -400,6 +406,7 @@ static PyObject *copy_local(PyObject *self, PyObject *args) {
     memset(w - reserve, 0, (size_t)reserve);
     long long records = 0;
     int64_t first_txid = 0, last_txid = 0, totals_txid = 0;
+    uint64_t append_ms = 0;
     int have_totals = 0;
     Py_ssize_t last_slot = -1;
     pos = start;
@@ -410,9 +417,11 @@ static PyObject *copy_local(PyObject *self, PyObject *args) {
         Py_ssize_t key_end = pos + FIXED_SIZE + be16(buf + pos + 13);
         Py_ssize_t key_len = key_end - pos - FIXED_SIZE;
         if (buf[pos + 4] & FLAG_CONTROL) {
-            if (stop == end && size == (uint32_t)(TOTALS_SIZE + key_len) && !buf[key_end] && !buf[key_end + 1]) {
+            if (stop == end && is_totals(size, key_len) && !buf[key_end] && !buf[key_end + 1]) {
                 totals_txid = txid_at(buf + pos); /* the writer's totals: the caller rewrites them */
                 have_totals = 1;
+                if (size == (uint32_t)(TOTALS_SIZE + key_len))
+                    append_ms = (uint64_t)be32(buf + stop - 8) << 32 | be32(buf + stop - 4); /* kept */
             } else {
                 memcpy(w, buf + pos, (size_t)(stop - pos));
                 w += stop - pos;
@@ -471,9 +480,9 @@ static PyObject *copy_local(PyObject *self, PyObject *args) {
         goto done;
     }
     if (records)
-        result = Py_BuildValue("OLLLLnO", out, records, counter, (long long)first_txid, (long long)last_txid, last_slot, Py_None);
+        result = Py_BuildValue("OLLLLnOK", out, records, counter, (long long)first_txid, (long long)last_txid, last_slot, Py_None, (unsigned long long)append_ms);
     else
-        result = Py_BuildValue("OLLOOnO", out, records, counter, Py_None, Py_None, last_slot, Py_None);
+        result = Py_BuildValue("OLLOOnOK", out, records, counter, Py_None, Py_None, last_slot, Py_None, (unsigned long long)append_ms);
     if (result != NULL && have_totals) {
         PyObject *t = PyLong_FromLongLong(totals_txid);
         if (t == NULL) {

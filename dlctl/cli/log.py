@@ -14,7 +14,7 @@ from ..output import render_item
 from ..plan import Plan, Step
 from .complete import complete_log
 from .context import AppContext, command_options, mutating, pass_app
-from .truncate import DURATION, SIZE
+from .truncate import DURATION, SIZE, TIME
 
 
 @click.group("log")
@@ -83,7 +83,8 @@ def log_list(app: AppContext) -> None:
 @pass_app
 def log_show(app: AppContext, name: str) -> None:
     """Show a log's configuration, owner and segments, with each completed segment's replica
-    health ("ok", or the members short of what its record names and why)."""
+    health ("ok", or the members short of what its record names and why) and the append times
+    of its first and last records."""
     app.render(logs.show_log(app.session(), name))
 
 
@@ -112,11 +113,11 @@ def log_delete(app: AppContext, name: str) -> Plan:
     return logs.delete_log_plan(app.session(), name)
 
 
-def _start(from_dlsn: str | None, from_txid: int | None) -> dict:
-    if from_dlsn and from_txid is not None:
-        raise click.UsageError("give --from-dlsn or --from-txid, not both")
+def _start(from_dlsn: str | None, from_txid: int | None, since: float | None) -> dict:
+    if sum(x is not None for x in (from_dlsn, from_txid, since)) > 1:
+        raise click.UsageError("give one of --from-dlsn, --from-txid and --since")
     try:
-        return {"start_dlsn": DLSN.parse(from_dlsn) if from_dlsn else None, "start_txid": from_txid}
+        return {"start_dlsn": DLSN.parse(from_dlsn) if from_dlsn else None, "start_txid": from_txid, "start_time": since}
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--from-dlsn") from None
 
@@ -125,7 +126,7 @@ def _stream(app: AppContext, name: str, start: dict, limit: int | None, idle: fl
     async def go() -> int:
         count = 0
         async for record in logio.read_records(app.session(), name, limit=limit, idle_timeout=idle, region=region, **start):
-            render_item(logio.record_view(record), app.output, stream=app.stdout.file, columns=("dlsn", "txid", "payload"))
+            render_item(logio.record_view(record), app.output, stream=app.stdout.file, columns=("dlsn", "txid", "time", "payload"))
             count += 1
         return count
 
@@ -135,6 +136,7 @@ def _stream(app: AppContext, name: str, start: dict, limit: int | None, idle: fl
 _position = [
     click.option("--from-dlsn", metavar="SEG/ENTRY/SLOT", help="Start at this DLSN (default: the beginning)."),
     click.option("--from-txid", type=int, metavar="TXID", help="Start at the first record with txid >= TXID."),
+    click.option("--since", type=TIME, metavar="TIME", help="Start at the first record appended at or after TIME: ISO 8601 (2026-11-26T10:00Z; no zone: UTC) or a duration ago (15m, 2h)."),
     click.option("--region", metavar="REGION", help="Where this reader runs: closer replicas are asked first."),
 ]
 
@@ -152,12 +154,13 @@ def _with_position(func):
 @click.option("--idle-timeout", type=click.FloatRange(min=0.01), default=1.0, show_default=True, help="Stop once no record arrived for this long (caught up).")
 @command_options
 @pass_app
-def log_read(app: AppContext, name: str, from_dlsn: str | None, from_txid: int | None, region: str | None, limit: int | None, idle_timeout: float) -> None:
-    """Print records of NAME (one per line: DLSN, txid, payload; -o json: JSON lines).
+def log_read(app: AppContext, name: str, from_dlsn: str | None, from_txid: int | None, since: float | None, region: str | None, limit: int | None, idle_timeout: float) -> None:
+    """Print records of NAME (one per line: DLSN, txid, append time, payload; -o json: JSON lines).
 
-    Only confirmed records are printed (never past LAC); control records are skipped.
+    Only confirmed records are printed (never past LAC); control records are skipped. A
+    record's time is when its owner appended it (UTC, never decreasing along the log).
     """
-    count = _stream(app, name, _start(from_dlsn, from_txid), limit, idle_timeout, region)
+    count = _stream(app, name, _start(from_dlsn, from_txid, since), limit, idle_timeout, region)
     logging.getLogger("dlctl.log").info("read %d record(s) from %s", count, name)
 
 
@@ -167,9 +170,9 @@ def log_read(app: AppContext, name: str, from_dlsn: str | None, from_txid: int |
 @click.option("-n", "--limit", type=click.IntRange(1), help="Stop after this many records.")
 @command_options
 @pass_app
-def log_tail(app: AppContext, name: str, from_dlsn: str | None, from_txid: int | None, region: str | None, limit: int | None) -> None:
+def log_tail(app: AppContext, name: str, from_dlsn: str | None, from_txid: int | None, since: float | None, region: str | None, limit: int | None) -> None:
     """Follow NAME: print records as they are confirmed, until interrupted (Ctrl-C) or --limit."""
-    _stream(app, name, _start(from_dlsn, from_txid), limit, None, region)
+    _stream(app, name, _start(from_dlsn, from_txid, since), limit, None, region)
 
 
 @log_group.command("append")

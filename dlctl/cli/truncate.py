@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import click
@@ -12,7 +13,7 @@ from ..errors import PartialFailure
 from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
 from ..ops import gc as gc_ops
-from ..ops.truncate import parse_duration, parse_size, truncate_plan
+from ..ops.truncate import parse_duration, parse_size, parse_time, truncate_plan
 from ..plan import Plan
 from .complete import complete_log
 from .context import AppContext, mutating, output_option, pass_app, yes_option
@@ -42,18 +43,34 @@ class SizeType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+class TimeType(click.ParamType):
+    """A point in time, as seconds since the epoch (``parse_time``)."""
+
+    name = "time"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return parse_time(str(value), time.time())
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 DURATION = DurationType()
 SIZE = SizeType()
+TIME = TimeType()
 
 
 @click.command("truncate")
 @click.argument("log", shell_complete=complete_log)
 @click.option("--to", "to", metavar="SEG/ENTRY/SLOT", help="Truncate everything before this DLSN (it becomes the min-active DLSN).")
 @click.option("--before-txid", type=int, metavar="TXID", help="Truncate every record with a txid below TXID.")
-@click.option("--older-than", type=DURATION, metavar="DURATION", help="Truncate the completed segments completed more than DURATION ago (e.g. 7d, 12h).")
+@click.option("--older-than", type=DURATION, metavar="DURATION", help="Truncate the completed segments whose last record was appended more than DURATION ago (e.g. 7d, 12h).")
+@click.option("--before", "before_time", type=TIME, metavar="TIME", help="Truncate every record appended before TIME: ISO 8601 (2026-11-26T10:00Z; no zone: UTC) or a duration ago (15m).")
 @click.option("--force", is_flag=True, help="Truncate past replication pins; the streams holding them are marked as needing a bootstrap. Never cuts into an in-progress segment.")
 @mutating(confirm=True)
-def truncate_command(app: AppContext, log: str, to: str | None, before_txid: int | None, older_than: float | None, force: bool) -> Plan:
+def truncate_command(app: AppContext, log: str, to: str | None, before_txid: int | None, older_than: float | None, before_time: float | None, force: bool) -> Plan:
     """Truncate LOG before a point: whole segments before it are marked truncated, the segment
     it falls in partially truncated with a min-active DLSN; readers positioned before the point
     start at it (and say so). The truncation point only moves forward; re-running is a no-op.
@@ -62,15 +79,15 @@ def truncate_command(app: AppContext, log: str, to: str | None, before_txid: int
     log, or pass a replication stream's retention pin (named; --force overrides pins). The
     space comes back once `dlctl gc` or the agents' housekeeping has collected the segments.
     """
-    if sum(x is not None for x in (to, before_txid, older_than)) != 1:
-        raise click.UsageError("give exactly one of --to DLSN, --before-txid TXID, --older-than DURATION")
+    if sum(x is not None for x in (to, before_txid, older_than, before_time)) != 1:
+        raise click.UsageError("give exactly one of --to DLSN, --before-txid TXID, --older-than DURATION, --before TIME")
     point = None
     if to is not None:
         try:
             point = DLSN.parse(to)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--to") from None
-    return truncate_plan(app.session(), log, to=point, before_txid=before_txid, older_than=older_than, force=force)
+    return truncate_plan(app.session(), log, to=point, before_txid=before_txid, older_than=older_than, before_time=before_time, force=force)
 
 
 @click.command("gc")

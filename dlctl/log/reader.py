@@ -57,8 +57,10 @@ from .readpolicy import (
     start_of_log,
 )
 from .records import CorruptRecords, Record, decode_records
+from .recovery import append_time
 from .segwatch import SegmentWatcher
 from .speculative import EntryReadError, ReplicaReader
+from .timeindex import iso, locate_time, to_ms
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class ReadRecord:
     payload: bytes
     key: bytes = b""
     headers: Mapping[str, bytes] = field(default_factory=dict)
+    append_ms: int | None = None  # when its entry was appended (ms since the epoch; None: unknown)
 
 
 class ReaderClosedError(DlctlError):
@@ -113,7 +116,9 @@ class _Fetch:
 
 
 class LogReader:
-    """Reads log ``name`` from ``start_dlsn`` or ``start_txid`` (default: its beginning).
+    """Reads log ``name`` from ``start_dlsn``, ``start_txid`` or ``start_time`` (seconds since the
+    epoch: the first record appended at or after it, ``dlctl.log.timeindex``; default: its
+    beginning).
 
     ``region``/``rack`` say where the reader runs (closer replicas are asked first).
     ``read_ahead`` bounds the prefetch buffer; within the bounds the reader keeps as many entries
@@ -132,6 +137,7 @@ class LogReader:
         *,
         start_dlsn: DLSN | None = None,
         start_txid: int | None = None,
+        start_time: float | None = None,
         region: str | None = None,
         rack: str | None = None,
         read_ahead: ReadAhead | None = None,
@@ -146,12 +152,12 @@ class LogReader:
         (``dlctl.replication.seen``); None: every record whole. ``wire``: the answers' bytes
         are counted there, and when it asks, agents may send them compressed
         (``dlctl.log.compression``)."""
-        if start_dlsn is not None and start_txid is not None:
-            raise UsageError("give the reader a start DLSN or a start txid, not both")
+        if sum(x is not None for x in (start_dlsn, start_txid, start_time)) > 1:
+            raise UsageError("give the reader one start: a DLSN, a txid or a time")
         if long_poll_timeout <= 0:
             raise ValueError(f"long_poll_timeout must be > 0 (got {long_poll_timeout})")
         self.meta, self.pool, self.name = meta, pool, name
-        self._start_dlsn, self._start_txid = start_dlsn, start_txid
+        self._start_dlsn, self._start_txid, self._start_time = start_dlsn, start_txid, start_time
         self.read_ahead = read_ahead or ReadAhead()
         bound = self.read_ahead.max_entries
         self.window = ReadAheadWindow(bound, minimum=min(2, bound), initial=min(4, bound)) if self.read_ahead.adaptive else None
@@ -171,6 +177,7 @@ class LogReader:
         self._min_txid: int | None = None  # nor, until the first delivery, those below the start txid
         self._records: list[Record] = []
         self._record_at = (0, 0)  # (seq, entry id) of self._records
+        self._append_ms: int | None = None  # of self._records' entry
         self._slot = 0
         self.position = DLSN(1, 0, 0)  # of the next record to deliver
         # Fetcher side.
@@ -235,6 +242,10 @@ class LogReader:
                 self._min_txid = self._start_txid
                 if truncation is not None and self._start_txid <= truncation.value.truncated_txid:
                     skipped = f"txid {self._start_txid}"
+            elif self._start_time is not None:
+                start, lac = await locate_time(self.replicas, self.log_id, live, to_ms(self._start_time), record.value.max_segment_seq)
+                if lac is not None:
+                    self._lac = max(self._lac, lac)
             else:
                 start = start_of_log(live, record.value.max_segment_seq)
             if point is not None and start < point:
@@ -244,6 +255,8 @@ class LogReader:
                     skipped = str(self._start_dlsn)
                 elif self._start_txid is not None:
                     skipped = f"txid {self._start_txid}"
+                elif self._start_time is not None:
+                    skipped = f"time {iso(to_ms(self._start_time))}"
                 start = start_for_dlsn(live, point)
                 self._skip_before = point
             if skipped is not None:
@@ -377,7 +390,7 @@ class LogReader:
                     continue
                 self._min_txid = None
             self.position = DLSN(seq, entry_id, slot + 1)
-            return ReadRecord(dlsn, record.txid, record.payload, record.key, record.headers)
+            return ReadRecord(dlsn, record.txid, record.payload, record.key, record.headers, self._append_ms)
         return None
 
     def _load(self, fetched: _Fetch) -> None:
@@ -392,6 +405,7 @@ class LogReader:
             )
             raise self._failure from None
         self._record_at = (fetched.seq, fetched.entry_id)
+        self._append_ms = append_time(self._records)
         self._slot = 0
         if self.position < DLSN(fetched.seq, fetched.entry_id, 0):
             self.position = DLSN(fetched.seq, fetched.entry_id, 0)

@@ -115,17 +115,42 @@ def recovery_end(start: int, verdicts: Sequence[Verdict]) -> int | None:
 # -- per-entry totals (written by the writer, read here) --------------------------------------
 #
 # The writer ends every entry with a control record whose payload is (data records, bytes) of
-# the segment up to and including this entry; ``bytes`` counts whole encoded entries (header and
-# payload). Closing a recovered segment then needs its last entry only, not a scan.
+# the segment up to and including this entry, then the entry's append time; ``bytes`` counts
+# whole encoded entries (header and payload). Closing a recovered segment then needs its last
+# entry only, not a scan. The append time (milliseconds since the epoch, the owner's clock,
+# never lower than the log's previous entry: ``LogWriter``) is every record's of the entry, and
+# orders the log in time (``dlctl.log.timeindex``); 0 means unknown. Entries written before the
+# time was added end with the 16-byte form, still read (their time unknown).
 
-_TOTALS = struct.Struct(">QQ")
+_TOTALS = struct.Struct(">QQQ")
+_TOTALS_UNTIMED = struct.Struct(">QQ")
 
 
-def totals_record(txid: int, records: int, nbytes: int) -> Record:
-    return Record(txid=txid, payload=_TOTALS.pack(records, nbytes), control=True)
+def totals_record(txid: int, records: int, nbytes: int, append_ms: int = 0) -> Record:
+    return Record(txid=txid, payload=_TOTALS.pack(records, nbytes, append_ms), control=True)
 
 
 TOTALS_RECORD_SIZE = len(encode_records([totals_record(0, 0, 0)]))
+
+
+def read_totals(record: Record) -> tuple[int, int, int | None] | None:
+    """(records, bytes, append time in ms or None when unknown) of a totals record; None when
+    ``record`` is not one."""
+    if not record.control:
+        return None
+    if len(record.payload) == _TOTALS.size:
+        records, nbytes, append_ms = _TOTALS.unpack(record.payload)
+        return records, nbytes, append_ms or None
+    if len(record.payload) == _TOTALS_UNTIMED.size:
+        records, nbytes = _TOTALS_UNTIMED.unpack(record.payload)
+        return records, nbytes, None
+    return None
+
+
+def append_time(records: Sequence[Record]) -> int | None:
+    """The append time (ms) of the entry whose decoded records are ``records`` (None: unknown)."""
+    totals = read_totals(records[-1]) if records else None
+    return totals[2] if totals is not None else None
 
 
 @dataclass(frozen=True)
@@ -135,6 +160,7 @@ class EntrySummary:
     records: int
     bytes: int
     last_txid: int  # txid of the entry's last record (the totals record carries the last data txid)
+    append_ms: int | None = None  # the entry's append time (None: unknown)
 
 
 def entry_summary(encoded: bytes) -> EntrySummary | None:
@@ -146,10 +172,10 @@ def entry_summary(encoded: bytes) -> EntrySummary | None:
             pass
     except (CorruptRecords, ValueError):
         return None
-    if last is None or not last.control or len(last.payload) != _TOTALS.size:
+    totals = read_totals(last) if last is not None else None
+    if last is None or totals is None:
         return None
-    records, nbytes = _TOTALS.unpack(last.payload)
-    return EntrySummary(records, nbytes, last.txid)
+    return EntrySummary(totals[0], totals[1], last.txid, totals[2])
 
 
 # -- results and errors -----------------------------------------------------------------------
@@ -530,18 +556,25 @@ class SegmentRecovery:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _BACKOFF_MAX)
 
-    async def _summarize(self, last: int) -> tuple[int, int, int, int]:
-        """(records, bytes, first txid, last txid) of entries 0..``last``."""
+    async def _summarize(self, last: int) -> tuple[int, int, int, int, tuple[int, int] | None]:
+        """(records, bytes, first txid, last txid, (first, last) append times in ms or None
+        when unknown) of entries 0..``last``."""
         seg = self._seg
         if last == NO_ENTRY:
-            return 0, 0, seg.first_txid, NO_TXID
+            return 0, 0, seg.first_txid, NO_TXID, None
         have = self._last_encoded
         summary = entry_summary(have[1] if have is not None and have[0] == last else await self._read_any(last))
         first_txid = seg.first_txid
         if summary is not None:
+            first = _records(await self._read_any(0)) if first_txid == NO_TXID or summary.append_ms is not None else []
             if first_txid == NO_TXID:
-                first_txid = next((r.txid for r in _records(await self._read_any(0)) if not r.control), NO_TXID)
-            return summary.records, summary.bytes, first_txid, summary.last_txid
+                first_txid = next((r.txid for r in first if not r.control), NO_TXID)
+            times = None
+            if summary.append_ms is not None and summary.records:
+                first_ms = await self._data_time(range(0, last + 1), first)
+                last_ms = await self._data_time(range(last, -1, -1), _records(have[1]) if have is not None and have[0] == last else None)
+                times = (first_ms, last_ms) if first_ms is not None and last_ms is not None else None
+            return summary.records, summary.bytes, first_txid, summary.last_txid, times
         # Written by something that leaves no totals: count the hard way.
         records, nbytes, last_txid = 0, 0, NO_TXID
         for entry_id in range(last + 1):
@@ -553,14 +586,29 @@ class SegmentRecovery:
                     last_txid = record.txid
                     if first_txid == NO_TXID:
                         first_txid = record.txid
-        return records, nbytes, first_txid, last_txid
+        return records, nbytes, first_txid, last_txid, None
+
+    async def _data_time(self, entry_ids: range, known: list[Record] | None = None, most: int = 16) -> int | None:
+        """The append time of the first entry of ``entry_ids`` that holds a data record (the
+        first and last records' times: an idle writer's control entries come later), looking
+        at ``most`` entries at most, then the first one's time (an outer bound). ``known``: the
+        decoded records of ``entry_ids[0]``, when read already."""
+        bound: int | None = None
+        for n, entry_id in enumerate(entry_ids[:most]):
+            records = known if n == 0 and known is not None else _records(await self._read_any(entry_id))
+            when = append_time(records)
+            if n == 0:
+                bound = when
+            if any(not r.control for r in records):
+                return when
+        return bound
 
     async def _close(self, last: int, fence: FenceOutcome) -> Versioned[SegmentRecord] | None:
-        records, nbytes, first_txid, last_txid = await self._summarize(last)
+        records, nbytes, first_txid, last_txid, times = await self._summarize(last)
         # Members that did not answer the fence (down, slow, limbo) may lack entries: the record
         # says so, and the auditor checks and refills them (dlctl.log.repair).
         short = {n: NO_ENTRY for n in fence.unreachable}
-        closed = replace(self._seg.completed_with(last, last_txid, records, nbytes, time.time(), short=short), first_txid=first_txid)
+        closed = replace(self._seg.completed_with(last, last_txid, records, nbytes, time.time(), short=short, times=times), first_txid=first_txid)
         try:
             result = await self._zk(self.meta.update_segment, self.name, self.segment, closed)
         except ConflictError:

@@ -11,7 +11,10 @@ acknowledged; each record's future then gets its DLSN. Every entry carries the L
 writer goes idle a control entry carries the final one, so tailing readers see the last data.
 
 Every entry ends with a control record holding the segment's running totals (records and
-bytes up to that entry), so closing a recovered segment needs only its last entry.
+bytes up to that entry), so closing a recovered segment needs only its last entry, and the
+entry's append time: the owner's clock, never below the log's previous entry (not after a
+change of owner either: the segments record their last times), so readers position by time
+(``dlctl.log.timeindex``).
 
 Segments are created lazily, when the first entry needs one, with its first txid known, and
 roll by size and time (the old one is completed by compare-and-set after its in-flight entries
@@ -46,7 +49,7 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +116,10 @@ class WriterOptions:
     # for failed: a silent agent (packets dropped, no reset) costs this, not a request timeout.
     # None: wait for the request timeout.
     silent_after: float | None = 1.0
+    # The wall clock entries' append times come from (seconds since the epoch). A host whose
+    # clock is behind the previous owner's never appends earlier times: the log's last time is
+    # a floor. (Replaceable to play such a host.)
+    clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
         if self.batch_bytes < 1 or self.batch_delay < 0 or self.lac_delay < 0:
@@ -134,10 +141,11 @@ class _Batch:
 
 
 class _Entry:
-    __slots__ = ("batch", "entry_id", "encoded", "body_len", "acks", "outstanding", "acked", "sent_at", "waiting")
+    __slots__ = ("batch", "entry_id", "encoded", "body_len", "acks", "outstanding", "acked", "sent_at", "waiting", "append_ms")
 
-    def __init__(self, batch: _Batch, entry_id: int, encoded: bytes, body_len: int, targets: list[str], sent_at: float) -> None:
+    def __init__(self, batch: _Batch, entry_id: int, encoded: bytes, body_len: int, targets: list[str], sent_at: float, append_ms: int) -> None:
         self.batch = batch
+        self.append_ms = append_ms
         self.entry_id = entry_id
         self.encoded = encoded
         self.body_len = body_len
@@ -174,6 +182,8 @@ class _Segment:
         self.records = 0  # acknowledged
         self.bytes = 0
         self.last_txid = NO_TXID
+        self.first_time: int | None = None  # append times (ms) of its first and last acknowledged records
+        self.last_time = 0
         self.sent_records = 0  # dispatched: the totals each new entry carries
         self.sent_bytes = 0
         self.sent_txid = NO_TXID
@@ -223,6 +233,9 @@ class LogWriter:
         self._add_latency = AdaptiveTimeout(floor=0.0005, ceiling=10.0)  # replicas' answers to adds (_check_silent)
         self._housekeeper: asyncio.Task | None = None
         self._last_txid = NO_TXID  # last assigned
+        # The last entry's append time (ms): the next is never lower, across owners too (the
+        # log's segments carry their last times), so the log is ordered in time.
+        self._last_append_ms = 0
         self._submitted = 0  # records accepted by submit()
         self._acked = 0  # records acknowledged (always a prefix of the submitted ones)
         self._flushes: list[tuple[int, asyncio.Future[None]]] = []
@@ -292,6 +305,7 @@ class LogWriter:
                 if seg.value.records > 0 and seg.value.last_txid != NO_TXID:
                     self._last_txid = seg.value.last_txid
                     break
+            self._last_append_ms = max((s.value.last_time or 0 for s in segments), default=0)
             if self.ownership.lost:
                 raise WriterDeposedError(f"lost ownership of log {self.name!r} while opening it: {self.ownership.lost_reason}")
             self._log = await self._zk(self.meta.get_log, self.name)
@@ -553,13 +567,14 @@ class LogWriter:
         seg.sent_bytes += size
         if count:
             seg.sent_txid = batch.last_txid
-        totals = encode_records([totals_record(seg.sent_txid, seg.sent_records, seg.sent_bytes)])
+        append_ms = self._last_append_ms = max(int(self.options.clock() * 1000), self._last_append_ms)
+        totals = encode_records([totals_record(seg.sent_txid, seg.sent_records, seg.sent_bytes, append_ms)])
         encoded = fmt.encode(
             fmt.Entry(self._log_id, seg.seq, entry_id, lac, body + totals, fmt.FLAG_CONTROL if batch.control else 0)
         )
         batch.parts = []  # the entry's bytes hold them now
         targets = [n for n in write_set_of(seg.ensemble, seg.w, entry_id) if n not in seg.failed]
-        entry = _Entry(batch, entry_id, encoded, len(body), targets, self._loop.time())
+        entry = _Entry(batch, entry_id, encoded, len(body), targets, self._loop.time(), append_ms)
         seg.inflight.append(entry)
         self._cancel_lac_timer()  # this entry carries the LAC
         # A lone entry (a synchronous writer) goes out now; entries dispatched together are
@@ -639,7 +654,10 @@ class LogWriter:
             seg.bytes += fmt.HEADER_SIZE + entry.body_len + TOTALS_RECORD_SIZE
             batch = entry.batch
             futures = batch.futures
-            if futures:
+            if futures:  # the times of its first and last records
+                if seg.first_time is None:
+                    seg.first_time = entry.append_ms
+                seg.last_time = entry.append_ms
                 eid = entry.entry_id
                 for slot, fut in enumerate(futures):
                     if not fut.done():
@@ -928,7 +946,8 @@ class LogWriter:
         self._queue.extendleft(reversed([e.batch for e in leftovers if e.batch.futures]))
         # Agents that failed before the segment was opened were never sent anything.
         short = {n: NO_ENTRY for n in seg.failed} | seg.short
-        completed = seg.versioned.value.completed_with(seg.lac, seg.last_txid, seg.records, seg.bytes, time.time(), short=short)
+        times = (seg.first_time, seg.last_time) if seg.first_time is not None else None
+        completed = seg.versioned.value.completed_with(seg.lac, seg.last_txid, seg.records, seg.bytes, time.time(), short=short, times=times)
         try:
             await self._update_segment(seg.versioned, completed)
         except (ConflictError, NotFoundError) as exc:

@@ -33,7 +33,8 @@ class LogConfig:
     roll_bytes: int = 256 * 1024 * 1024
     roll_seconds: float = 3600.0
     # Retention (DESIGN.md §9), applied by the agents' elected housekeeper and `dlctl gc`:
-    # completed segments older than ``retention_seconds`` (by completion time) are truncated,
+    # completed segments whose last record is older than ``retention_seconds`` (its append
+    # time; the completion time for segments without one) are truncated,
     # and the oldest completed ones while the log holds more than ``retention_bytes``.
     # None keeps data for ever. Both default to None so records written before they existed
     # read back unchanged.
@@ -102,6 +103,10 @@ class SegmentRecord:
     # entry it is known to hold (-1: none known). Empty: every member holds its entries. Such a
     # segment is under-replicated until the auditor refills the member and clears it here.
     short: dict[str, int] = field(default_factory=dict)
+    # The append times (ms since the epoch) of its first and last entries, recorded when it is
+    # completed (None: unknown — in progress, empty, or written before entries carried them).
+    first_time: int | None = None
+    last_time: int | None = None
 
     def __hash__(self) -> int:  # frozen, but ``short`` is a dict: hash what identifies it
         return hash((self.seq, self.state, self.ensembles, self.last_entry_id))
@@ -128,10 +133,11 @@ class SegmentRecord:
         return tuple(nodes[(entry_id + i) % e] for i in range(self.write_quorum))
 
     def completed_with(
-        self, last_entry_id: int, last_txid: int, records: int, size: int, when: float, short: dict[str, int] | None = None
+        self, last_entry_id: int, last_txid: int, records: int, size: int, when: float, short: dict[str, int] | None = None,
+        times: tuple[int, int] | None = None,
     ) -> SegmentRecord:
         """Closed at ``last_entry_id``; ``short``: members known to hold less (only those short
-        of the end are kept)."""
+        of the end are kept); ``times``: the append times of its first and last entries."""
         return replace(
             self,
             state=SegmentState.COMPLETED,
@@ -141,6 +147,8 @@ class SegmentRecord:
             bytes=size,
             completed=when,
             short={n: min(last, last_entry_id) for n, last in (short or {}).items() if last < last_entry_id},
+            first_time=times[0] if times else None,
+            last_time=times[1] if times else None,
         )
 
 
@@ -156,8 +164,12 @@ def _encode(value: Any) -> Any:
 
 def to_json(record: Any) -> bytes:
     raw = _encode(asdict(record))
-    if isinstance(record, SegmentRecord) and not record.short:
-        del raw["short"]  # the common case reads back unchanged by agents that predate the field
+    if isinstance(record, SegmentRecord):
+        # Fields at their defaults stay out: the common case reads back unchanged by agents
+        # that predate them.
+        for name, default in (("short", {}), ("first_time", None), ("last_time", None)):
+            if raw[name] == default:
+                del raw[name]
     return json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -178,6 +190,10 @@ def segment_from_json(data: bytes, where: str) -> SegmentRecord:
         short = raw.pop("short", {})
         if not isinstance(short, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in short.items()):
             raise ValueError(f"'short' must map node ids to entry ids, got {short!r}")
+        for name in ("first_time", "last_time"):
+            value = raw.get(name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name!r} must be milliseconds since the epoch, got {value!r}")
         return SegmentRecord(**{**raw, "state": SegmentState(raw["state"]), "ensembles": ensembles, "short": short})
     except (TypeError, KeyError, ValueError) as exc:
         raise ValueError(f"{where}: malformed segment record: {exc}") from None

@@ -284,10 +284,17 @@ class RetentionDecision:
     reason: str
 
 
+def _last_appended(seg: SegmentRecord) -> float | None:
+    """When ``seg``'s last record was appended (seconds since the epoch): its last entry's append
+    time, else its completion time (None: in progress)."""
+    return seg.last_time / 1000 if seg.last_time is not None else seg.completed
+
+
 def retention_point(segments: Sequence[SegmentRecord], now: float, *, ttl: float | None = None, max_bytes: int | None = None) -> RetentionDecision | None:
     """Where retention truncates: a prefix of the log's live segments.
 
-    TTL: completed segments whose *completion* time is more than ``ttl`` seconds ago. Size cap:
+    TTL: completed segments whose last record was appended more than ``ttl`` seconds ago (their
+    completion time, for segments that do not record append times). Size cap:
     the oldest completed segments, while the live segments hold more than ``max_bytes`` (a
     partially truncated segment counts whole: its file still does). Both stop at the first
     segment that does not qualify — an in-progress one never does — because truncation only
@@ -295,7 +302,7 @@ def retention_point(segments: Sequence[SegmentRecord], now: float, *, ttl: float
     live = [s for s in sorted(segments, key=lambda s: s.seq) if s.state is not SegmentState.TRUNCATED]
     n_ttl = 0
     if ttl is not None:
-        while n_ttl < len(live) and live[n_ttl].state in TRUNCATABLE and live[n_ttl].completed is not None and now - live[n_ttl].completed > ttl:
+        while n_ttl < len(live) and live[n_ttl].state in TRUNCATABLE and (last := _last_appended(live[n_ttl])) is not None and now - last > ttl:
             n_ttl += 1
     n_size = 0
     if max_bytes is not None:
@@ -310,7 +317,7 @@ def retention_point(segments: Sequence[SegmentRecord], now: float, *, ttl: float
     point = DLSN(live[n].seq, 0, 0) if n < len(live) else DLSN(dropped[-1].seq + 1, 0, 0)
     why = []
     if n_ttl:
-        why.append(f"{n_ttl} segment(s) completed more than {_human_seconds(ttl)} ago")  # type: ignore[arg-type]
+        why.append(f"{n_ttl} segment(s) last appended to more than {_human_seconds(ttl)} ago")  # type: ignore[arg-type]
     if n_size:
         why.append(f"{n_size} oldest segment(s) over the {max_bytes}-byte cap")
     return RetentionDecision(point, tuple(s.seq for s in dropped), truncated_txid(dropped, point), "retention: " + "; ".join(why))

@@ -11,13 +11,14 @@ from typing import Any, BinaryIO
 from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
 from ..log.reader import LogReader, ReadRecord
+from ..log.timeindex import iso
 from ..errors import UsageError
 from .session import ClusterSession
 
 
 def record_view(record: ReadRecord) -> dict[str, Any]:
     """A record as plain data: payload as text when it is UTF-8, else base64 (``payload_b64``)."""
-    out: dict[str, Any] = {"dlsn": str(record.dlsn), "txid": record.txid}
+    out: dict[str, Any] = {"dlsn": str(record.dlsn), "txid": record.txid, "time": iso(record.append_ms)}
     if record.key:
         out["key"] = record.key.decode(errors="replace")
     try:
@@ -35,6 +36,7 @@ async def read_records(
     *,
     start_dlsn: DLSN | None = None,
     start_txid: int | None = None,
+    start_time: float | None = None,
     limit: int | None = None,
     idle_timeout: float | None = 1.0,
     region: str | None = None,
@@ -44,7 +46,7 @@ async def read_records(
     the tail forever."""
     pool = AgentPool(session.meta, session.credentials)
     try:
-        async with LogReader(session.meta, pool, name, start_dlsn=start_dlsn, start_txid=start_txid, region=region) as reader:
+        async with LogReader(session.meta, pool, name, start_dlsn=start_dlsn, start_txid=start_txid, start_time=start_time, region=region) as reader:
             count = 0
             while limit is None or count < limit:
                 record = await reader.read_next(idle_timeout)

@@ -10,6 +10,7 @@ from ..log.dlsn import DLSN
 from ..log.errors import AgentError
 from ..log.ownership import owner_info
 from ..log.speculative import ReplicaReader
+from ..log.timeindex import iso
 from ..meta.records import LogConfig, SegmentRecord, SegmentState
 from ..names import validate_name
 from ..plan import Plan, Step
@@ -153,6 +154,9 @@ def show_log(session: ClusterSession, name: str) -> dict[str, Any]:
                 "last_txid": s.value.last_txid,
                 "records": s.value.records,
                 "bytes": s.value.bytes,
+                # When its first and last records were appended (recorded at completion).
+                "first_time": iso(s.value.first_time),
+                "last_time": iso(s.value.last_time),
                 "completed": _iso(s.value.completed),
                 "replicas": health.get(s.value.seq, "ok" if s.value.state in AUDITED_STATES else "-"),
             }

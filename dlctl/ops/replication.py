@@ -28,8 +28,11 @@ from ..errors import (
 )
 from ..log.dlsn import DLSN, INITIAL
 from ..log.pool import AgentPool
+from ..log.readpolicy import live_segments
+from ..log.speculative import ReplicaReader
+from ..log.timeindex import locate_time, to_ms
 from ..meta.pins import PinRecord, PinStore
-from ..meta.records import LogConfig, SegmentState
+from ..meta.records import LogConfig
 from ..plan import Plan, Step
 from ..replication import positions
 from ..meta.access import AccessMode, AccessStore
@@ -127,8 +130,8 @@ def _records_held(session: ClusterSession, name: str) -> tuple[int, DLSN | None]
 @dataclass(frozen=True)
 class StartFrom:
     """``init-replication --start-from``: ``now``; a source position (one-way streams); or a
-    time (one-way streams: the first source segment still open or completed at or after it —
-    a segment's records carry no time of their own yet)."""
+    time (one-way streams: the first source record appended at or after it,
+    ``dlctl.log.timeindex``)."""
 
     kind: str  # "now" | "position" | "time"
     position: DLSN | None = None
@@ -151,12 +154,17 @@ def _resolve_start(source: ClusterSession, name: str, start: StartFrom) -> DLSN:
         if start.position < first:
             raise RefusedError(f"--start-from {start.position}: {source.cluster.name}/{name} no longer holds it (it starts at {first})", hint="pick a later position, or let init-replication bootstrap the sink")
         return start.position
-    segments = [s.value for s in source.meta.segments(name)]
-    live = [s for s in segments if s.state is not SegmentState.TRUNCATED]
-    for seg in live:
-        if seg.completed is None or seg.completed >= (start.time or 0):
-            return max(DLSN(seg.seq, seg.min_active_entry, 0), first)
-    return DLSN(source.meta.get_log(name).value.max_segment_seq + 1, 0, 0)
+    log = source.meta.get_log(name).value
+    live = live_segments([s.value for s in source.meta.segments(name)])
+
+    async def at_time() -> DLSN:
+        pool = AgentPool(source.meta, source.credentials)
+        try:
+            return (await locate_time(ReplicaReader(pool), log.log_id, live, to_ms(start.time or 0), log.max_segment_seq))[0]
+        finally:
+            await pool.close()
+
+    return max(asyncio.run(at_time()), first)
 
 
 async def _source_end(source: ClusterSession, name: str) -> DLSN | None:

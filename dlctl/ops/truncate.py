@@ -32,9 +32,11 @@ from ..log.readpolicy import (
     entry_max_txid,
     live_segments,
     segment_index_for_txid,
+    start_of_log,
 )
 from ..log.records import decode_records
 from ..log.speculative import ReplicaReader
+from ..log.timeindex import iso, locate_time, to_ms
 from ..meta.pins import PinRecord, PinStore
 from ..meta.records import NO_TXID, SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
@@ -85,6 +87,24 @@ def parse_duration(text: str) -> float:
     if value <= 0:
         raise ValueError(f"invalid duration {text!r}: must be more than zero")
     return value
+
+
+def parse_time(text: str, now: float) -> float:
+    """A point in time -> seconds since the epoch: ISO 8601 (``2026-11-26T10:00Z``, an offset;
+    no zone: UTC) or a duration before ``now`` (``15m``, ``2h``)."""
+    from datetime import datetime, timezone
+
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"invalid time {text!r}: use ISO 8601 (2026-11-26T10:00Z; no zone: UTC) or a duration ago (15m, 2h)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
 
 
 def parse_size(text: str) -> int:
@@ -140,11 +160,12 @@ def resolve_target(
     to: DLSN | None = None,
     before_txid: int | None = None,
     older_than: float | None = None,
+    before_time: float | None = None,
     now: float | None = None,
 ) -> Target | None:
     """The truncation point asked for, or None when it asks for nothing (no segment is old enough)."""
-    if sum(x is not None for x in (to, before_txid, older_than)) != 1:
-        raise UsageError("give exactly one of --to DLSN, --before-txid TXID, --older-than DURATION")
+    if sum(x is not None for x in (to, before_txid, older_than, before_time)) != 1:
+        raise UsageError("give exactly one of --to DLSN, --before-txid TXID, --older-than DURATION, --before TIME")
     now = time.time() if now is None else now
     if to is not None:
         point = normalize(segments, to)
@@ -153,7 +174,22 @@ def resolve_target(
         decision = retention_point(segments, now, ttl=older_than)
         if decision is None:
             return None
-        return Target(decision.point, decision.truncated_txid, f"explicit: segments completed more than {older_than:g}s ago ({len(decision.segments)})")
+        return Target(decision.point, decision.truncated_txid, f"explicit: segments last appended to more than {older_than:g}s ago ({len(decision.segments)})")
+    if before_time is not None:
+        log = session.meta.get_log(name).value
+
+        async def at_time() -> DLSN:
+            pool = AgentPool(session.meta, session.credentials)
+            try:
+                point, _ = await locate_time(ReplicaReader(pool), log.log_id, live_segments(segments), to_ms(before_time), log.max_segment_seq)
+                return point
+            finally:
+                await pool.close()
+
+        point = normalize(segments, asyncio.run(at_time()))
+        if point <= start_of_log(live_segments(segments), log.max_segment_seq):
+            return None  # nothing was appended before it
+        return Target(point, truncated_txid(segments, point), f"explicit: before {iso(to_ms(before_time))}")
     assert before_txid is not None
     if before_txid <= 0:
         return None  # nothing lies before txid 0
@@ -322,6 +358,7 @@ def truncate_plan(
     to: DLSN | None = None,
     before_txid: int | None = None,
     older_than: float | None = None,
+    before_time: float | None = None,
     force: bool = False,
     now: float | None = None,
 ) -> Plan:
@@ -331,7 +368,7 @@ def truncate_plan(
     versioned = read_segments(meta, name)
     segments = [s.value for s in versioned]
     current = TruncationStore(meta).get(name)
-    target = resolve_target(session, name, segments, to=to, before_txid=before_txid, older_than=older_than, now=now)
+    target = resolve_target(session, name, segments, to=to, before_txid=before_txid, older_than=older_than, before_time=before_time, now=now)
     where = f"{session.cluster.name}/{name}"
     if target is None:
         return Plan.of("truncate", [], notes=[f"nothing of log {name!r} matches: no record or completed segment lies before the point asked for"])

@@ -64,7 +64,9 @@ _FIXED = struct.Struct(">IBqH")  # size, flags, txid, key length (records.py's l
 _PLAIN = struct.Struct(">IBqHH")  # the same with the header count, for a record without key
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-_TOTALS = struct.Struct(">QQ")
+_TOTALS = struct.Struct(">QQQ")  # records, bytes, append time in ms (dlctl.log.recovery)
+_TOTALS_UNTIMED = struct.Struct(">QQ")  # written before entries carried their append time
+_U64 = struct.Struct(">Q")
 _SUMMARY = struct.Struct(">IQI")  # per entry in the content digest: data records, canonical bytes, CRC-32C
 _RESERVED = RESERVED_PREFIX.encode()
 _ORIGIN_CLUSTER = ORIGIN_CLUSTER.encode()
@@ -72,7 +74,7 @@ _ORIGIN_DLSN = ORIGIN_DLSN.encode()
 _VECTOR_TIME = VECTOR_TIME.encode()
 _SOURCE_POSITION = SOURCE_POSITION.encode()
 _MIN_RECORD = _FIXED.size + 2  # size field, flags, txid, key length, header count
-_TOTALS_SIZE = _MIN_RECORD - 4 + _TOTALS.size  # the ``size`` field of a totals record
+_TOTALS_SIZES = (_MIN_RECORD - 4 + _TOTALS.size, _MIN_RECORD - 4 + _TOTALS_UNTIMED.size)  # a totals record's ``size`` field, less its key
 
 
 def _header(name: bytes, value: bytes) -> bytes:
@@ -373,12 +375,12 @@ class EntryCopier:
             except ValueError as exc:
                 raise CorruptRecords(str(exc)) from None
             if fast is not None:  # every data record was local and without headers
-                out, records, counter, first_txid, last_txid, last_slot, totals_txid = fast
+                out, records, counter, first_txid, last_txid, last_slot, totals_txid, append_ms = fast
                 if counter != clock.vv.get(own, 0):
                     clock.vv[own] = counter
                 self._count(records, records, first_txid, last_txid, entry_id, last_slot)
                 if totals_txid is not None:
-                    out += self._totals(totals_txid, len(out) + len(_totals_bytes(0, 0, 0)))
+                    out += self._totals(totals_txid, len(out) + len(_totals_bytes(0, 0, 0)), append_ms)
                 return self._seal(out, header)
         added_fixed = self._added_fixed
         unpack_fixed, pack_fixed, pack_plain, pack32 = _FIXED.unpack_from, _FIXED.pack, _PLAIN.pack, _U32.pack
@@ -389,6 +391,7 @@ class EntryCopier:
         first_txid = last_txid = None
         last_slot = -1
         totals_txid = None
+        append_ms = 0
         slot = 0
         pos = base
         while pos < end:
@@ -400,8 +403,10 @@ class EntryCopier:
             if stop > end or key_end + 2 > stop:
                 raise CorruptRecords(f"record at byte {pos - base} claims {size} bytes, {end - pos - 4} remain")
             if flags & FLAG_CONTROL:
-                if stop == end and size == _TOTALS_SIZE + key_len and not (buf[key_end] or buf[key_end + 1]):
+                if stop == end and size - key_len in _TOTALS_SIZES and not (buf[key_end] or buf[key_end + 1]):
                     totals_txid = txid  # the writer's totals: rewritten below with the sink's
+                    if size - key_len == _TOTALS_SIZES[0]:
+                        append_ms = _U64.unpack_from(buf, stop - 8)[0]  # the source entry's append time, kept
                 else:
                     append(view[pos:stop])
                     length += stop - pos
@@ -443,7 +448,7 @@ class EntryCopier:
             clock.vv[own] = counter
         self._count(records, local, first_txid, last_txid, entry_id, last_slot)
         if totals_txid is not None:
-            append(self._totals(totals_txid, fmt.HEADER_SIZE + length + len(_totals_bytes(0, 0, 0))))
+            append(self._totals(totals_txid, fmt.HEADER_SIZE + length + len(_totals_bytes(0, 0, 0)), append_ms))
         parts[0] = bytes(fmt.HEADER_SIZE)
         return self._seal(bytearray().join(parts), header)  # one copy of every byte, into the buffer that is sent
 
@@ -457,10 +462,11 @@ class EntryCopier:
             stats.last_txid = last_txid  # type: ignore[assignment]
             stats.last_data_slot = (entry_id, last_slot)
 
-    def _totals(self, txid: int, entry_size: int) -> bytes:
+    def _totals(self, txid: int, entry_size: int, append_ms: int) -> bytes:
         """The writer's per-entry totals record, with the sink segment's numbers once this
-        entry (``entry_size`` bytes, the record included) is written."""
-        return _totals_bytes(txid, self.stats.records, self.stats.sink_bytes + entry_size)
+        entry (``entry_size`` bytes, the record included) is written, and the source entry's
+        append time (0: unknown): a copied record keeps the time it was appended at."""
+        return _totals_bytes(txid, self.stats.records, self.stats.sink_bytes + entry_size, append_ms)
 
     def _seal(self, out: bytearray, header: fmt.EntryHeader) -> bytearray:
         """Fill in the entry header before the sink payload in ``out`` and its CRC."""
@@ -514,8 +520,8 @@ class EntryCopier:
 _ENTRY_FIELDS = struct.Struct(">4sBBHQQqqI")  # dlctl.log.format's header, less the CRC
 
 
-def _totals_bytes(txid: int, records: int, nbytes: int) -> bytes:
-    payload = _TOTALS.pack(records, nbytes)
+def _totals_bytes(txid: int, records: int, nbytes: int, append_ms: int = 0) -> bytes:
+    payload = _TOTALS.pack(records, nbytes, append_ms)
     return _FIXED.pack(_FIXED.size - 4 + 2 + len(payload), FLAG_CONTROL, txid, 0) + _U16.pack(0) + payload
 
 

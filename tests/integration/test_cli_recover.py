@@ -7,36 +7,20 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from harness.sandbox import dlctl, sandbox_up, session_for
 
-from dlctl import inventory
-from dlctl.config import ConfigLocation
 from dlctl.errors import ExitCode
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter, WriterDeposedError
-from dlctl.ops.session import ClusterSession
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
 
 
-def dlctl(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dlctl.cli", *argv], capture_output=True, text=True, timeout=180, env={**os.environ, **env})
-
-
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sbx")
-    env = {"DLCTL_SANDBOX_DIR": str(base), "DLCTL_CONFIG": str(base / "config.toml")}
-    up = dlctl(env, "--yes", "sandbox", "up", "--regions", "1", "--nodes-per-region", "3")
-    assert up.returncode == 0, up.stderr
-    yield env
-    dlctl(env, "--yes", "sandbox", "down", "--purge")
-
-
-def session_for(env: dict[str, str]) -> ClusterSession:
-    return ClusterSession(inventory.load(ConfigLocation(Path(env["DLCTL_CONFIG"]), "test")).cluster(None))
+    yield from sandbox_up(tmp_path_factory.mktemp("sbx"))
 
 
 def test_recover_closes_an_abandoned_segment_with_every_acknowledged_record(sandbox):

@@ -40,7 +40,8 @@ def _entry(seq: int, entry_id: int, payload: bytes, control: bool = False) -> by
 
 
 def _payload(records: list[Record], totals: bool) -> bytes:
-    return encode_records(records + ([totals_record(records[-1].txid if records else 0, 99, 12345)] if totals else []))
+    # The writer's totals carry the entry's append time (the copy keeps it: C and Python alike).
+    return encode_records(records + ([totals_record(records[-1].txid if records else 0, 99, 12345, 1_795_000_000_000 + len(records))] if totals else []))
 
 
 def _damage(payload: bytes, data: st.DataObject) -> bytes:
