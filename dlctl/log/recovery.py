@@ -302,6 +302,7 @@ class SegmentRecovery:
         self.accept_data_loss = accept_data_loss
         self._deadline = 0.0
         self._last_encoded: tuple[int, bytes] | None = None  # the last entry recovery read, if any
+        self._silent: set[str] = set()  # replicas that did not answer the fence: read from last
         self._undecided: dict[int, dict[str, str]] = {}  # unclean: entries no quorum could judge -> unknown replicas
         self._shortfalls: dict[int, int] = {}  # unclean: entries re-written to fewer than A replicas
 
@@ -538,11 +539,14 @@ class SegmentRecovery:
 
     async def _read_any(self, entry_id: int) -> bytes:
         """A (non-fencing) read of an entry from any replica of its write set: each is tried in
-        turn, rounds repeat with backoff until the deadline (a dead first replica costs one try)."""
+        turn — those that did not answer the fence last (a paused agent would hold the read for
+        a whole request timeout) —, rounds repeat with backoff until the deadline (a dead first
+        replica costs one try)."""
         delay = _BACKOFF_FIRST
+        silent = self._silent
         while True:
             problems = []
-            for node in self._seg.write_set(entry_id):
+            for node in sorted(self._seg.write_set(entry_id), key=lambda n: n in silent):
                 try:
                     client = await self.pool.client(node)
                     return await client.read(self.log_id, self._seg.seq, entry_id)
@@ -604,6 +608,7 @@ class SegmentRecovery:
         return bound
 
     async def _close(self, last: int, fence: FenceOutcome) -> Versioned[SegmentRecord] | None:
+        self._silent = set(fence.unreachable)
         records, nbytes, first_txid, last_txid, times = await self._summarize(last)
         # Members that did not answer the fence (down, slow, limbo) may lack entries: the record
         # says so, and the auditor checks and refills them (dlctl.log.repair).
