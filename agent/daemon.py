@@ -218,7 +218,10 @@ async def _serve(config: AgentConfig, metrics: AgentMetrics, metrics_address: st
     if config.scrub.enabled:
         from .storage.scrub import Scrubber
 
-        scrubber = Scrubber(store, config.scrub.bytes_per_second, config.scrub.interval).start()
+        # A start from index checkpoints did not read what they cover: the first pass checks it
+        # at once rather than an interval later (dlagent.storage.checkpoint).
+        first_delay = 0.0 if report.from_checkpoints else None
+        scrubber = Scrubber(store, config.scrub.bytes_per_second, config.scrub.interval, first_delay=first_delay).start()
     else:
         log.info("scrubbing disabled by configuration ([scrub] enabled = false)")
 

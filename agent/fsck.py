@@ -64,7 +64,10 @@ def check_segment_row(check: SegmentCheck) -> dict[str, Any]:
 def fsck(data_dir: Path) -> dict[str, Any]:
     """Check every segment replica under ``data_dir`` (the caller holds or skips the lock)."""
     found, stray = layout.discover(data_dir)
-    rows = [check_segment_row(inspect_segment(data_dir, key, files)) for key, files in found]
+    # Index checkpoints are shortcuts for the store's start, not replica state: fsck reads every
+    # replica in full, and one left without its log is removed at the next start.
+    found = [(key, files - {layout.IDX_SUFFIX, layout.IDX_TMP_SUFFIX}) for key, files in found]
+    rows = [check_segment_row(inspect_segment(data_dir, key, files)) for key, files in found if files]
     bad = sum(1 for r in rows if r["problems"])
     return {
         "data_dir": str(data_dir),

@@ -1,7 +1,8 @@
 """In-memory index of one replica: entry id -> (file offset, payload length, CRC).
 
-Derived data, rebuilt from the log file on every open and never persisted, so it can not
-disagree with the file. It must stay small (a GiB of 1 KiB entries is a million entries), so
+Derived data, rebuilt from the log file on open: from the file's start, or from a checkpoint
+of the index the store wrote beside the file (``dump``/``load``; ``dlagent.storage.checkpoint``
+says when it is trusted) and the bytes after it. It must stay small (a GiB of 1 KiB entries is a million entries), so
 entries live in flat arrays indexed by ``entry_id - base`` (16 bytes an entry) instead of a
 dict of tuples (~150 bytes an entry). Replicas see mostly dense ids (striping leaves regular
 holes, pipelining reorders a little); ids that would blow the arrays up with holes — a far
@@ -11,6 +12,8 @@ arrives.
 
 from __future__ import annotations
 
+import struct
+import sys
 from array import array
 from collections.abc import Iterator
 
@@ -117,3 +120,71 @@ class EntryIndex:
             yield eid, o, lens[slot], crcs[slot]
         for k in sparse[si:]:
             yield (k, *self._sparse[k])
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def snapshot(self) -> EntryIndex:
+        """A copy (the arrays copied whole, no per-entry work): to dump on another thread while
+        this one keeps taking entries."""
+        out = EntryIndex()
+        out._base, out._holes, out.count, out.last_id, out.first_id = self._base, self._holes, self.count, self.last_id, self.first_id
+        out._off, out._len, out._crc = array("q", self._off), array("I", self._len), array("I", self._crc)
+        out._sparse = dict(self._sparse)
+        return out
+
+    _HEAD = struct.Struct("<qQQQqq")  # base, dense slots, holes, sparse count, last id, first id
+    _SPARSE = struct.Struct("<qqII")  # entry id, offset, length, crc
+
+    def dump(self, below: int | None = None) -> bytes:
+        """The index as bytes (little-endian), for ``load``; ``below``: only entries that end
+        before that file offset (what is durable) — later ones become holes."""
+        off, lens, crcs = array("q", self._off), array("I", self._len), array("I", self._crc)
+        sparse = dict(self._sparse)
+        holes, count = self._holes, self.count
+        if below is not None:
+            for slot, o in enumerate(off):
+                if o != _HOLE and o + lens[slot] > below:
+                    off[slot], lens[slot], crcs[slot] = _HOLE, 0, 0
+                    holes += 1
+                    count -= 1
+            for entry_id, (o, length, _crc) in list(sparse.items()):
+                if o + length > below:
+                    del sparse[entry_id]
+                    count -= 1
+        if sys.byteorder != "little":
+            for a in (off, lens, crcs):
+                a.byteswap()
+        kept = [eid for eid in range(self._base, self._base + len(off)) if off[eid - self._base] != _HOLE] + list(sparse)
+        last, first = (max(kept), min(kept)) if kept else (-1, -1)
+        head = self._HEAD.pack(self._base, len(off), holes, len(sparse), last, first)
+        body = b"".join(self._SPARSE.pack(k, *v) for k, v in sorted(sparse.items()))
+        return head + off.tobytes() + lens.tobytes() + crcs.tobytes() + body
+
+    @classmethod
+    def load(cls, data: bytes | memoryview) -> EntryIndex:
+        """An index from ``dump``'s bytes; ValueError when they do not hold one."""
+        view = memoryview(data)
+        head = cls._HEAD.size
+        if len(view) < head:
+            raise ValueError("index checkpoint too short")
+        base, n, holes, n_sparse, last, first = cls._HEAD.unpack_from(view)
+        if n > len(view) or n_sparse > len(view) or len(view) != head + n * 16 + n_sparse * cls._SPARSE.size:
+            raise ValueError("index checkpoint of the wrong size")
+        out = cls()
+        out._base, out._holes, out.last_id, out.first_id = base, holes, last, first
+        pos = head
+        for name, typecode, width in (("_off", "q", 8), ("_len", "I", 4), ("_crc", "I", 4)):
+            a = array(typecode)
+            a.frombytes(bytes(view[pos : pos + n * width]))
+            if sys.byteorder != "little":
+                a.byteswap()
+            setattr(out, name, a)
+            pos += n * width
+        for _ in range(n_sparse):
+            entry_id, offset, length, crc = cls._SPARSE.unpack_from(view, pos)
+            out._sparse[entry_id] = (offset, length, crc)
+            pos += cls._SPARSE.size
+        out.count = n - holes + n_sparse
+        if out.count < 0 or holes < 0:
+            raise ValueError("index checkpoint counts do not add up")
+        return out

@@ -5,6 +5,8 @@
     <data_dir>/segments/<log_id:016x>/<seq:016x>.fenced  exists => fenced (durable marker)
     <data_dir>/segments/<log_id:016x>/<seq:016x>.limbo   exists => limbo (JSON: where, why)
     <data_dir>/segments/<log_id:016x>/<seq:016x>.acked   bytes of the .log known durable (u64 + CRC-32C)
+    <data_dir>/segments/<log_id:016x>/<seq:016x>.idx     a checkpoint of its index (checkpoint.py)
+    <data_dir>/segments/<log_id:016x>/<seq:016x>.idx.tmp the next one, being written
 
 Paths are built with fixed-width hex of integers checked to be in range, so nothing that
 comes from the network can name a file outside ``segments/``; directory listings are parsed
@@ -39,11 +41,13 @@ LOG_SUFFIX = ".log"
 FENCED_SUFFIX = ".fenced"
 LIMBO_SUFFIX = ".limbo"
 ACKED_SUFFIX = ".acked"
-SUFFIXES = (LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX, ACKED_SUFFIX)
+IDX_SUFFIX = ".idx"
+IDX_TMP_SUFFIX = ".idx.tmp"
+SUFFIXES = (LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX, ACKED_SUFFIX, IDX_SUFFIX, IDX_TMP_SUFFIX)
 
 ENTRY_ID_MAX = 2**63 - 1
 _HEX16 = re.compile(r"[0-9a-f]{16}")
-_FILE = re.compile(r"([0-9a-f]{16})(\.log|\.fenced|\.limbo|\.acked)")
+_FILE = re.compile(r"([0-9a-f]{16})(\.log|\.fenced|\.limbo|\.acked|\.idx|\.idx\.tmp)")
 
 Key = tuple[int, int]  # (log id, segment seq)
 

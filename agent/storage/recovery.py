@@ -41,8 +41,9 @@ from pathlib import Path
 
 from dlctl.log.format import FORMAT_VERSION, HEADER_SIZE, KNOWN_FLAGS, MAGIC, MAX_PAYLOAD, crc32c
 
+from . import checkpoint, layout
+from .checkpoint import Checkpoint
 from .index import EntryIndex
-from . import layout
 from .layout import LOG_SUFFIX
 from .types import LimboRecord
 
@@ -90,6 +91,7 @@ class ScanResult:
     next_valid_offset: int = -1
     # With corrupt_reason: the header at valid_end is all zeros — see SegmentCheck.unsynced_gap.
     zero_header: bool = False
+    scanned_from: int = 0  # where reading began: a trusted index checkpoint's end, else 0
 
     @property
     def clean(self) -> bool:
@@ -160,29 +162,32 @@ def _all_zeros(fd: int, start: int, end: int) -> bool:
     return True
 
 
-def scan_file(path: Path, log_id: int, seq: int) -> ScanResult:
-    """Read a replica file (opened read-only, never modified) and index its valid entries.
+def scan_file(path: Path, log_id: int, seq: int, start: Checkpoint | None = None) -> ScanResult:
+    """Read a replica file (opened read-only, never modified) and index its valid entries;
+    from ``start`` (an index checkpoint, ``checkpoint.py``) when given and the file holds what
+    it covers (else from the beginning).
 
     Raises OSError when the file can not be read (the caller decides what that means).
     """
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
-        result = ScanResult(path, log_id, seq, size)
-        if size:
-            _scan(fd, result)
+        if start is not None and start.covered <= size:
+            result = ScanResult(path, log_id, seq, size, index=start.index, scanned_from=start.covered)
+            _scan(fd, result, start.covered, start.lac, start.covered)
+        else:
+            result = ScanResult(path, log_id, seq, size)
+            if size:
+                _scan(fd, result)
         return result
     finally:
         os.close(fd)
 
 
-def _scan(fd: int, r: ScanResult) -> None:
+def _scan(fd: int, r: ScanResult, pos: int = 0, lac: int = -1, nbytes: int = 0) -> None:
     size, log_id, seq, index = r.file_size, r.log_id, r.seq, r.index
     unpack = _HDR.unpack_from
     reader = _Reader(fd, size)
-    pos = 0
-    lac = -1
-    nbytes = 0
     reason: str | None = None
     try:
         while pos < size:
@@ -309,6 +314,7 @@ class SegmentCheck:
     scan: ScanResult | None = None
     read_error: str | None = None
     acked: int | None = None  # the length its .acked file records as durable, if any
+    checkpoint_error: str | None = None  # why its index checkpoint was not used (read in full)
 
     @property
     def unsynced_gap(self) -> bool:
@@ -363,7 +369,9 @@ class SegmentCheck:
         return scan.valid_end, scan.file_size - scan.valid_end, scan.torn_reason
 
 
-def inspect_segment(data_dir: Path, key: tuple[int, int], files: set[str]) -> SegmentCheck:
+def inspect_segment(data_dir: Path, key: tuple[int, int], files: set[str], *, use_checkpoint: bool = False) -> SegmentCheck:
+    """What a replica's files say. ``use_checkpoint``: start from its index checkpoint when one
+    can be trusted (the store at start-up; ``fsck`` reads everything)."""
     path = layout.segment_path(data_dir, key, LOG_SUFFIX)
     marker = None
     if layout.LIMBO_SUFFIX in files:
@@ -371,9 +379,15 @@ def inspect_segment(data_dir: Path, key: tuple[int, int], files: set[str]) -> Se
     check = SegmentCheck(key, path, LOG_SUFFIX in files, layout.FENCED_SUFFIX in files, marker)
     if layout.ACKED_SUFFIX in files:
         check.acked = read_acked(layout.segment_path(data_dir, key, layout.ACKED_SUFFIX))
+    start = None
+    if use_checkpoint and layout.IDX_SUFFIX in files and marker is None:
+        try:
+            start = checkpoint.read(layout.segment_path(data_dir, key, layout.IDX_SUFFIX))
+        except (OSError, ValueError) as exc:
+            check.checkpoint_error = str(exc)
     if check.has_log:
         try:
-            check.scan = scan_file(path, *key)
+            check.scan = scan_file(path, *key, start=start)
         except OSError as exc:
             check.read_error = str(exc)
     return check

@@ -20,9 +20,10 @@ How fast: a token bucket over bytes at ``bytes_per_second`` (no credit builds up
 a burst never exceeds one chunk); chunks of at most CHUNK_BYTES and CHUNK_ENTRIES, read one run
 of adjacent entries per ``pread``. A pass starts every ``interval``; one that takes longer (more
 data than ``bytes_per_second x interval``) is followed at once by the next, and says so in the
-log. The first pass starts one interval after the agent started: startup recovery has just read
-and checked every replica file in full (``recovery.scan_file``). If it ever stops doing that,
-start the first pass at once (``first_delay=0``).
+log. The first pass starts one interval after the agent started when startup recovery read and
+checked every replica file in full (``recovery.scan_file``), and at once (``first_delay=0``,
+``dlagent.daemon``) when it started replicas from index checkpoints, which it did not read
+(``dlagent.storage.checkpoint``).
 
 Defaults (``[scrub]`` in agent.toml): 4 MiB/s and a pass a week. 4 MiB/s covers 2.3 TiB a week
 and is a small fraction of an SSD's bandwidth; measured on 1 KiB entries (the most CPU per byte),

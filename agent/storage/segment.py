@@ -22,6 +22,7 @@ class Segment:
     __slots__ = (
         "key", "log_id", "seq", "path", "index", "lac", "size", "durable", "mem",
         "fenced", "fence_durable", "fencing", "limbo", "fd", "alloc_end", "acked",
+        "indexed", "rest_mark",
     )
 
     def __init__(self, key: Key, path: Path, index: EntryIndex | None = None, size: int = 0, lac: int = -1) -> None:
@@ -46,6 +47,10 @@ class Segment:
         self.alloc_end = size
         # The durable length last recorded in the replica's .acked file (0: none yet).
         self.acked = 0
+        # The file length its index checkpoint (.idx) covers (0: none), and its durable length
+        # when the store last looked: unchanged over a trim interval, it has rested.
+        self.indexed = 0
+        self.rest_mark = -1
 
     @property
     def pinned(self) -> bool:

@@ -49,10 +49,11 @@ from dlctl.log.errors import (
 from dlctl.log.format import FORMAT_VERSION, HEADER_SIZE, KNOWN_FLAGS, MAGIC, MAX_PAYLOAD, CorruptEntry, crc32c, decode_header
 from dlctl.logthrottle import LogThrottle
 
-from . import layout, oserrors
-from .layout import ACKED_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX, LOG_SUFFIX, DirLock, Key, check_entry_id, check_segment_ids
+from . import checkpoint, layout, oserrors
+from .layout import ACKED_SUFFIX, FENCED_SUFFIX, IDX_SUFFIX, IDX_TMP_SUFFIX, LIMBO_SUFFIX, LOG_SUFFIX, DirLock, Key, check_entry_id, check_segment_ids
 from .recovery import HEADER_STRUCT as _HDR
-from .recovery import encode_acked, inspect_segment
+from .recovery import SegmentCheck, encode_acked, inspect_segment
+from .index import EntryIndex
 from .segment import FdCache, Segment
 from .sync import GroupCommitter
 from .types import Digest, FenceResult, LimboRecord, RecoveryReport, SegmentInfo, SyncPolicy, TailCut
@@ -134,6 +135,7 @@ class SegmentStore:
         self._settling: asyncio.Task | None = None  # the next settle, which deletes join
         self._trim_timer: asyncio.TimerHandle | None = None
         self._acked_timer: asyncio.TimerHandle | None = None
+        self._checkpointing: asyncio.Task | None = None  # index checkpoints being written (one batch at a time)
         self._synced_log_dirs: set[Path] = set()  # log dirs whose entry in segments/ this process fsynced
         self._throttle = LogThrottle(log)  # read failures can come in floods (descriptors exhausted)
         self.read_resource_errors = 0  # reads failed for want of a resource (never limbo)
@@ -187,7 +189,54 @@ class SegmentStore:
             return
         self._fds.trim_idle()
         self._throttle.flush()
+        if self._checkpointing is None or self._checkpointing.done():
+            due = self._checkpoints_due(everything=False)
+            if due:
+                self._checkpointing = self._loop.create_task(self._write_checkpoints(due))  # type: ignore[union-attr]
         self._trim_timer = self._loop.call_later(TRIM_IDLE_SECONDS, self._trim_idle)  # type: ignore[union-attr]
+
+    # -- index checkpoints (checkpoint.py) -----------------------------------------------------------
+
+    def _checkpoints_due(self, *, everything: bool) -> list[tuple[Key, int, int, EntryIndex]]:
+        """(key, covered length, LAC, index snapshot) of each replica whose durable data grew past
+        its checkpoint and has rested since the last look (``everything``: at a clean stop, every
+        one that grew). Loop thread: snapshots copy the index arrays whole, cheaply.
+
+        Only where durable means fdatasync'ed (``mode="always"``): with ``"never"`` a power loss
+        may tear what a checkpoint covers, which the full scan cuts as a torn tail."""
+        if self.sync.mode != "always":
+            return []
+        due = []
+        for key, seg in self._segments.items():
+            rested = everything or seg.rest_mark == seg.durable
+            seg.rest_mark = seg.durable
+            if seg.limbo is not None or key in self._deleting or seg.pinned or seg.durable <= seg.indexed or not rested:
+                continue
+            due.append((key, seg.durable, seg.lac, seg.index.snapshot()))
+        return due
+
+    async def _write_checkpoints(self, due: list[tuple[Key, int, int, EntryIndex]]) -> None:
+        """Write them on a thread of their own (not the sync thread: group commits do not wait
+        for them). A checkpoint is only a shortcut for the next start: one that cannot be written
+        is logged and the replica is read in full then."""
+        try:
+            written = await asyncio.to_thread(self._write_checkpoint_files, due)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("cannot write index checkpoints in %s: %s", self.data_dir, exc)
+            return
+        for key, covered in written:
+            seg = self._segments.get(key)
+            if seg is not None and covered > seg.indexed:
+                seg.indexed = covered
+
+    def _write_checkpoint_files(self, due: list[tuple[Key, int, int, EntryIndex]]) -> list[tuple[Key, int]]:
+        written = []
+        for key, covered, lac, index in due:
+            if not layout.segment_path(self.data_dir, key, LOG_SUFFIX).exists():
+                continue  # deleted meanwhile
+            checkpoint.write(layout.segment_path(self.data_dir, key, IDX_SUFFIX), checkpoint.encode(covered, lac, index), fsync=self._fsync)
+            written.append((key, covered))
+        return written
 
     # -- acknowledged lengths (.acked files; see recovery.py) ------------------------------------
 
@@ -276,6 +325,11 @@ class SegmentStore:
                     await self._record_acked(self._acked_due(), reschedule=False)
                 except AgentIOError:
                     pass  # already fatal; the waiters got the error
+                else:
+                    # And every replica's index: the next start reads only what comes after.
+                    if self._checkpointing is not None:
+                        await asyncio.shield(self._checkpointing)
+                    await self._write_checkpoints(self._checkpoints_due(everything=True))
             for task in list(self._creating.values()) + list(self._deleting.values()) + list(self._background):
                 try:
                     await asyncio.shield(task)
@@ -311,23 +365,42 @@ class SegmentStore:
         segments: dict[Key, Segment] = {}
         tails: list[TailCut] = []
         limbo: list[LimboRecord] = []
-        entries = 0
+        entries = scanned = from_checkpoints = 0
         found, ignored = layout.discover(self.data_dir)
         for key, files in found:
+            files = self._drop_stale_checkpoints(key, files)
+            if not files:
+                continue
             try:
-                seg = self._recover_segment(key, files, tails, limbo)
+                seg, check = self._recover_segment(key, files, tails, limbo)
             except _SyncFailed as exc:
                 raise AgentIOError(f"startup recovery of {_seg_name(key)}: {exc}") from exc
             segments[key] = seg
             entries += seg.index.count
+            if check.scan is not None:
+                scanned += check.scan.file_size - check.scan.scanned_from
+                from_checkpoints += check.scan.scanned_from > 0
         if ignored:
             log.warning("ignoring %d files in %s that are not segment replicas: %s", len(ignored), root, ignored[:5])
-        return segments, RecoveryReport(len(segments), entries, tails, limbo, ignored)
+        return segments, RecoveryReport(len(segments), entries, tails, limbo, ignored, scanned, from_checkpoints)
+
+    def _drop_stale_checkpoints(self, key: Key, files: set[str]) -> set[str]:
+        """A checkpoint being written when the agent stopped goes; so does a checkpoint whose
+        replica is gone (a delete cut short: it means nothing without the log)."""
+        stale = {IDX_TMP_SUFFIX} | ({IDX_SUFFIX} if files <= {IDX_SUFFIX, IDX_TMP_SUFFIX} else set())
+        for suffix in stale & files:
+            try:
+                os.unlink(layout.segment_path(self.data_dir, key, suffix))
+            except OSError as exc:
+                log.warning("cannot remove %s: %s", layout.segment_path(self.data_dir, key, suffix), exc)
+        return files - stale
 
     def _recover_segment(
         self, key: Key, files: set[str], tails: list[TailCut], limbo: list[LimboRecord]
-    ) -> Segment:
-        check = inspect_segment(self.data_dir, key, files)
+    ) -> tuple[Segment, SegmentCheck]:
+        check = inspect_segment(self.data_dir, key, files, use_checkpoint=True)
+        if check.checkpoint_error is not None:
+            log.warning("%s: index checkpoint not used (%s): read in full", check.path, check.checkpoint_error)
         if not check.has_log and check.marker is None and check.corruption is None:
             # A fenced marker alone: fenced before any entry arrived (or a delete cut short
             # after the log went). Either way an empty, fenced replica; give it its file.
@@ -336,6 +409,7 @@ class SegmentStore:
         seg = Segment(key, check.path, scan.index if scan else None, size=scan.file_size if scan else 0, lac=scan.lac if scan else -1)
         seg.fenced = seg.fence_durable = check.fenced
         seg.acked = check.acked or 0
+        seg.indexed = scan.scanned_from if scan is not None else 0
         record = check.marker
         if record is None and check.corruption is not None:
             record = check.corruption
@@ -344,7 +418,7 @@ class SegmentStore:
         if record is not None:
             seg.limbo = record
             limbo.append(record)
-            return seg
+            return seg, check
         if scan is not None and scan.zero_tail:
             # Preallocated space left by a crash: not data, not a tear (see recovery).
             self._cut(check.path, scan.valid_end, sync=False)
@@ -356,7 +430,7 @@ class SegmentStore:
             seg.size = seg.durable = seg.alloc_end = offset
             tails.append(TailCut(key[0], key[1], str(check.path), offset, nbytes, reason))
             log.warning("%s: cut %d-byte torn tail at offset %d (%s)", check.path, nbytes, offset, reason)
-        return seg
+        return seg, check
 
     def _cut(self, path: Path, length: int, sync: bool = True) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -447,13 +521,14 @@ class SegmentStore:
         # empty fenced replica or a limbo one — both refuse writes, neither serves stale data.
         # The acknowledged length before the log: left alone, it would read back as a replica
         # file gone missing.
-        for suffix in (ACKED_SUFFIX, LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX):
+        # The index checkpoint first of all: it means nothing without the log.
+        for suffix in (IDX_TMP_SUFFIX, IDX_SUFFIX, ACKED_SUFFIX, LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX):
             path = layout.segment_path(self.data_dir, key, suffix)
             try:
                 size = os.stat(path).st_size
                 os.unlink(path)
-                existed = True
-                freed += size if suffix != ACKED_SUFFIX else 0  # a 12-byte record, not replica data
+                existed = existed or suffix not in (IDX_SUFFIX, IDX_TMP_SUFFIX)
+                freed += size if suffix not in (ACKED_SUFFIX, IDX_SUFFIX, IDX_TMP_SUFFIX) else 0  # records about the replica, not its data
             except FileNotFoundError:
                 pass
         ldir = layout.log_dir(self.data_dir, key[0])

@@ -103,6 +103,8 @@ class RecoveryReport:
     tails_cut: list[TailCut] = field(default_factory=list)
     limbo: list[LimboRecord] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # files in segments/ that are not ours
+    scanned_bytes: int = 0  # replica bytes read to rebuild the indexes (the rest: from checkpoints)
+    from_checkpoints: int = 0  # replicas whose index started from a checkpoint
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,4 +113,6 @@ class RecoveryReport:
             "tails_cut": [t.to_dict() for t in self.tails_cut],
             "limbo": [r.to_dict() for r in self.limbo],
             "ignored": list(self.ignored),
+            "scanned_bytes": self.scanned_bytes,
+            "from_checkpoints": self.from_checkpoints,
         }

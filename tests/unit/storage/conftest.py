@@ -20,6 +20,14 @@ def make_entry(log_id: int = 1, seq: int = 1, entry_id: int = 0, lac: int | None
     return encode(Entry(log_id, seq, entry_id, lac, payload))
 
 
+def _forget_checkpoints(root) -> None:
+    """As if the agent had crashed while its replicas grew: no index checkpoint covers them, and
+    the next start reads (and checks) every byte. A clean close writes them; damage inside what
+    one covers is found by reads and the scrubber instead (test_storage_checkpoint.py)."""
+    for path in (root / "segments").rglob("*.idx"):
+        path.unlink()
+
+
 class CountingSync:
     """An fdatasync/fsync stand-in: counts calls, can fail from the n-th call, can be held."""
 
@@ -47,6 +55,11 @@ class CountingSync:
 @pytest.fixture(scope="session")
 def entry() -> Callable[..., bytes]:
     return make_entry
+
+
+@pytest.fixture(scope="session")
+def forget_checkpoints() -> Callable[..., None]:
+    return _forget_checkpoints
 
 
 @pytest.fixture(scope="session")

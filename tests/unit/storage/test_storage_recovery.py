@@ -153,9 +153,10 @@ MID_FILE = {
 
 
 @pytest.mark.parametrize("kind", sorted(MID_FILE))
-def test_corruption_before_valid_data_puts_the_replica_in_limbo(tmp_path, entry, kind):
+def test_corruption_before_valid_data_puts_the_replica_in_limbo(tmp_path, entry, kind, forget_checkpoints):
     entries = ten(entry)
     write_entries(tmp_path, entries)
+    forget_checkpoints(tmp_path)  # the start reads it all (with a checkpoint: test_storage_checkpoint.py)
     path = log_path(tmp_path)
     offs = offsets(entries)
     pos, xor = MID_FILE[kind](offs, entries)
@@ -251,8 +252,9 @@ def test_conflicting_duplicate_in_a_file_is_limbo(tmp_path, entry):
     asyncio.run(body())
 
 
-def test_limbo_does_not_spread_to_other_segments(tmp_path, entry):
+def test_limbo_does_not_spread_to_other_segments(tmp_path, entry, forget_checkpoints):
     write_entries(tmp_path, ten(entry) + [entry(1, 2, i) for i in range(3)])
+    forget_checkpoints(tmp_path)
     corrupt(log_path(tmp_path, 1, 1), HEADER_SIZE + 2)
 
     async def body():
