@@ -74,6 +74,8 @@ TRIM_IDLE_SECONDS = 2.0
 # cut while the agent is down is caught unless the cut reaches into the last second of data
 # made durable before a crash (a clean stop records everything).
 ACKED_SECONDS = 1.0
+# Index checkpoints written per trim tick at most (the rest: at the next ticks).
+CHECKPOINTS_PER_TICK = 32
 
 
 def digest_of(pairs: Iterable[tuple[int, int]]) -> str:
@@ -212,7 +214,12 @@ class SegmentStore:
             seg.rest_mark = seg.durable
             if seg.limbo is not None or key in self._deleting or seg.pinned or seg.durable <= seg.indexed or not rested:
                 continue
-            due.append((key, seg.durable, seg.lac, seg.index.snapshot()))
+            # Stopping, nothing changes an index any more: no copy. Running, a bounded batch per
+            # tick, so the first ticks after a start that read everything (all replicas due at
+            # once) do not copy every index at the same time.
+            due.append((key, seg.durable, seg.lac, seg.index if everything else seg.index.snapshot()))
+            if not everything and len(due) >= CHECKPOINTS_PER_TICK:
+                break
         return due
 
     async def _write_checkpoints(self, due: list[tuple[Key, int, int, EntryIndex]]) -> None:
