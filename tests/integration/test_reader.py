@@ -439,6 +439,40 @@ def test_slow_replica_costs_about_one_timeout_not_a_failure(cluster, zkc):
     run(main())
 
 
+def test_a_segment_opened_while_the_previous_one_is_in_progress_is_read_only_after_that_one_closes(cluster, zkc):
+    """The reader rule fast takeover relies on (issue 24 item 1): a new owner may open segment 2
+    while segment 1 is still being recovered. A reader delivers segment 1 up to its LAC, nothing
+    of segment 2 while segment 1 stays open, and segment 2 once segment 1 is closed: in order."""
+
+    async def main():
+        meta, pool, feeder = await setup(zkc, "two-in-progress")
+        await feeder.new_segment()
+        for _ in range(3):
+            await feeder.append(2)
+        await feeder.flush()  # entries 0-2 readable
+        old, old_end, old_records, old_txid = feeder.seg, feeder.next_entry - 1, feeder.records, feeder.txid
+        first_part = list(feeder.expected)
+        await feeder.new_segment()  # segment 1 is still in progress
+        for _ in range(2):
+            await feeder.append(2)
+        await feeder.flush()
+        second_part = feeder.expected[len(first_part):]
+        try:
+            async with LogReader(meta, pool, "two-in-progress", region="r1", long_poll_timeout=1) as reader:
+                got = await read_all(reader, len(first_part))
+                assert [(r.dlsn, r.txid) for r in got] == first_part
+                assert await reader.read_next(1.0) is None  # segment 2 is not read while segment 1 is open
+                assert old is not None
+                closed = old.value.completed_with(old_end, old_txid, old_records, 0, time.time())
+                await asyncio.to_thread(meta.update_segment, "two-in-progress", old, closed)  # recovery closes it
+                got = await read_all(reader, len(second_part))
+                assert [(r.dlsn, r.txid) for r in got] == second_part
+        finally:
+            await pool.close()
+
+    run(main())
+
+
 def test_reads_move_away_from_a_delayed_replica_within_a_few_requests(cluster, zkc, fault_network: FaultNetwork):
     """n1, the replica nearest the reader, is delayed 50 ms each way by the fault proxy: no
     failure, and it answers within the speculative ceiling. The reader's scores must find the
