@@ -66,7 +66,7 @@ def fsck(data_dir: Path) -> dict[str, Any]:
     found, stray = layout.discover(data_dir)
     # Index checkpoints are shortcuts for the store's start, not replica state: fsck reads every
     # replica in full, and one left without its log is removed at the next start.
-    found = [(key, files - {layout.IDX_SUFFIX, layout.IDX_TMP_SUFFIX}) for key, files in found]
+    found = [(key, files - layout.CHECKPOINT_SUFFIXES) for key, files in found]
     rows = [check_segment_row(inspect_segment(data_dir, key, files)) for key, files in found if files]
     bad = sum(1 for r in rows if r["problems"])
     return {

@@ -43,6 +43,7 @@ LIMBO_SUFFIX = ".limbo"
 ACKED_SUFFIX = ".acked"
 IDX_SUFFIX = ".idx"
 IDX_TMP_SUFFIX = ".idx.tmp"
+CHECKPOINT_SUFFIXES = frozenset((IDX_SUFFIX, IDX_TMP_SUFFIX))  # shortcuts for a start, not replica state
 SUFFIXES = (LOG_SUFFIX, FENCED_SUFFIX, LIMBO_SUFFIX, ACKED_SUFFIX, IDX_SUFFIX, IDX_TMP_SUFFIX)
 
 ENTRY_ID_MAX = 2**63 - 1

@@ -50,7 +50,7 @@ from dlctl.log.format import FORMAT_VERSION, HEADER_SIZE, KNOWN_FLAGS, MAGIC, MA
 from dlctl.logthrottle import LogThrottle
 
 from . import checkpoint, layout, oserrors
-from .layout import ACKED_SUFFIX, FENCED_SUFFIX, IDX_SUFFIX, IDX_TMP_SUFFIX, LIMBO_SUFFIX, LOG_SUFFIX, DirLock, Key, check_entry_id, check_segment_ids
+from .layout import ACKED_SUFFIX, CHECKPOINT_SUFFIXES, FENCED_SUFFIX, IDX_SUFFIX, IDX_TMP_SUFFIX, LIMBO_SUFFIX, LOG_SUFFIX, DirLock, Key, check_entry_id, check_segment_ids
 from .recovery import HEADER_STRUCT as _HDR
 from .recovery import SegmentCheck, encode_acked, inspect_segment
 from .index import EntryIndex
@@ -394,7 +394,7 @@ class SegmentStore:
     def _drop_stale_checkpoints(self, key: Key, files: set[str]) -> set[str]:
         """A checkpoint being written when the agent stopped goes; so does a checkpoint whose
         replica is gone (a delete cut short: it means nothing without the log)."""
-        stale = {IDX_TMP_SUFFIX} | ({IDX_SUFFIX} if files <= {IDX_SUFFIX, IDX_TMP_SUFFIX} else set())
+        stale = {IDX_TMP_SUFFIX} | (set(CHECKPOINT_SUFFIXES) if files <= CHECKPOINT_SUFFIXES else set())
         for suffix in stale & files:
             try:
                 os.unlink(layout.segment_path(self.data_dir, key, suffix))
@@ -534,8 +534,8 @@ class SegmentStore:
             try:
                 size = os.stat(path).st_size
                 os.unlink(path)
-                existed = existed or suffix not in (IDX_SUFFIX, IDX_TMP_SUFFIX)
-                freed += size if suffix not in (ACKED_SUFFIX, IDX_SUFFIX, IDX_TMP_SUFFIX) else 0  # records about the replica, not its data
+                existed = existed or suffix not in CHECKPOINT_SUFFIXES
+                freed += size if suffix != ACKED_SUFFIX and suffix not in CHECKPOINT_SUFFIXES else 0  # records about the replica, not its data
             except FileNotFoundError:
                 pass
         ldir = layout.log_dir(self.data_dir, key[0])

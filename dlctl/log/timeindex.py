@@ -39,14 +39,6 @@ def iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def segment_last_ms(seg: SegmentRecord) -> int | None:
-    """An upper bound of the append times in completed segment ``seg``: its last entry's, else
-    its completion time (None: in progress)."""
-    if seg.last_time is not None:
-        return seg.last_time
-    return to_ms(seg.completed) if seg.completed is not None else None
-
-
 def segment_index_for_time(segments: Sequence[SegmentRecord], at_ms: int) -> int:
     """Index of the first live segment that may hold an entry appended at or after ``at_ms``
     (``segments``: live, in order; an in-progress one, always last, is always a candidate).
@@ -55,10 +47,10 @@ def segment_index_for_time(segments: Sequence[SegmentRecord], at_ms: int) -> int
     closed_end = len(segments)
     while closed_end > 0 and segments[closed_end - 1].state is SegmentState.INPROGRESS:
         closed_end -= 1
-    running = 0
-    keys: list[int] = []
+    running: float = 0
+    keys: list[float] = []
     for seg in segments[:closed_end]:
-        last = segment_last_ms(seg)
+        last = seg.last_append_ms
         running = max(running, last if last is not None else 0)
         keys.append(running)
     return bisect.bisect_left(keys, at_ms)

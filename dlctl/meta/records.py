@@ -111,6 +111,14 @@ class SegmentRecord:
     def __hash__(self) -> int:  # frozen, but ``short`` is a dict: hash what identifies it
         return hash((self.seq, self.state, self.ensembles, self.last_entry_id))
 
+    @property
+    def last_append_ms(self) -> float | None:
+        """When its last record was appended at the latest (ms since the epoch): the recorded
+        time, else its completion time (an upper bound); None while in progress."""
+        if self.last_time is not None:
+            return self.last_time
+        return self.completed * 1000 if self.completed is not None else None
+
     def lacking(self, entry_id: int) -> frozenset[str]:
         """Members the record says do not hold ``entry_id`` (readers try them last)."""
         return frozenset(n for n, last in self.short.items() if last < entry_id)

@@ -284,12 +284,6 @@ class RetentionDecision:
     reason: str
 
 
-def _last_appended(seg: SegmentRecord) -> float | None:
-    """When ``seg``'s last record was appended (seconds since the epoch): its last entry's append
-    time, else its completion time (None: in progress)."""
-    return seg.last_time / 1000 if seg.last_time is not None else seg.completed
-
-
 def retention_point(segments: Sequence[SegmentRecord], now: float, *, ttl: float | None = None, max_bytes: int | None = None) -> RetentionDecision | None:
     """Where retention truncates: a prefix of the log's live segments.
 
@@ -302,7 +296,7 @@ def retention_point(segments: Sequence[SegmentRecord], now: float, *, ttl: float
     live = [s for s in sorted(segments, key=lambda s: s.seq) if s.state is not SegmentState.TRUNCATED]
     n_ttl = 0
     if ttl is not None:
-        while n_ttl < len(live) and live[n_ttl].state in TRUNCATABLE and (last := _last_appended(live[n_ttl])) is not None and now - last > ttl:
+        while n_ttl < len(live) and live[n_ttl].state in TRUNCATABLE and (last := live[n_ttl].last_append_ms) is not None and now * 1000 - last > ttl * 1000:
             n_ttl += 1
     n_size = 0
     if max_bytes is not None:

@@ -18,6 +18,7 @@ from ..plan import Plan, Step
 from ..replication import history as H
 from ..replication import settle as S
 from ..replication.network import current_version_vector
+from ..replication.records import StreamConfig
 from ..replication.store import StreamStore
 from .replication import delete_plan
 from .session import ClusterSession
@@ -71,14 +72,10 @@ def topology(sessions: Iterable[ClusterSession]) -> dict[str, Any]:
             "ever_on_cycle": edge in ever,
         })
     locations = sorted({*read, *(e[0] for e in edges), *(e[1] for e in edges)} - retired)
-    settled: dict[str, dict[str, int]] = {}
-    for event in history:
-        if event.kind == "settle":
-            settled.setdefault(event.source, {}).update(dict(event.counters))
     return {
         "locations": locations,
         "retired": sorted(retired),
-        "settled": settled,
+        "settled": H.settled(history),
         "edges": rows,
         "history": [{**e.to_dict(), "time": _iso(e.at)} for e in history],
         "unreachable": unreachable,
@@ -123,14 +120,17 @@ def retire_plan(location: str, sessions: Sequence[ClusterSession]) -> Plan:
     # reachable location -> (session, the streams it is the sink of that touch ``location``: id -> source)
     found: dict[str, tuple[ClusterSession, dict[str, str]]] = {}
     known = any(s.cluster.name == location for s in sessions)
+    histories: list[list[H.NetworkEvent]] = []  # of the locations in reach, read once
     for session in sessions:
         try:
             touching = {i: u for i, (u, v) in _stream_ends(session).items() if location in (u, v)}
-            known = known or bool(touching) or any(location in (e.source, e.sink) for e in H.HistoryStore(session.meta).events())
+            events = H.HistoryStore(session.meta).events()
+            known = known or bool(touching) or any(location in (e.source, e.sink) for e in events)
         except (KazooException, DlctlError) as exc:
             notes.append(f"{session.cluster.name} is out of reach ({exc}): it learns of the retirement from its sources' history, or when retire is re-run")
             continue
         found[session.cluster.name] = (session, touching)
+        histories.append(events)
     reachable = [session for session, _ in found.values()]
     for session, touching in found.values():
         for stream_id, source_name in touching.items():
@@ -138,7 +138,6 @@ def retire_plan(location: str, sessions: Sequence[ClusterSession]) -> Plan:
             steps += list(delete_plan(session, source, stream_id).steps)
     if not known:
         raise NotFoundError(f"no location of the inventory knows a location named {location!r}", hint="see `dlctl replication topology`")
-    histories = [H.HistoryStore(s.meta).events() for s in reachable]
     history = H.merge(*histories)
     already = next((e for e in history if e.kind == "retire" and e.source == location), None)
     event = already or H.NetworkEvent("retire", location, note="dlctl replication retire")
@@ -156,8 +155,7 @@ def retire_plan(location: str, sessions: Sequence[ClusterSession]) -> Plan:
 
     def settle() -> dict[str, Any]:
         # Read when the step runs: the streams touching ``location`` are gone by then.
-        settled = H.merge(*(H.HistoryStore(s.meta).events() for s in reachable))
-        done = {log for e in settled if e.kind == "settle" and e.source == location for log, _ in e.counters}
+        done = set(H.settled(H.merge(*(H.HistoryStore(s.meta).events() for s in reachable))).get(location, {}))
         verdict = S.decide(location, _held_events(reachable, location, skip=done), unreachable)
         result: dict[str, Any] = {"settled": sorted(done), "pending": verdict.describe()}
         if verdict.counters and not verdict.unreachable:
@@ -184,12 +182,7 @@ def _held_events(sessions: Sequence[ClusterSession], retired: str, skip: set[str
     unfiltered one (``dlctl.replication.settle``; ``skip``: logs settled already, final)."""
     carries: dict[str, set[str]] = {}  # location -> logs
     for session in sessions:
-        streams = StreamStore(session.meta)
-        for stream_id in streams.list_streams():
-            try:
-                config = streams.get_config(stream_id).value
-            except (NotFoundError, ValueError):
-                continue
+        for config in _stream_configs(session).values():
             carries.setdefault(config.source_cluster, set()).update(config.logs)
             if not config.filter:
                 carries.setdefault(config.sink_cluster, set()).update(config.logs)
@@ -200,14 +193,19 @@ def _held_events(sessions: Sequence[ClusterSession], retired: str, skip: set[str
     return held
 
 
-def _stream_ends(session: ClusterSession) -> dict[str, tuple[str, str]]:
-    """Stream id -> (source, sink) of the streams ``session``'s location is the sink of."""
+def _stream_configs(session: ClusterSession) -> dict[str, StreamConfig]:
+    """Stream id -> config of the streams ``session``'s location is the sink of (a stream whose
+    config is gone or unreadable is left out)."""
     streams = StreamStore(session.meta)
     out = {}
     for stream_id in streams.list_streams():
         try:
-            config = streams.get_config(stream_id).value
+            out[stream_id] = streams.get_config(stream_id).value
         except (NotFoundError, ValueError):
             continue
-        out[stream_id] = (config.source_cluster, config.sink_cluster)
     return out
+
+
+def _stream_ends(session: ClusterSession) -> dict[str, tuple[str, str]]:
+    """Stream id -> (source, sink) of the streams ``session``'s location is the sink of."""
+    return {i: (c.source_cluster, c.sink_cluster) for i, c in _stream_configs(session).items()}

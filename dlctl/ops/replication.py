@@ -156,15 +156,8 @@ def _resolve_start(source: ClusterSession, name: str, start: StartFrom) -> DLSN:
         return start.position
     log = source.meta.get_log(name).value
     live = live_segments([s.value for s in source.meta.segments(name)])
-
-    async def at_time() -> DLSN:
-        pool = AgentPool(source.meta, source.credentials)
-        try:
-            return (await locate_time(ReplicaReader(pool), log.log_id, live, to_ms(start.time or 0), log.max_segment_seq))[0]
-        finally:
-            await pool.close()
-
-    return max(asyncio.run(at_time()), first)
+    found, _ = source.with_pool(lambda pool: locate_time(ReplicaReader(pool), log.log_id, live, to_ms(start.time or 0), log.max_segment_seq))
+    return max(found, first)
 
 
 async def _source_end(source: ClusterSession, name: str) -> DLSN | None:

@@ -177,16 +177,8 @@ def resolve_target(
         return Target(decision.point, decision.truncated_txid, f"explicit: segments last appended to more than {older_than:g}s ago ({len(decision.segments)})")
     if before_time is not None:
         log = session.meta.get_log(name).value
-
-        async def at_time() -> DLSN:
-            pool = AgentPool(session.meta, session.credentials)
-            try:
-                point, _ = await locate_time(ReplicaReader(pool), log.log_id, live_segments(segments), to_ms(before_time), log.max_segment_seq)
-                return point
-            finally:
-                await pool.close()
-
-        point = normalize(segments, asyncio.run(at_time()))
+        found, _ = session.with_pool(lambda pool: locate_time(ReplicaReader(pool), log.log_id, live_segments(segments), to_ms(before_time), log.max_segment_seq))
+        point = normalize(segments, found)
         if point <= start_of_log(live_segments(segments), log.max_segment_seq):
             return None  # nothing was appended before it
         return Target(point, truncated_txid(segments, point), f"explicit: before {iso(to_ms(before_time))}")

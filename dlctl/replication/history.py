@@ -166,16 +166,21 @@ def _replay(history: Iterable[NetworkEvent]) -> tuple[dict[Edge, str], set[Edge]
     return edges, ever, retired
 
 
-def settled_floors(history: Iterable[NetworkEvent], log: str) -> dict[str, int]:
-    """Retired location -> its last counter in ``log``, for every retired location whose events
-    in ``log`` the network agreed every location holds (``settle`` events)."""
-    out: dict[str, int] = {}
+def settled(history: Iterable[NetworkEvent]) -> dict[str, dict[str, int]]:
+    """Retired location -> log -> its last counter there, for every log where the network agreed
+    every location holds its events (``settle`` events)."""
+    out: dict[str, dict[str, int]] = {}
     for event in history:
         if event.kind == "settle":
+            logs = out.setdefault(event.source, {})
             for name, count in event.counters:
-                if name == log:
-                    out[event.source] = max(out.get(event.source, 0), count)
+                logs[name] = max(logs.get(name, 0), count)
     return out
+
+
+def settled_floors(history: Iterable[NetworkEvent], log: str) -> dict[str, int]:
+    """Retired location -> its settled last counter in ``log``."""
+    return {location: logs[log] for location, logs in settled(history).items() if log in logs}
 
 
 def current_filters(history: Iterable[NetworkEvent]) -> dict[Edge, str]:

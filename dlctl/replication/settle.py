@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..meta.store import MetaStore
-from .history import HistoryStore, settled_floors
+from .history import HistoryStore, NetworkEvent, settled_floors
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,20 @@ def decide(location: str, held: Mapping[str, Mapping[str, int]], unreachable: tu
     return Settlement(location, counters, lagging, tuple(sorted(unreachable)))
 
 
-def floors(meta: MetaStore, log: str) -> dict[str, int]:
-    """The settled retired locations of ``log`` as location ``meta.cluster``'s history knows
-    them: retired location -> its last counter."""
-    return settled_floors(HistoryStore(meta).events(), log)
+class SettledFloors:
+    """The settled retired locations as location ``meta.cluster``'s network history knows them,
+    read incrementally: each look lists the history and reads only the events it has not seen
+    (a stream worker looks every contact interval; the history only grows)."""
+
+    def __init__(self, meta: MetaStore) -> None:
+        self._history = HistoryStore(meta)
+        self._seen: set[str] = set()
+        self._settles: list[NetworkEvent] = []
+
+    def of(self, log: str) -> dict[str, int]:
+        """Retired location -> its settled last counter in ``log``."""
+        new = set(self._history.names()) - self._seen
+        if new:
+            self._settles += [e for e in self._history.events(new) if e.kind == "settle"]
+            self._seen |= new
+        return settled_floors(self._settles, log)

@@ -189,8 +189,10 @@ def evidence(meta: MetaStore, name: str, steps: Sequence[Any], has_base: bool) -
     # deletes of them is part of this location's deletion vector (``dlctl.replication.network``),
     # which must be known, or a new connection out of here could start without it. Any stream
     # that ever wrote into this location counts (a log can join a stream after its ``connect``
-    # event named the stream's logs): at worst a log it never carried is read once.
-    out.fed_before = sorted({e.stream for e in HistoryStore(meta).events() if e.kind == "connect" and e.sink == meta.cluster} - set(out.streams_in))
+    # event named the stream's logs): at worst a log it never carried is read once. The history
+    # is read only when nothing else says the log is replicated.
+    if not out.replicated:
+        out.fed_before = sorted({e.stream for e in HistoryStore(meta).events() if e.kind == "connect" and e.sink == meta.cluster})
     return out
 
 

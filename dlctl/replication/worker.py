@@ -250,6 +250,7 @@ class StreamWorker:
         self._cvv_task: asyncio.Task[None] | None = None
         self._last_cvv = 0.0
         self._clock: SourceClock | None = None  # this run's, once it reads
+        self._settled: settle.SettledFloors | None = None  # the sink's settled retired locations, read as they come
         self._filtering = False  # reads carry the sink's version vector (source-side filtering)
         self._split_warned = False  # said once that a source request was too large to keep whole
         self._lag: tuple[int, int] | None = None  # (records, bytes) after the checkpoint, last measured
@@ -299,7 +300,8 @@ class StreamWorker:
             self.config.stream_id, self.log_name, cp.next, already,
         )
         base = await self._zk(ClockStore(self.source_meta).steps, self.log_name)
-        settled = await self._zk(settle.floors, self.sink_meta, self.log_name)
+        self._settled = settle.SettledFloors(self.sink_meta)
+        settled = await self._zk(self._settled.of, self.log_name)
         self._clock = clock = SourceClock(self.source, cp.source_vv, base=base, start=cp.next, settled=settled)
         causal = CausalityFilter(self.here, cp.sink_vv, unfiltered=self.config.unfiltered) if self.config.bidirectional or self.config.unfiltered else None
         progress = _Progress(None, cp.processed_records, cp.applied_records, cp.applied_bytes, cp.last_applied_at, cp.left_at_source)
@@ -596,8 +598,8 @@ class StreamWorker:
             try:
                 if self._filtering:
                     self._sink_cvv = merge(self._sink_cvv, await self._zk(current_version_vector, self.sink_meta, self.log_name))
-                if self._clock is not None:
-                    floors = await self._zk(settle.floors, self.sink_meta, self.log_name)
+                if self._clock is not None and self._settled is not None:
+                    floors = await self._zk(self._settled.of, self.log_name)
                     self._clock.settled = {k: v for k, v in floors.items() if k != self.source}
             except Exception as exc:  # noqa: BLE001 - ZooKeeper trouble: the last view stays (it only filters less)
                 log.debug("stream %s, log %s: reading the sink's version vector and settled locations: %r", self.config.stream_id, self.log_name, exc)

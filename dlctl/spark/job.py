@@ -150,6 +150,7 @@ def plan_job(source: Any, sink: Any, logs: Sequence[str], *, holder: str) -> Job
     sink_policies = placement_store.load(sink.meta.client, sink.cluster.name).value
     sink_logs = set(sink.meta.list_logs())
     replicated_into_source = _logs_replicated_into(source)
+    settled = settle.SettledFloors(sink.meta)  # the sink's history, read once for every log
     plans = []
     for name in logs:
         source_log = source.meta.get_log(name)
@@ -164,7 +165,7 @@ def plan_job(source: Any, sink: Any, logs: Sequence[str], *, holder: str) -> Job
         if not lp.assume_local:
             lp.notes.append("the source log receives records from another location: their vector clocks are read in a first pass")
         lp.clock_steps = _clock_steps(source, name)
-        lp.settled = settle.floors(sink.meta, name)
+        lp.settled = settled.of(name)
         lp.clock_derived, recorded = _clock_kinds(source, name)
         lp.blockers += clockbase.blockers(selection.copy, lp.clock_steps, lp.clock_derived)
         skipped = clockbase.skipped(selection.copy[0], recorded) if selection.copy else 0

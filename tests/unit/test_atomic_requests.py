@@ -194,7 +194,7 @@ def run_worker(monkeypatch, records, *, bidirectional=False, already=None, stop_
     monkeypatch.setattr(worker_mod, "StreamStore", FakeStreams)
     monkeypatch.setattr(worker_mod, "PinStore", FakePins)
     monkeypatch.setattr(worker_mod, "ClockStore", lambda meta: SimpleNamespace(steps=lambda log: []))
-    monkeypatch.setattr(worker_mod, "settle", SimpleNamespace(floors=lambda meta, log: {}))
+    monkeypatch.setattr(worker_mod, "settle", SimpleNamespace(SettledFloors=lambda meta: SimpleNamespace(of=lambda log: {})))
 
     async def open_appender(*args, **kwargs):
         return appender
