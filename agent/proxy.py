@@ -153,6 +153,13 @@ class _OwnedLog:
         self.producers: ProducerTable | None = None  # idempotent producers' requests (set once claimed)
 
 
+def _needs_tail(request: _Request) -> bool:
+    """Whether ``request`` can only be written knowing what the log's tail holds: an idempotent
+    producer's (a resend is answered from there) or one carrying replicated events (those the
+    log holds already are dropped)."""
+    return request.mark is not None or any(r.headers and origin_event(r.headers) is not None for r in request.records)
+
+
 def _error_for(exc: BaseException, name: str) -> AgentError:
     """The typed wire error a client acts on."""
     if isinstance(exc, AgentError):
@@ -370,28 +377,35 @@ class WriteProxy:
         if self._logs.get(name) is not owned or self._closing:
             await self._close_writer(writer)  # released or shutting down meanwhile
             return
+        # Requests that need no memory of the log's tail go at once, while the previous owner's
+        # segment may still be in recovery (a fast takeover); the others wait in order until
+        # the tail is read back (_pump holds them while owned.producers is None).
+        owned.writer = writer
+        self._pump(owned)
         try:
-            owned.applied, owned.producers = await self._applied_before(name, recovered=bool(writer.recovered))
+            recovered = await writer.recovery_done()
+            owned.applied, owned.producers = await self._applied_before(name, recovered=bool(recovered), through=writer.taken_over_seq)
+        except WriterError as exc:
+            self._abandon(owned, _error_for(exc, name))
+            return
         except Exception as exc:  # noqa: BLE001 - without it a resend could be applied twice: give the log up
             log.warning("could not read the tail of log %r after claiming it: %s", name, exc)
             self._abandon(owned, AgentError(f"log {name!r}: reading its tail after the claim failed: {exc}"))
-            await self._close_writer(writer)
             return
-        owned.writer = writer
-        recovered = [r.to_dict() for r in writer.recovered]
-        log.info("claimed log %r%s", name, f" (recovered {recovered})" if recovered else "")
+        log.info("claimed log %r%s", name, f" (recovered {[r.to_dict() for r in recovered]})" if recovered else "")
         self._pump(owned)
 
-    async def _applied_before(self, name: str, *, recovered: bool) -> tuple[dict[str, tuple[int, asyncio.Future[DLSN]]], ProducerTable]:
+    async def _applied_before(self, name: str, *, recovered: bool, through: int) -> tuple[dict[str, tuple[int, asyncio.Future[DLSN]]], ProducerTable]:
         """How far each origin location's events are in the log already (see ``_submit_once``),
         and the idempotent producers' last requests: every stream's checkpoint says what it
         appended (its sink version vector) up to a moment; the log's last entries add what was
         appended since — after a dead owner, a longer look, since a request whose
-        acknowledgement was lost sits among its last entries."""
+        acknowledgement was lost sits among its last entries. ``through``: the last segment
+        of the previous owners (ours, after it, holds only requests that needed none of this)."""
         loop = asyncio.get_running_loop()
         vectors = await loop.run_in_executor(None, self._checkpointed_vectors, name)
         scan = self.options.tail_scan_entries if recovered or vectors else self.options.handoff_scan_entries
-        tail = await records_in_tail(self.meta, self.pool, name, max_entries=scan)
+        tail = await records_in_tail(self.meta, self.pool, name, max_entries=scan, through_seq=through)
         producers = ProducerTable(self.options.producer_id_ttl, self.options.max_producers_per_log)
         self.counters["producers_restored"] += restore_producers(producers, tail, loop, time.monotonic())
         found, newest = origin_events_of(tail), (tail[-1][0] if tail else None)
@@ -426,6 +440,8 @@ class WriteProxy:
             if writer.error is not None:
                 self._abandon(owned, _error_for(writer.error, owned.name))
                 return
+            if owned.producers is None and _needs_tail(owned.queue[0]):
+                break  # until the tail is read back (_claim pumps again)
             if writer.pending_bytes > self.options.max_log_bytes:
                 if not owned.waiting:
                     owned.waiting = True

@@ -31,11 +31,21 @@ async def last_entry(replicas: ReplicaReader, log_id: int, seg: SegmentRecord, *
 
 
 async def records_in_tail(
-    meta: MetaStore, pool: AgentPool, log: str, *, max_entries: int, region: str | None = None, concurrency: int = 32
+    meta: MetaStore,
+    pool: AgentPool,
+    log: str,
+    *,
+    max_entries: int,
+    region: str | None = None,
+    concurrency: int = 32,
+    through_seq: int | None = None,
 ) -> list[tuple[DLSN, Record]]:
     """The data records (control records left out) of the last ``max_entries`` entries of log
-    ``log``, in log order, each with its position."""
+    ``log`` (``through_seq``: of its segments up to that one), in log order, each with its
+    position."""
     log_id, segments = await log_segments(meta, log)
+    if through_seq is not None:
+        segments = [s for s in segments if s.seq <= through_seq]
     replicas = ReplicaReader(pool, region=region)
     await pool.refresh()
     wanted: list[tuple[SegmentRecord, int]] = []

@@ -57,6 +57,7 @@ from kazoo.exceptions import ConnectionLoss, OperationTimeoutError
 
 from ..errors import ConflictError, DlctlError, NotFoundError, RefusedError
 from ..meta.access import AccessStore
+from ..meta.bounds import BoundsStore
 from ..meta.records import NO_ENTRY, NO_TXID, EnsembleChange, LogRecord, SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
 from ..meta import policy as placement_store
@@ -68,6 +69,7 @@ from .ownership import Ownership
 from .readpolicy import AdaptiveTimeout
 from .records import Record, encode_records
 from .recovery import TOTALS_RECORD_SIZE, RecoveryResult, can_still_ack, recover_segment, totals_record, write_set_of
+from .takeover import ACTIVE_FOR, BoundsKeeper, BoundsLost, takeover_floor
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,11 @@ class WriterOptions:
     # clock is behind the previous owner's never appends earlier times: the log's last time is
     # a floor. (Replaceable to play such a host.)
     clock: Callable[[], float] = time.time
+    # open(): when the previous owner left a segment in progress, open our own segment while
+    # that one is still being recovered, above the bounds it reserved (dlctl.log.takeover), so
+    # appends resume before its recovery ends. False: recover first, then append (txids then
+    # continue without a gap). Either way readers read our segment only after that one.
+    fast_takeover: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_bytes < 1 or self.batch_delay < 0 or self.lac_delay < 0:
@@ -247,6 +254,13 @@ class LogWriter:
         self._avoid: set[str] = set()  # agents that failed the last segment: not in the next one if possible
         self._closing = False
         self._closed = False
+        self._bounds: BoundsKeeper | None = None  # the txids and times we may write (dlctl.log.takeover)
+        self._extending: asyncio.Task | None = None  # reserving more of them
+        self._lac_waits_for_bounds = False
+        self._last_dispatch = float("-inf")  # loop time of the last entry sent
+        self._recovery: asyncio.Task | None = None  # fast takeover: the previous owner's segments
+        self._recovery_error: WriterError | None = None
+        self._taken_over_seq = 0
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -289,23 +303,21 @@ class LogWriter:
             await self._zk(AccessStore(self.meta).check, self.name, self.role)
             self.ownership.on_lost(self._on_ownership_lost)
             self._log = await self._zk(self.meta.get_log, self.name)
+            self._taken_over_seq = self._log.value.max_segment_seq
             segments = await self._zk(self.meta.segments, self.name)
-            recovered = []
-            for seg in segments:
-                if seg.value.state is SegmentState.INPROGRESS:
-                    recovered.append(
-                        await recover_segment(
-                            self.meta, self.pool, self.name, self._log.value.log_id, seg, timeout=self.options.recovery_timeout
-                        )
-                    )
-            self.recovered = tuple(recovered)
-            if recovered:
-                segments = await self._zk(self.meta.segments, self.name)
-            for seg in reversed(segments):
-                if seg.value.records > 0 and seg.value.last_txid != NO_TXID:
-                    self._last_txid = seg.value.last_txid
-                    break
-            self._last_append_ms = max((s.value.last_time or 0 for s in segments), default=0)
+            self._learn_ends(segments)
+            inprogress = [s for s in segments if s.value.state is SegmentState.INPROGRESS]
+            self._bounds = BoundsKeeper(BoundsStore(self.meta), self.name, self.owner_id, self.ownership.session_id or 0, self._zk, self.options.clock)
+            previous = await self._bounds.claim(self._last_txid + 1, self._last_append_ms)
+            floor = takeover_floor(previous, inprogress[-1].value.writer if inprogress else None)
+            if floor is not None and self.options.fast_takeover:
+                # Everything the previous writer left in progress is within the bounds it had
+                # reserved: start above them, and recover its segments meanwhile.
+                self._last_txid = max(self._last_txid, floor.txid)
+                self._last_append_ms = max(self._last_append_ms, floor.time_ms)
+                self._recovery = asyncio.ensure_future(self._recover_in_background(inprogress))
+            elif inprogress:
+                await self._recover(inprogress)
             if self.ownership.lost:
                 raise WriterDeposedError(f"lost ownership of log {self.name!r} while opening it: {self.ownership.lost_reason}")
             self._log = await self._zk(self.meta.get_log, self.name)
@@ -313,6 +325,70 @@ class LogWriter:
             await self.ownership.release()
             raise
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
+
+    def _learn_ends(self, segments: list[Versioned[SegmentRecord]]) -> None:
+        """Never below the last txid and append time the log's closed segments record."""
+        for seg in reversed(segments):
+            if seg.value.records > 0 and seg.value.last_txid != NO_TXID:
+                self._last_txid = max(self._last_txid, seg.value.last_txid)
+                break
+        self._last_append_ms = max([self._last_append_ms] + [s.value.last_time or 0 for s in segments])
+
+    async def _recover(self, inprogress: list[Versioned[SegmentRecord]]) -> None:
+        """Fence, recover and close the segments a previous owner left in progress, in order."""
+        assert self._log is not None
+        results = []
+        for seg in inprogress:
+            results.append(await recover_segment(self.meta, self.pool, self.name, self._log.value.log_id, seg, timeout=self.options.recovery_timeout))
+        self.recovered = tuple(results)
+        self._learn_ends(await self._zk(self.meta.segments, self.name))
+
+    async def _recover_in_background(self, inprogress: list[Versioned[SegmentRecord]]) -> None:
+        try:
+            await self._recover(inprogress)
+        except Exception as exc:  # noqa: BLE001 - every failure stops the writer (its appends say why)
+            error = self._writer_error(exc, f"recovering segment(s) {', '.join(str(s.value.seq) for s in inprogress)} of the previous owner failed")
+            self._recovery_error = error
+            self._fail(error)
+            return
+        log.info("log %r: the previous owner's segments are recovered: %s", self.name, [r.to_dict() for r in self.recovered])
+
+    def _writer_error(self, exc: Exception, what: str) -> WriterError:
+        if isinstance(exc, WriterError):
+            return exc
+        if isinstance(exc, DlctlError):
+            return WriterError(f"writer of log {self.name!r} stopped: {what}: {exc.message}", hint=exc.hint)
+        log.error("writer of log %r: %s", self.name, what, exc_info=exc)
+        return WriterError(f"writer of log {self.name!r} failed unexpectedly: {what}: {exc!r}")
+
+    async def recovery_done(self) -> tuple[RecoveryResult, ...]:
+        """Wait until the segments the previous owner left in progress are recovered and closed
+        (already so unless ``open`` took the log over fast); returns what was recovered. Raises
+        the writer's error when that recovery failed. A replication worker or a write proxy
+        waits for this before reading the log's tail back (the tail ends in those segments)."""
+        task = self._recovery
+        if task is not None and not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise  # we were cancelled, not the recovery
+        if self._recovery_error is not None:
+            raise self._recovery_error
+        if task is not None and task.cancelled():  # the writer stopped before it ended
+            raise self._error or WriterClosedError(f"writer of log {self.name!r} is closed")
+        return self.recovered
+
+    @property
+    def taken_over_seq(self) -> int:
+        """The log's last segment when this writer took it over: the previous owners' segments
+        are those up to it, ours come after."""
+        return self._taken_over_seq
+
+    @property
+    def recovering(self) -> bool:
+        """The previous owner's segments are still being recovered (a fast takeover)."""
+        return self._recovery is not None and not self._recovery.done()
 
     # -- public state --------------------------------------------------------------------------
 
@@ -488,6 +564,8 @@ class LogWriter:
                     continue
                 await self._seal(seg)
                 self._segment = None
+            if self._error is None and self.recovering:
+                await self.recovery_done()  # leave no segment of the previous owner in progress
             if self._error is not None and not failed_before:
                 error = self._error
         except WriterError as exc:
@@ -549,6 +627,8 @@ class LogWriter:
             return
         roll_bytes = self._roll_bytes()
         while self._queue:
+            if not self._within_bounds(self._queue[0].last_txid):
+                break  # until more is reserved (_extend_bounds pumps again)
             self._dispatch(seg, self._queue.popleft())
             if seg.sent_bytes >= roll_bytes and self._request_roll(f"segment {seg.seq} reached {seg.sent_bytes} bytes"):
                 break  # the rest goes to the next segment
@@ -567,7 +647,8 @@ class LogWriter:
         seg.sent_bytes += size
         if count:
             seg.sent_txid = batch.last_txid
-        append_ms = self._last_append_ms = max(int(self.options.clock() * 1000), self._last_append_ms)
+        # (Within the reserved time: _within_bounds checked it a moment ago.)
+        append_ms = self._last_append_ms = max(min(int(self.options.clock() * 1000), self._reserved_ms()), self._last_append_ms)
         totals = encode_records([totals_record(seg.sent_txid, seg.sent_records, seg.sent_bytes, append_ms)])
         encoded = fmt.encode(
             fmt.Entry(self._log_id, seg.seq, entry_id, lac, body + totals, fmt.FLAG_CONTROL if batch.control else 0)
@@ -575,6 +656,7 @@ class LogWriter:
         batch.parts = []  # the entry's bytes hold them now
         targets = [n for n in write_set_of(seg.ensemble, seg.w, entry_id) if n not in seg.failed]
         entry = _Entry(batch, entry_id, encoded, len(body), targets, self._loop.time(), append_ms)
+        self._last_dispatch = entry.sent_at
         seg.inflight.append(entry)
         self._cancel_lac_timer()  # this entry carries the LAC
         # A lone entry (a synchronous writer) goes out now; entries dispatched together are
@@ -690,7 +772,59 @@ class LogWriter:
         if seg is None or seg.closing or self._error is not None or self._batch is not None or self._queue:
             return
         if seg.published_lac < seg.last_data_entry:
+            if not self._within_bounds(seg.sent_txid):
+                self._lac_waits_for_bounds = True  # published once more is reserved
+                return
             self._dispatch(seg, _Batch(seg.sent_txid, control=True))
+
+    # -- bounds (dlctl.log.takeover) ----------------------------------------------------------------
+
+    def _reserved_ms(self) -> int:
+        assert self._bounds is not None
+        return self._bounds.confirmed.time_ms
+
+    def _within_bounds(self, txid: int) -> bool:
+        """May an entry with txids up to ``txid`` go out now? Nothing above the bounds we have
+        reserved may: a new owner would start above them before our segment is recovered.
+        Reserves more ahead of need, and at once when they do not cover it."""
+        assert self._bounds is not None
+        now_ms = max(int(self.options.clock() * 1000), self._last_append_ms)
+        if self._bounds.covers(txid, now_ms):
+            if self._extending is None and self._bounds.running_low(txid, now_ms):
+                self._extend_bounds(txid, now_ms)
+            return True
+        if self._extending is None:
+            self._extend_bounds(txid, now_ms)
+        return False
+
+    def _extend_bounds(self, txid: int, time_ms: int) -> None:
+        self._extending = asyncio.ensure_future(self._extend(txid, time_ms))
+
+    async def _extend(self, txid: int, time_ms: int) -> None:
+        assert self._bounds is not None
+        deadline = time.monotonic() + self.options.stall_timeout
+        try:
+            while True:
+                self._check_still_owner()
+                try:
+                    await self._bounds.extend(txid, time_ms)
+                    break
+                except _ZK_BLIPS as exc:
+                    self._check_blip_deadline(deadline, "reserving txids and append time", exc)
+                await asyncio.sleep(0.2)
+        except BoundsLost as exc:
+            self._fail(self._deposed(exc.message))
+            return
+        except Exception as exc:  # noqa: BLE001 - a writer that cannot reserve cannot write
+            self._fail(self._writer_error(exc, "reserving txids and append time"))
+            return
+        finally:
+            self._extending = None
+        if self._error is None:
+            self._pump()
+            if self._lac_waits_for_bounds:
+                self._lac_waits_for_bounds = False
+                self._publish_lac()
 
     def _cancel_lac_timer(self) -> None:
         if self._lac_timer is not None:
@@ -1073,8 +1207,9 @@ class LogWriter:
             if handle is not None:
                 handle.cancel()
         self._timer = self._lac_timer = None
-        if self._housekeeper is not None and self._housekeeper is not asyncio.current_task():
-            self._housekeeper.cancel()
+        for task in (self._housekeeper, self._recovery, self._extending):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         if not keep_transition and self._transition is not None and self._transition is not asyncio.current_task():
             self._transition.cancel()
 
@@ -1084,6 +1219,8 @@ class LogWriter:
         tick = min(0.25, self._roll_seconds() / 4)
         while self._error is None:
             await asyncio.sleep(tick)
+            if self._extending is None and self._loop.time() - self._last_dispatch < ACTIVE_FOR:
+                self._within_bounds(self._last_txid)  # reserve ahead while entries flow
             seg = self._segment
             if seg is None or self._closing:
                 continue

@@ -165,3 +165,9 @@ def log_access(cluster: str, name: str) -> str:
 def log_clock(cluster: str, name: str) -> str:
     """The minimum version vector the log's records start from (raised by `dlctl dr recover`)."""
     return f"{log(cluster, name)}/clock"
+
+
+def log_bounds(cluster: str, name: str) -> str:
+    """What the log's current writer may write at most: txids and append times (issue 24
+    item 1, ``dlctl.meta.bounds``)."""
+    return f"{log(cluster, name)}/bounds"

@@ -120,8 +120,14 @@ class MetaStore:
         for child in self.client.get_children(paths.log_segments(self.cluster, name)):
             tx.delete(f"{paths.log_segments(self.cluster, name)}/{child}")
         tx.delete(paths.log_segments(self.cluster, name))
-        # Per-log records next to segments (truncation point, access mode, clock base) go with it.
-        for extra in (paths.log_truncation(self.cluster, name), paths.log_access(self.cluster, name), paths.log_clock(self.cluster, name)):
+        # Per-log records next to segments (truncation point, access mode, clock base, writer
+        # bounds) go with it.
+        for extra in (
+            paths.log_truncation(self.cluster, name),
+            paths.log_access(self.cluster, name),
+            paths.log_clock(self.cluster, name),
+            paths.log_bounds(self.cluster, name),
+        ):
             if self.client.exists(extra):
                 tx.delete(extra)
         tx.delete(path, version=current.version)

@@ -171,9 +171,9 @@ async def _append_direct(session: ClusterSession, pool: AgentPool, name: str, re
     writer = await LogWriter.open(session.meta, pool, name, owner_id=owner_id)
     try:
         count, size, first, last = await _feed(writer, records, on_progress)
-        recovered = [r.to_dict() for r in writer.recovered]
     finally:
-        await writer.close()
+        await writer.close()  # (after the previous owner's segments are recovered, if they were not yet)
+    recovered = [r.to_dict() for r in writer.recovered]
     return {
         "records": count,
         "bytes": size,

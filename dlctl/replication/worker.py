@@ -135,7 +135,10 @@ async def open_appender(meta: MetaStore, pool: AgentPool, name: str, *, owner_id
         return LogProducer(meta, pool, name, options=options, region=region)
     from ..log.writer import LogWriter, WriterOptions
 
-    return await LogWriter.open(meta, pool, name, owner_id=owner_id, options=WriterOptions(ownership_wait=ownership_wait), role=role)
+    # No fast takeover: the worker reads the sink's tail back at once to find what it applied,
+    # and that tail ends in the segment a previous owner left in progress.
+    options = WriterOptions(ownership_wait=ownership_wait, fast_takeover=False)
+    return await LogWriter.open(meta, pool, name, owner_id=owner_id, options=options, role=role)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""Owner-change latency under load: how long appends stop when a log's owner dies (issue 24
-item 1's "before"; the same script measures the "after" once a new owner opens its segment
-while the old one is still being recovered).
+"""Owner-change latency under load: how long appends stop when a log's owner dies, with fast
+takeover (issue 24 item 1: the new owner opens its own segment while the old one is still
+being recovered) next to the baseline measured in the same run (recover first, then append).
 
     .venv/bin/python tests/benchmarks/bench_owner_change.py [--rounds 5] [--in-flight 200] [--size 1024]
 
@@ -60,14 +60,14 @@ async def owner_dies(connect: str, log: str, in_flight: int, size: int) -> int:
     return acked
 
 
-async def takeover(meta: MetaStore, log: str) -> tuple[float, float, int]:
+async def takeover(meta: MetaStore, log: str, fast: bool) -> tuple[float, float, int]:
     pool = AgentPool(meta, harness_credentials())
     started = time.perf_counter()
-    writer = await LogWriter.open(meta, pool, log, ownership_wait=10.0)
+    writer = await LogWriter.open(meta, pool, log, ownership_wait=10.0, fast_takeover=fast)
     opened = time.perf_counter() - started
     await writer.append(b"first record of the new owner")
     first = time.perf_counter() - started
-    recovered = sum(r.recovered_entries for r in writer.recovered)
+    recovered = sum(r.recovered_entries for r in await writer.recovery_done())
     await writer.close()
     await pool.close()
     return opened, first, recovered
@@ -81,19 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     opts = args.parse_args(argv)
     with bench_agents("bench-owner-") as up:
         meta = MetaStore(up.admin, CLUSTER)
-        opened, first, recovered = [], [], []
+        print(f"E=3 W=3 A=2, {opts.in_flight} records of {opts.size} B in flight when the owner dies ({opts.rounds} rounds each)")
+        print(f"  {'':24} {'recover first (baseline)':>30} {'fast takeover':>30}")
+        figures: dict[bool, tuple[list[float], list[float], list[int]]] = {False: ([], [], []), True: ([], [], [])}
         for r in range(opts.rounds):
-            log = f"owner-change-{r}"
-            meta.create_log(log, LogConfig(3, 3, 2))
-            asyncio.run(owner_dies(up.ns.connect_string, log, opts.in_flight, opts.size))
-            o, f, n = asyncio.run(takeover(meta, log))
-            opened.append(o)
-            first.append(f)
-            recovered.append(n)
-        print(f"E=3 W=3 A=2, {opts.in_flight} records of {opts.size} B in flight when the owner dies ({opts.rounds} rounds)")
-        print(f"  new owner open        median {statistics.median(opened) * 1000:8.1f} ms   max {max(opened) * 1000:8.1f} ms")
-        print(f"  new owner first ack   median {statistics.median(first) * 1000:8.1f} ms   max {max(first) * 1000:8.1f} ms")
-        print(f"  entries recovered     median {statistics.median(recovered):8.0f}")
+            for fast in (False, True):  # interleaved: both see the same machine state
+                log = f"owner-change-{r}-{'fast' if fast else 'slow'}"
+                meta.create_log(log, LogConfig(3, 3, 2))
+                asyncio.run(owner_dies(up.ns.connect_string, log, opts.in_flight, opts.size))
+                for series, value in zip(figures[fast], asyncio.run(takeover(meta, log, fast))):
+                    series.append(value)
+
+        def cell(values: list[float]) -> str:
+            return f"median {statistics.median(values) * 1000:6.1f} ms, max {max(values) * 1000:6.1f}"
+
+        for label, index in (("new owner open", 0), ("new owner first ack", 1)):
+            print(f"  {label:24} {cell(figures[False][index]):>30} {cell(figures[True][index]):>30}")
+        print(f"  {'entries recovered':24} {statistics.median(figures[False][2]):>30.0f} {statistics.median(figures[True][2]):>30.0f}")
     return 0
 
 

@@ -100,7 +100,7 @@ def _double_fault(env, tmp_path, seed: int, *, disguise: bool) -> tuple[list[tup
         finally:
             y.proc.resume()
         writer = await takeover
-        (result,) = writer.recovered
+        (result,) = await writer.recovery_done()
         await writer.close()
         # Y holds the entries X and Z lack; after the pause its ZooKeeper session may have
         # expired and it registers again: read back once it is available (a busy machine can

@@ -113,7 +113,7 @@ def test_recovery_of_an_empty_segment_closes_it_with_no_entries_and_the_next_own
 
     async def scenario():
         writer = await env.writer()
-        (result,) = writer.recovered
+        (result,) = await writer.recovery_done()
         assert (result.segment_seq, result.lac, result.last_entry_id, result.records) == (1, -1, -1, 0)
         assert result.closed_by_us
         assert await writer.append(b"first") == DLSN(2, 0, 0)
@@ -263,7 +263,7 @@ def test_recovery_with_one_agent_of_the_ensemble_down_recovers_every_acknowledge
         acked = await write_and_crash(env, 1500)
         env.cluster.agents["n2"].proc.kill()
         writer = await env.writer(request_timeout=2.0)
-        (result,) = writer.recovered
+        (result,) = await writer.recovery_done()
         assert result.last_entry_id >= acked[-1].entry_id and result.records >= len(acked)
         await writer.close()
         meta = env.meta()
@@ -372,8 +372,8 @@ def test_deposed_writer_gets_fencing_errors_and_nothing_it_writes_after_the_fenc
         await eventually(lambda: sum(isinstance(v, DLSN) for v in outcome.values()) >= 100, 10, "100 acknowledged")
         zk_proxy.blackhole()  # the first writer can no longer reach ZooKeeper, but still the agents
         second = await env.writer(ownership_wait=20)
+        (recovered,) = await second.recovery_done()  # fenced (open may return before: a fast takeover)
         takeover_done.set()
-        (recovered,) = second.recovered
         await asyncio.wait_for(producer, 10)
         errors = [v for v in outcome.values() if isinstance(v, BaseException)]
         assert errors and all(isinstance(e, WriterDeposedError) for e in errors)
@@ -431,7 +431,7 @@ def test_fencing_alone_deposes_the_writer_and_the_next_owner_closes_the_segment(
             await first.append(b"refused")
         await first.close()  # gives up ownership
         second = await env.writer(owner_id="second")
-        assert second.recovered[0].records == 5
+        assert (await second.recovery_done())[0].records == 5
         await second.close()
         back = await read_back(meta, env.pool(meta), env.name)
         assert [d for d, _ in back] == acked
@@ -472,7 +472,7 @@ def test_owner_sigkilled_mid_stream_next_owner_recovers_every_acknowledged_recor
 
     async def scenario():
         writer = await env.writer(ownership_wait=20)
-        (result,) = writer.recovered
+        (result,) = await writer.recovery_done()
         await writer.close()
         meta = env.meta()
         back = await read_back(meta, env.pool(meta), env.name)
