@@ -22,6 +22,10 @@
     cert_file = "secrets/zk-client.pem" # optional, with key_file: the client certificate an
     key_file  = "secrets/zk-client.key" # ensemble with ssl.clientAuth=need asks for (key 0600)
 
+    [clusters.east.cold_storage]        # optional: where segments are backed up (dlctl.cold.config)
+    kind = "filesystem"                 # or "s3": bucket, prefix, endpoint, region, credentials_file
+    path = "/mnt/backup/dlctl-east"
+
     [clusters.east.defaults]            # per-node settings, overridable on each node
     ssh_user = "dlctl"
     ssh_port = 22
@@ -52,13 +56,15 @@ from pathlib import Path
 from typing import Any
 
 from . import current_context
+from .cold.config import ColdStorageConfig
+from .cold.config import parse as parse_cold_storage
 from .config import ConfigLocation, user_config_dir
 from .errors import ConfigError, NotFoundError
 from .meta.zk import ZkTls, parse_tls
 from .names import validate_name
 from .systemd import validate_user
 
-_CLUSTER_KEYS = {"zookeeper", "zookeeper_tls", "secret_file", "zk_auth_file", "tls_dir", "insecure_zookeeper", "defaults", "regions", "ssh_config", "known_hosts"}
+_CLUSTER_KEYS = {"cold_storage", "zookeeper", "zookeeper_tls", "secret_file", "zk_auth_file", "tls_dir", "insecure_zookeeper", "defaults", "regions", "ssh_config", "known_hosts"}
 _NODE_KEYS = {"id", "host", "listen", "ssh_user", "ssh_port", "identity_file", "data_dir", "python", "agent_port", "metrics_port", "home", "transport", "agent_user"}
 _DEFAULT_KEYS = _NODE_KEYS - {"id", "host", "listen"}
 # python = None: `dlctl agent install` creates <home>/venv and the agent runs from it; a path
@@ -121,6 +127,7 @@ class Cluster:
     insecure_zookeeper: bool = False  # the operator's explicit choice of open ZooKeeper ACLs
     tls_dir: Path | None = None  # the cluster CA and the operator's certificate (dlctl.ops.certs)
     zookeeper_tls: ZkTls | None = None  # [clusters.<c>.zookeeper_tls]; None: plaintext ZooKeeper
+    cold_storage: ColdStorageConfig | None = None  # [clusters.<c>.cold_storage]; None: no cold store
 
     def regions(self) -> dict[str, dict[str, list[Node]]]:
         """region → rack → nodes, in inventory order."""
@@ -146,6 +153,7 @@ class Cluster:
             "tls_dir": str(self.tls_dir) if self.tls_dir else None,
             "ssh_config": str(self.ssh_config) if self.ssh_config else None,
             "known_hosts": str(self.known_hosts) if self.known_hosts else None,
+            "cold_storage": self.cold_storage.to_dict() if self.cold_storage else None,
             "nodes": [n.to_dict() for n in self.nodes],
         }
 
@@ -266,6 +274,7 @@ def _cluster(name: str, body: Any, path: Path) -> Cluster:
         nodes=tuple(nodes),
         ssh_config=_path(body.get("ssh_config"), path, f"{where}.ssh_config"),
         known_hosts=_path(body.get("known_hosts"), path, f"{where}.known_hosts"),
+        cold_storage=parse_cold_storage(body["cold_storage"], f"{where}.cold_storage", path.parent) if "cold_storage" in body else None,
     )
 
 

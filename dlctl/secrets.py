@@ -36,8 +36,14 @@ def _temp_name(path: Path) -> Path:
 
 
 def write_secret_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with a 0600 file holding ``data`` (``write_private_file``)."""
+    write_private_file(path, data)
+
+
+def write_private_file(path: Path, data: bytes) -> None:
     """Replace ``path`` with a 0600 file holding ``data``, atomically: readers (and a crash)
-    see the old secret or the new one, never part of one, and never a wider mode.
+    see the old content or the new one, never part of one, and never a wider mode (secrets;
+    also cold store copies of a log's data, dlctl.cold.store).
 
     The bytes go into a new file beside ``path``, opened ``O_CREAT|O_EXCL|O_NOFOLLOW`` with mode
     0600 (private from its first byte; a file or symlink planted under the temp name is never

@@ -70,15 +70,17 @@ def cluster_rotate_certs(app: AppContext, node_ids, region, max_concurrency, reg
 def cluster_status(app: AppContext, timeout: float) -> None:
     """Nodes by region and rack: up, down or unreachable; address, metrics endpoint, version,
     segments, disk, and the space reclaimed by deleting replicas (garbage collection of
-    truncated segments)."""
+    truncated segments); the cluster's cold store, if any (config show -o json has it too)."""
     rows = cluster_ops.status(app.session(), timeout)
     reclaimed = sum(r.get("reclaimed_bytes") or 0 for r in rows)
+    cold = app.session().cluster.cold_storage
     app.render(
         Table(
             rows,
             columns=["region", "rack", "node", "address", "metrics", "state", "version", "segments", "data_bytes", "reclaimed_bytes", "disk_free_bytes", "limbo"],
             title=f"cluster {app.session().cluster.name}",
-            caption=f"reclaimed by garbage collection: {human_bytes(reclaimed)} on the agents that answered",
+            caption=f"reclaimed by garbage collection: {human_bytes(reclaimed)} on the agents that answered; "
+            f"cold store: {cold.describe() if cold else 'none'}",
         )
     )
 

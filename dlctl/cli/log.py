@@ -9,7 +9,7 @@ import click
 
 from ..log.dlsn import DLSN
 from ..meta.records import LogConfig
-from ..ops import logio, logs
+from ..ops import backup, logio, logs
 from ..output import render_item
 from ..plan import Plan, Step
 from .complete import complete_log
@@ -234,3 +234,19 @@ def log_release(app: AppContext, name: str, force: bool) -> Plan:
     append claims the log again, on the agent its producers route to.
     """
     return logs.release_log_plan(app.session(), name, force=force)
+
+
+@log_group.command("backup")
+@click.argument("name", shell_complete=complete_log)
+@click.option("--verify", is_flag=True, help="Also re-read the copies already held and check them entry by entry against their manifests.")
+@mutating(confirm=False)
+def log_backup(app: AppContext, name: str, verify: bool) -> Plan:
+    """Copy NAME's completed segments to the cluster's cold store (incremental).
+
+    The cold store is [clusters.<c>.cold_storage] in the inventory: a filesystem path or an
+    S3-compatible bucket. Each segment becomes one object, read back and checked by SHA-256
+    before its manifest is written; segments whose manifest is there already are skipped, so
+    the command can be scheduled. An interrupted run is completed by the next one. The log is
+    not changed.
+    """
+    return backup.backup_plan(app.session(), name, verify=verify)

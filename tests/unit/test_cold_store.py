@@ -1,0 +1,124 @@
+"""Cold storage building blocks (dlctl.cold): the inventory table, keys that cannot escape the
+store, the filesystem store, segment objects and manifests refusing anything that does not hold
+what it claims. The S3 store and the backup command run against real servers in
+tests/integration/test_cold_backup.py."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from dlctl.cold.config import parse
+from dlctl.cold.manifest import SegmentManifest, manifest_key, object_key
+from dlctl.cold.segobject import CorruptObject, encode_segment, iter_entries
+from dlctl.cold.store import ColdStoreError, FilesystemStore, check_key
+from dlctl.errors import ConfigError, NotFoundError
+from dlctl.log import format as fmt
+from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
+
+
+def test_the_inventory_table_names_what_is_wrong_and_where(tmp_path):
+    fs = parse({"kind": "filesystem", "path": "backup"}, "[clusters.c.cold_storage]", tmp_path)
+    assert fs.path == tmp_path / "backup" and fs.describe() == f"filesystem {tmp_path / 'backup'}"
+    s3 = parse({"kind": "s3", "bucket": "b", "prefix": "/east/", "endpoint": "http://127.0.0.1:9", "credentials_file": "s3.creds"}, "w", tmp_path)
+    assert (s3.bucket, s3.prefix, s3.credentials_file) == ("b", "east", tmp_path / "s3.creds")
+    assert "credentials_file" in s3.to_dict() and "secret" not in str(s3.to_dict())
+    for body, message in (
+        ({"kind": "tape"}, "kind must be"),
+        ({"kind": "filesystem"}, "path is required"),
+        ({"kind": "s3"}, "bucket is required"),
+        ({"kind": "s3", "bucket": "b", "path": "/x"}, "unknown key"),
+        ({"kind": "s3", "bucket": "b", "prefix": "a/../b"}, "'..'"),
+        ({"kind": "filesystem", "path": 5}, "must be a string"),
+        ("s3", "must be a table"),
+    ):
+        with pytest.raises(ConfigError, match=message) as err:
+            parse(body, "[clusters.c.cold_storage]", tmp_path)
+        assert "[clusters.c.cold_storage]" in err.value.message
+
+
+def test_credentials_come_only_from_a_0600_file_with_both_keys(tmp_path):
+    creds = tmp_path / "s3.creds"
+    creds.write_text('access_key_id = "AK"\nsecret_access_key = "SK"\n')
+    config = parse({"kind": "s3", "bucket": "b", "credentials_file": str(creds)}, "w", tmp_path)
+    os.chmod(creds, 0o644)
+    with pytest.raises(ConfigError, match="group or others"):
+        config.credentials()
+    os.chmod(creds, stat.S_IRUSR | stat.S_IWUSR)
+    assert config.credentials() == ("AK", "SK")
+    creds.write_text('access_key_id = "AK"\n')
+    with pytest.raises(ConfigError, match="needs access_key_id and secret_access_key"):
+        config.credentials()
+
+
+@pytest.mark.parametrize("key", ["../x", "a/../../etc/passwd", "/abs", "a//b", "a/./b", "", "a\\b", "a/b/"])
+def test_keys_that_could_leave_the_store_are_refused(key, tmp_path):
+    with pytest.raises(ValueError, match="invalid cold store key"):
+        check_key(key)
+    with pytest.raises(ValueError):
+        FilesystemStore(tmp_path).put(key, b"x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_log_names_from_metadata_cannot_shape_keys():
+    with pytest.raises(ValueError):
+        object_key("../../etc", 1, 1)
+    assert object_key("orders", 7, 3) == "logs/orders/7/0000000000000000003.segment"
+
+
+def test_the_filesystem_store_writes_whole_objects_and_lists_them(tmp_path):
+    store = FilesystemStore(tmp_path)
+    store.put("logs/a/1/x.segment", b"data")
+    store.put("logs/a/1/x.segment", b"newer")  # replaced whole
+    assert store.get("logs/a/1/x.segment") == b"newer"
+    assert store.list("logs/a") == ["logs/a/1/x.segment"]
+    assert not any(p.name.startswith(".") for p in tmp_path.rglob("*"))  # no temporary left
+    store.delete("logs/a/1/x.segment")
+    store.delete("logs/a/1/x.segment")  # idempotent
+    with pytest.raises(NotFoundError, match="no object logs/a/1/x.segment"):
+        store.get("logs/a/1/x.segment")
+    with pytest.raises(ColdStoreError, match="not a directory"):
+        FilesystemStore(tmp_path / "unmounted").put("k", b"x")
+
+
+def _segment(log_id: int, seq: int, count: int) -> tuple[SegmentRecord, bytes]:
+    entries = [fmt.encode(fmt.Entry(log_id, seq, e, e - 1, f"payload-{e}".encode())) for e in range(count)]
+    record = SegmentRecord(seq, SegmentState.COMPLETED, (EnsembleChange(0, ("n1", "n2", "n3")),), 3, 2, 1.0, writer="w", first_txid=0).completed_with(
+        count - 1, count - 1, count, sum(map(len, entries)), 2.0
+    )
+    return record, encode_segment(entries)
+
+
+def test_a_segment_object_reads_back_entry_by_entry_and_any_damage_is_named():
+    record, data = _segment(9, 4, 5)
+    entries = list(iter_entries(data, where="obj", log_id=9, seq=4, count=5))
+    assert [e.payload for e in entries] == [f"payload-{e}".encode() for e in range(5)]
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x01
+    with pytest.raises(CorruptObject, match="obj: entry"):
+        list(iter_entries(bytes(flipped), where="obj", log_id=9, seq=4, count=5))
+    with pytest.raises(CorruptObject, match="expected entry 0 of segment 5"):
+        list(iter_entries(data, where="obj", log_id=9, seq=5, count=5))
+    with pytest.raises(CorruptObject, match="bytes follow the last"):
+        list(iter_entries(data + b"x", where="obj", log_id=9, seq=4, count=5))
+    with pytest.raises(CorruptObject, match="short header"):
+        list(iter_entries(data, where="obj", log_id=9, seq=4, count=6))
+
+
+def test_a_manifest_round_trips_and_refuses_other_bytes_or_a_foreign_object():
+    record, data = _segment(9, 4, 3)
+    manifest = SegmentManifest.of("c1", "orders", 9, record, data)
+    back = SegmentManifest.from_json(manifest.to_json(), "here")
+    assert back == manifest and back.object == object_key("orders", 9, 4)
+    back.verify(data)
+    with pytest.raises(CorruptObject, match="the manifest says"):
+        back.verify(data[:-1] + bytes([data[-1] ^ 1]))
+    raw = manifest.to_json().replace(b"0000000000000000004.segment", b"0000000000000000005.segment")
+    with pytest.raises(CorruptObject, match="not this segment's"):
+        SegmentManifest.from_json(raw, "here")
+    for bad in (b"{", b"{}", b'{"version": 2}'):
+        with pytest.raises(CorruptObject, match="here: malformed manifest"):
+            SegmentManifest.from_json(bad, "here")
+    assert manifest_key("orders", 9, 4).endswith("0000000000000000004.manifest.json")
