@@ -9,7 +9,7 @@ import click
 
 from ..log.dlsn import DLSN
 from ..meta.records import LogConfig
-from ..ops import backup, logio, logs
+from ..ops import backup, logio, logs, restore
 from ..output import render_item
 from ..plan import Plan, Step
 from .complete import complete_log
@@ -250,3 +250,19 @@ def log_backup(app: AppContext, name: str, verify: bool) -> Plan:
     not changed.
     """
     return backup.backup_plan(app.session(), name, verify=verify)
+
+
+@log_group.command("restore")
+@click.argument("name", shell_complete=complete_log)
+@click.option("--to-log", "to_log", required=True, metavar="NEW", help="The log to rebuild into: created, or an existing one that holds no records.")
+@click.option("--log-id", type=click.IntRange(min=1), help="Which incarnation of NAME to restore (a log deleted and created again has a new id); default: the latest in the store.")
+@mutating(confirm=False)
+def log_restore(app: AppContext, name: str, to_log: str, log_id: int | None) -> Plan:
+    """Rebuild NAME from its copies in the cluster's cold store, into log NEW.
+
+    Every record keeps its txid, key and headers (replicated records keep their origin events),
+    in the original order; it gets NEW's positions and the restore's append time. All copies
+    are checked first (SHA-256 against their manifests, then entry by entry): a damaged or
+    missing copy refuses the restore and nothing is written. NAME need not exist any more.
+    """
+    return restore.restore_plan(app.session(), name, to_log=to_log, log_id=log_id)

@@ -193,7 +193,11 @@ def test_on_a_standalone_spark_cluster_executors_get_the_tls_files_by_broadcast_
 
     def watch() -> None:
         while not done.wait(0.02):
-            for d in spark.local_dir.rglob("dlctl-tls-*"):
+            try:
+                found = list(spark.local_dir.rglob("dlctl-tls-*"))
+            except OSError:  # a directory went while walking (Spark cleans up): look again
+                continue
+            for d in found:
                 try:
                     # The fullest look wins: one may catch the files still being written, or
                     # Spark already removing them.
