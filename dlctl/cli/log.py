@@ -152,15 +152,28 @@ def _with_position(func):
 @_with_position
 @click.option("-n", "--limit", type=click.IntRange(1), help="Stop after this many records.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0.01), default=1.0, show_default=True, help="Stop once no record arrived for this long (caught up).")
+@click.option("--from-cold", is_flag=True, help="Begin with the history before the truncation point, from the cluster's cold store (`log backup` copies), then go on in the log.")
 @command_options
 @pass_app
-def log_read(app: AppContext, name: str, from_dlsn: str | None, from_txid: int | None, since: float | None, region: str | None, limit: int | None, idle_timeout: float) -> None:
+def log_read(
+    app: AppContext, name: str, from_dlsn: str | None, from_txid: int | None, since: float | None, region: str | None, limit: int | None, idle_timeout: float, from_cold: bool
+) -> None:
     """Print records of NAME (one per line: DLSN, txid, append time, payload; -o json: JSON lines).
 
     Only confirmed records are printed (never past LAC); control records are skipped. A
     record's time is when its owner appended it (UTC, never decreasing along the log).
+
+    --from-cold reads what truncation removed from the cold store first (at the records'
+    original positions), then the log from its truncation point: no record twice, none
+    missing. If the copies do not reach the truncation point, nothing is printed and the
+    command fails naming the missing segments.
     """
-    count = _stream(app, name, _start(from_dlsn, from_txid, since), limit, idle_timeout, region)
+    start = _start(from_dlsn, from_txid, since)
+    if from_cold:
+        if any(v is not None for v in start.values()):
+            raise click.UsageError("--from-cold starts at the oldest copy: it takes no --from-dlsn, --from-txid or --since")
+        start = {"from_cold": True}
+    count = _stream(app, name, start, limit, idle_timeout, region)
     logging.getLogger("dlctl.log").info("read %d record(s) from %s", count, name)
 
 

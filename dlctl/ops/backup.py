@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cold.manifest import SegmentManifest, log_prefix, manifest_key
-from ..cold.segobject import CorruptObject, encode_segment, iter_entries
+from ..cold.copies import checked_entries
+from ..cold.segobject import encode_segment
 from ..cold.store import ColdStore, open_store
-from ..errors import ConfigError, NotFoundError
+from ..errors import ConfigError
 from ..log import format as fmt
 from ..log.speculative import ReplicaReader
 from ..meta.records import SegmentRecord, SegmentState
@@ -140,12 +141,5 @@ def verify_copy(store: ColdStore, name: str, log_id: int, seg: SegmentRecord) ->
     """Re-read a held copy and check it entry by entry and against its manifest; raises
     ``CorruptObject`` naming what is wrong."""
     manifest = load_manifest(store, name, log_id, seg.seq)
-    try:
-        data = store.get(manifest.object)
-    except NotFoundError:
-        raise CorruptObject(f"{store.describe()}: manifest of segment {seg.seq} of {name} names {manifest.object}, which is missing") from None
-    manifest.verify(data)
-    count = manifest.segment.last_entry_id + 1
-    for _ in iter_entries(data, where=f"{store.describe()}: {manifest.object}", log_id=log_id, seq=seg.seq, count=count):
-        pass
-    return SegmentBackup(seg.seq, "present", len(data), count)
+    count = len(checked_entries(store, manifest))
+    return SegmentBackup(seg.seq, "present", manifest.bytes, count)

@@ -12,7 +12,9 @@ from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
 from ..log.reader import LogReader, ReadRecord
 from ..log.timeindex import iso
-from ..errors import UsageError
+from ..errors import RefusedError, UsageError
+from . import coldread
+from .backup import cold_store_of
 from .session import ClusterSession
 
 
@@ -40,14 +42,34 @@ async def read_records(
     limit: int | None = None,
     idle_timeout: float | None = 1.0,
     region: str | None = None,
+    from_cold: bool = False,
 ) -> AsyncIterator[ReadRecord]:
     """Yield records from the start position; stop after ``limit`` records or, when
     ``idle_timeout`` is set, once no record arrived for that long (caught up). ``None`` follows
-    the tail forever."""
+    the tail forever. ``from_cold``: begin with the history the cold store holds from before the
+    truncation point (``dlctl.ops.coldread``), then go on in the hot log from that point."""
+    count = 0
+    if from_cold:
+        if start_dlsn is not None or start_txid is not None or start_time is not None:
+            raise UsageError("reading from the cold store starts at the oldest copy: it takes no start position")
+        start_dlsn = coldread.hot_start(session, name)
+        if start_dlsn is not None:
+            store = cold_store_of(session)
+            copies = coldread.copies_before(store, name, session.meta.get_log(name).value.log_id, start_dlsn)
+            for record in coldread.cold_records(store, copies, start_dlsn):
+                if limit is not None and count >= limit:
+                    return
+                count += 1
+                yield record
     pool = AgentPool(session.meta, session.credentials)
     try:
         async with LogReader(session.meta, pool, name, start_dlsn=start_dlsn, start_txid=start_txid, start_time=start_time, region=region) as reader:
-            count = 0
+            if from_cold and reader.truncation_skips:
+                raise RefusedError(
+                    f"log {name!r} was truncated further while it was read ({reader.truncation_skips[0]}): "
+                    "the records in between were in neither the cold copies read nor the hot log",
+                    hint="back the log up (`dlctl log backup`) and read again",
+                )
             while limit is None or count < limit:
                 record = await reader.read_next(idle_timeout)
                 if record is None:

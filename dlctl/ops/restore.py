@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cold.manifest import SegmentManifest, log_prefix
-from ..cold.segobject import CorruptObject, iter_entries
+from ..cold.copies import checked_entries
+from ..cold.segobject import CorruptObject
 from ..cold.store import ColdStore
 from ..errors import ConflictError, NotFoundError, RefusedError
 from ..log.records import Record, decode_records
@@ -56,18 +57,11 @@ def manifests(store: ColdStore, name: str, log_id: int) -> list[SegmentManifest]
 
 def read_copy(store: ColdStore, manifest: SegmentManifest) -> list[Record]:
     """The data records of one copy, after checking it whole (``CorruptObject`` otherwise)."""
-    where = f"{store.describe()}: {manifest.object}"
-    try:
-        data = store.get(manifest.object)
-    except NotFoundError:
-        raise CorruptObject(f"{where} is missing (its manifest is there)") from None
-    manifest.verify(data)
-    seg = manifest.segment
     records: list[Record] = []
-    for entry in iter_entries(data, where=where, log_id=manifest.log_id, seq=seg.seq, count=seg.last_entry_id + 1):
+    for entry in checked_entries(store, manifest):
         records += [r for r in decode_records(entry.payload) if not r.control]
-    if len(records) != seg.records:
-        raise CorruptObject(f"{where}: {len(records)} records, its segment record says {seg.records}")
+    if len(records) != manifest.segment.records:
+        raise CorruptObject(f"{store.describe()}: {manifest.object}: {len(records)} records, its segment record says {manifest.segment.records}")
     return records
 
 
