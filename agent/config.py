@@ -48,6 +48,8 @@
     disk_override_free_bytes = 0   # > 0: once an agent has less free disk, retention passes pins
     delete_concurrency = 4     # replica deletions in flight at once (gentle on the disk)
     delete_rate = 50           # replica deletions per second at most (0: no limit)
+    cold_credentials_file = "" # 0600 TOML (access_key_id, secret_access_key) for an S3 cold store the
+                               # cluster requires (`dlctl cluster cold-storage enable`); "": boto3's chain
 
     [scrub]                    # background re-reading of every replica (dlagent.storage.scrub)
     enabled = true             # false: damage is found only when read, or at the next start
@@ -147,6 +149,7 @@ class HousekeepingSettings:
     disk_override_free_bytes: int = 0
     delete_concurrency: int = 4
     delete_rate: float = 50.0  # replica deletions per second (0: no limit)
+    cold_credentials_file: Path | None = None  # for the cold store the cluster requires (dlctl.ops.offload)
 
 
 @dataclass(frozen=True)
@@ -340,7 +343,7 @@ def _auditor_settings(raw: Any, path: Path) -> AuditorSettings:
 def _housekeeping_settings(raw: Any, path: Path) -> HousekeepingSettings:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: key 'housekeeping' must be a table ([housekeeping])")
-    known = ("enabled", "check_seconds", "disk_override_free_bytes", "delete_concurrency", "delete_rate")
+    known = ("enabled", "check_seconds", "disk_override_free_bytes", "delete_concurrency", "delete_rate", "cold_credentials_file")
     extra = sorted(set(raw) - set(known))
     if extra:
         raise ConfigError(f"{path}: unknown key(s) in [housekeeping]: {', '.join(extra)}", hint=f"known keys: {', '.join(known)}")
@@ -363,7 +366,17 @@ def _housekeeping_settings(raw: Any, path: Path) -> HousekeepingSettings:
         disk_override_free_bytes=count("disk_override_free_bytes", 0, 0),
         delete_concurrency=count("delete_concurrency", 4, 1),
         delete_rate=_rate(raw.get("delete_rate", 50.0), path),
+        cold_credentials_file=_optional_path(raw.get("cold_credentials_file", ""), path, "[housekeeping] key 'cold_credentials_file'"),
     )
+
+
+def _optional_path(value: Any, path: Path, what: str) -> Path | None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{path}: {what} must be a path (a string), got {value!r}")
+    if not value:
+        return None
+    resolved = Path(value).expanduser()
+    return resolved if resolved.is_absolute() else path.parent / resolved
 
 
 SCRUB_RATE_RANGE = (64 * 1024, 1 << 34)  # 64 KiB/s .. 16 GiB/s

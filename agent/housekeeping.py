@@ -6,8 +6,10 @@ Two roles, both in every agent:
 - **Deciding** — one agent per cluster, elected in ZooKeeper at
   ``/dlctl/<cluster>/housekeeping-election`` (``[housekeeping] enabled = true`` agents stand):
   every ``check_seconds`` it applies each log's retention (age by completion time, size cap),
-  finishes marking what a cut-short truncation left, marks pins that were passed, and deletes
-  truncated segments' records (``dlctl.ops.gc.apply_log``). Metadata only: it never touches
+  finishes marking what a cut-short truncation left, marks pins that were passed, copies truncated
+  segments to the cold store when the cluster requires one (``dlctl.ops.offload``; collection
+  waits for the copy), sweeps expired cold copies, and deletes truncated segments' records
+  (``dlctl.ops.gc.apply_log``). Metadata only: it never touches
   another agent's files. ZooKeeper sessions are the failure detector; the role moves when the
   agent dies, and it acts only while connected.
 - **Reclaiming** — every agent, at start and then every ``check_seconds``: it lists its own
@@ -36,7 +38,7 @@ from dlctl.log.pool import AgentPool
 from dlctl.meta import roles
 from dlctl.meta.store import MetaStore
 from dlctl.meta.zk import ZkAuth
-from dlctl.ops import gc
+from dlctl.ops import gc, offload
 
 from .config import HousekeepingSettings
 from .election import ElectedRole
@@ -176,12 +178,13 @@ class Housekeeping(ElectedRole):
         loop = asyncio.get_running_loop()
         override = await self._disk_override()
         names = await loop.run_in_executor(None, self.meta.list_logs)
+        cold = await loop.run_in_executor(None, self._cold_store)
         results = []
         for name in names:
             if not (self._leading.is_set() and self._connected.is_set()) or self._stop.is_set():
                 break  # lost the role or the connection: the next housekeeper takes over
             try:
-                result = await loop.run_in_executor(None, lambda name=name: self._apply_log(name, override))
+                result = await loop.run_in_executor(None, lambda name=name: self._apply_log(name, override, cold[0] if cold else None))
             except Exception as exc:  # noqa: BLE001 - one log's trouble must not stop the others
                 log.warning("housekeeping: log %r: %s: %s", name, type(exc).__name__, exc)
                 continue
@@ -190,16 +193,37 @@ class Housekeeping(ElectedRole):
                 log.info("housekeeping: log %r truncated to %s (%s)", name, result.get("truncation_point"), result["retention"])
             if result.get("pins_marked_for_bootstrap"):
                 log.warning("housekeeping: log %r: pin(s) of %s passed: marked as needing a bootstrap", name, ", ".join(result["pins_marked_for_bootstrap"]))
+            if result.get("offloaded"):
+                log.info("housekeeping: log %r: segment(s) %s copied to the cold store", name, result["offloaded"])
+            if result.get("offload_waiting"):
+                log.warning("housekeeping: log %r: truncated segment(s) kept until copied to the cold store: %s", name, result["offload_waiting"])
             if result.get("segments_collected"):
                 log.info("housekeeping: log %r: %d truncated segment record(s) collected (%d bytes)", name, len(result["segments_collected"]), result.get("bytes_collected", 0))
+        if cold is not None and cold[1] is not None and self._leading.is_set():
+            try:
+                swept = await loop.run_in_executor(None, offload.sweep_expired, cold[0], cold[1])
+                if swept["deleted"]:
+                    log.info("housekeeping: %d cold cop(ies) past their retention deleted", swept["deleted"])
+            except Exception as exc:  # noqa: BLE001 - the store may be down: next round
+                log.warning("housekeeping: sweeping expired cold copies: %s", exc)
         self.rounds += 1
         return results
 
-    def _apply_log(self, name: str, override: str | None) -> dict[str, Any]:
+    def _apply_log(self, name: str, override: str | None, cold_store: Any = None) -> dict[str, Any]:
         """Retention and collection for one log (a worker thread). With the secret, retention
         records a replicated log's clock base at the new point first, while the records before
         it are still readable (``dlctl.replication.truncation_base``)."""
-        return gc.apply_log(self.meta, name, by=f"housekeeping {self.node_id}", override=override, secret=self.secret)
+        return gc.apply_log(self.meta, name, by=f"housekeeping {self.node_id}", override=override, secret=self.secret, cold_store=cold_store)
+
+    def _cold_store(self) -> Any:
+        """(store, retention) of the cold store the cluster requires, reached with this agent's
+        credentials; None when none is required or it cannot be opened here (truncated segments
+        then wait: gc collects only those with a copy)."""
+        try:
+            return offload.required_store(self.meta, self.settings.cold_credentials_file)
+        except Exception as exc:  # noqa: BLE001 - a bad record or no boto3: collection waits, says why
+            log.warning("housekeeping: the cluster's cold store cannot be opened here: %s", exc)
+            return None
 
     async def _disk_override(self) -> str | None:
         threshold = self.settings.disk_override_free_bytes

@@ -8,12 +8,14 @@ from ..ops import agents
 from ..ops import certs as certs_ops
 from ..ops import cluster as cluster_ops
 from ..ops import health as health_ops
+from ..ops import offload as offload_ops
 from ..ops import roles as roles_ops
 from ..output import Table, human_bytes
 from ..plan import Plan
 from .agent import _fleet, _progress, fleet_options
 from .complete import complete_log
 from .context import AppContext, command_options, mutating, pass_app
+from .truncate import DURATION
 
 
 @click.group("cluster")
@@ -155,3 +157,30 @@ def auditor_disable(app: AppContext) -> Plan:
     a rack, so its agents are not copied elsewhere while they are down on purpose). Agents'
     own ``[auditor] enabled`` settings are unaffected."""
     return roles_ops.auditor_switch_plan(app.session(), False)
+
+
+@cluster_group.group("cold-storage")
+def cold_storage_group() -> None:
+    """Require (or stop requiring) a cold copy before truncated segments leave the cluster."""
+
+
+@cold_storage_group.command("enable")
+@click.option("--retention", type=DURATION, metavar="DURATION", help="Delete cold copies this long after they were stored (e.g. 90d); default: keep them.")
+@mutating(confirm=False)
+def cold_storage_enable(app: AppContext, retention: float | None) -> Plan:
+    """Publish the inventory's [clusters.<c>.cold_storage] as the cluster's cold store: from then
+    on the agents' housekeeper and `dlctl gc` copy every truncated segment there (read back and
+    checked) before its record and replicas are removed; a segment whose copy fails stays. With
+    --retention, copies older than it are deleted. Credentials are never published: agents use
+    [housekeeping] cold_credentials_file in agent.toml."""
+    session = app.session()
+    return offload_ops.enable_plan(session.meta, session.cluster.name, session.cluster.cold_storage, retention)
+
+
+@cold_storage_group.command("disable")
+@mutating()
+def cold_storage_disable(app: AppContext) -> Plan:
+    """Stop requiring cold copies: truncated segments are collected without one from then on
+    (the copies already made stay)."""
+    session = app.session()
+    return offload_ops.disable_plan(session.meta, session.cluster.name)

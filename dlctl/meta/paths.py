@@ -171,3 +171,9 @@ def log_bounds(cluster: str, name: str) -> str:
     """What the log's current writer may write at most: txids and append times (issue 24
     item 1, ``dlctl.meta.bounds``)."""
     return f"{log(cluster, name)}/bounds"
+
+
+def cold_storage(cluster: str) -> str:
+    """The cluster's cold store, when one is required before truncated segments are collected
+    (``dlctl.meta.coldpolicy``)."""
+    return f"{cluster_root(cluster)}/cold_storage"

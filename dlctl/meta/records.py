@@ -107,6 +107,9 @@ class SegmentRecord:
     # completed (None: unknown — in progress, empty, or written before entries carried them).
     first_time: int | None = None
     last_time: int | None = None
+    # The key of its verified copy in the cluster's cold store (dlctl.ops.offload): with a cold
+    # store required, a truncated segment leaves the cluster only once it has one.
+    cold: str | None = None
 
     def __hash__(self) -> int:  # frozen, but ``short`` is a dict: hash what identifies it
         return hash((self.seq, self.state, self.ensembles, self.last_entry_id))
@@ -175,7 +178,7 @@ def to_json(record: Any) -> bytes:
     if isinstance(record, SegmentRecord):
         # Fields at their defaults stay out: the common case reads back unchanged by agents
         # that predate them.
-        for name, default in (("short", {}), ("first_time", None), ("last_time", None)):
+        for name, default in (("short", {}), ("first_time", None), ("last_time", None), ("cold", None)):
             if raw[name] == default:
                 del raw[name]
     return json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
@@ -202,6 +205,8 @@ def segment_from_json(data: bytes, where: str) -> SegmentRecord:
             value = raw.get(name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name!r} must be milliseconds since the epoch, got {value!r}")
+        if raw.get("cold") is not None and not isinstance(raw["cold"], str):
+            raise ValueError(f"'cold' must be a cold store key, got {raw['cold']!r}")
         return SegmentRecord(**{**raw, "state": SegmentState(raw["state"]), "ensembles": ensembles, "short": short})
     except (TypeError, KeyError, ValueError) as exc:
         raise ValueError(f"{where}: malformed segment record: {exc}") from None

@@ -338,13 +338,14 @@ class Collectable:
     tombstone: int | None = None  # seq of the record kept for the next writer's txids; files may go
 
 
-def collectable(segments: Sequence[SegmentRecord], pins: Iterable[PinRecord], now: float) -> Collectable:
+def collectable(segments: Sequence[SegmentRecord], pins: Iterable[PinRecord], now: float, *, require_cold: bool = False) -> Collectable:
     """Which truncated segments leave the metadata.
 
     Every truncated segment that no live pin protects — except the log's highest segment when
     it is itself truncated: the writer continues its txids from the last segment record it
     finds, so that record stays (state ``truncated``, never read) until a newer segment exists;
-    its files may go (``tombstone``)."""
+    its files may go (``tombstone``). ``require_cold``: only segments with a verified cold copy
+    (``SegmentRecord.cold``) go, record or files (``dlctl.meta.coldpolicy``)."""
     ordered = sorted(segments, key=lambda s: s.seq)
     pinned = live_pins(pins, now)
     collect, kept, tombstone = [], {}, None
@@ -354,6 +355,9 @@ def collectable(segments: Sequence[SegmentRecord], pins: Iterable[PinRecord], no
         holders = sorted(p.holder for p in pinned if p.protects(seg.seq, now))
         if holders:
             kept[seg.seq] = "pinned by " + ", ".join(holders)
+            continue
+        if require_cold and seg.cold is None:
+            kept[seg.seq] = "waiting for its copy in the cold store"
             continue
         if i == len(ordered) - 1:
             kept[seg.seq] = "last segment of the log: its record keeps the last txid for the next writer (its files may go)"

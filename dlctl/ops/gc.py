@@ -39,12 +39,13 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..cold.store import ColdStore
 from ..errors import NotFoundError
 from ..log.dlsn import DLSN
 from ..log.errors import AgentError
 from ..log.pool import AgentPool
 from ..log.rereplication import members
-from ..meta import paths
+from ..meta import coldpolicy, paths
 from ..meta.pins import PinRecord, PinStore
 from ..meta.records import (
     LogRecord,
@@ -74,6 +75,7 @@ from ..meta.truncation import (
 )
 from ..plan import Plan, Step
 from ..replication import truncation_base
+from . import offload
 from .truncate import mark_pins
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ class LogState:
     truncation: Versioned[TruncationRecord] | None
     segments: list[Versioned[SegmentRecord]]
     pins: list[Versioned[PinRecord]]
+    cold_required: bool = False  # truncated segments leave only with a cold copy (dlctl.ops.offload)
 
     @property
     def point(self) -> DLSN | None:
@@ -103,7 +106,7 @@ def read_log_state(meta: MetaStore, name: str) -> LogState:
     record = meta.get_log(name)
     truncation = TruncationStore(meta).get(name)
     segments = read_segments(meta, name)
-    return LogState(name, record, truncation, segments, PinStore(meta).pins_of_log(name))
+    return LogState(name, record, truncation, segments, PinStore(meta).pins_of_log(name), coldpolicy.load(meta) is not None)
 
 
 @dataclass
@@ -119,10 +122,11 @@ class LogDecision:
     collect: list[SegmentRecord]
     kept: dict[int, str]
     tombstone: int | None
+    offload: list[int] = field(default_factory=list)  # truncated segments to copy to the cold store first
 
     @property
     def empty(self) -> bool:
-        return self.retention is None and not self.marks and not self.collect and not self.pins_to_mark
+        return self.retention is None and not self.marks and not self.collect and not self.pins_to_mark and not self.offload
 
     def describe(self) -> str:
         parts = []
@@ -132,6 +136,8 @@ class LogDecision:
             parts.append(f"finish marking {len(self.marks)} segment(s) before {self.point} truncated")
         if self.pins_to_mark:
             parts.append("mark pin(s) of " + ", ".join(self.pins_to_mark) + " as needing a bootstrap")
+        if self.offload:
+            parts.append(f"copy {len(self.offload)} truncated segment(s) to the cold store (each is removed only once its copy is verified)")
         if self.collect:
             seqs = [s.seq for s in self.collect]
             span = f"{seqs[0]}" if len(seqs) == 1 else f"{seqs[0]}..{seqs[-1]}"
@@ -147,6 +153,7 @@ class LogDecision:
             "segments_marked": len(self.marks),
             "pins_marked_for_bootstrap": self.pins_to_mark,
             "segments_collected": [s.seq for s in self.collect],
+            "segments_to_offload": self.offload,
             "bytes_collected": sum(s.bytes for s in self.collect),
             "kept": {str(k): v for k, v in self.kept.items()},
         }
@@ -190,7 +197,9 @@ def decide(state: LogState, now: float, *, retention: bool = True, override: str
         passed = [p for p in passed if p.expired(now) or (current is not None and p.position < current)]
     holders = {p.holder for p in passed}
     after_pins = [replace(p, needs_bootstrap=True) if p.holder in holders else p for p in pins]
+    # (Planned as if the cold copies succeed; apply_log collects only the segments that have one.)
     collected: Collectable = collectable(simulated, after_pins, now)
+    offload = [s.seq for s in simulated if s.state is SegmentState.TRUNCATED and s.cold is None] if state.cold_required else []
     return LogDecision(
         state.name,
         state.log.value.log_id,
@@ -203,6 +212,7 @@ def decide(state: LogState, now: float, *, retention: bool = True, override: str
         list(collected.collect),
         dict(collected.kept),
         collected.tombstone,
+        offload,
     )
 
 
@@ -216,9 +226,11 @@ def apply_log(
     override: str | None = None,
     state: LogState | None = None,
     secret: bytes | None = None,
+    cold_store: ColdStore | None = None,
 ) -> dict[str, Any]:
-    """Decide and apply: mark passed pins, move the point (retention), mark segments, then
-    delete truncated segments' records — each by CAS on the version read.
+    """Decide and apply: mark passed pins, move the point (retention), mark segments, copy
+    truncated segments to the cold store when the cluster requires it (``cold_store``, read
+    with ``secret``), then delete truncated segments' records — each by CAS on the version read.
 
     ``secret`` lets retention read the agents: a replicated log's clock base at the new point is
     recorded (``dlctl.replication.truncation_base``) before the point moves. Without it, moving a
@@ -256,9 +268,11 @@ def apply_log(
         marked = apply_marks(meta, name, point, state.segments)
         current.update(marked.versions)  # what was written, at its new version: no re-read
         out["marks"] = marked.to_dict()
+    if state.cold_required:
+        out.update(_offload(meta, name, state.log.value.log_id, current, cold_store, secret))
     # Pins are read again: marking may have changed them, and a live one keeps its segments.
     pins = [p.value for p in pin_store.pins_of_log(name)]
-    chosen = collectable([v.value for v in current.values()], pins, now)
+    chosen = collectable([v.value for v in current.values()], pins, now, require_cold=state.cold_required)
     deleted, changed = delete_segment_records(meta, name, [current[s.seq] for s in chosen.collect])
     gone = set(deleted)
     out.update(
@@ -267,6 +281,21 @@ def apply_log(
         changed_meanwhile=changed,
         kept={str(k): v for k, v in chosen.kept.items()},
     )
+    return out
+
+
+def _offload(meta: MetaStore, name: str, log_id: int, current: dict[int, Versioned[SegmentRecord]], store: ColdStore | None, secret: Any) -> dict[str, Any]:
+    """Copy the truncated segments without a cold copy; ``current`` gets the marked records."""
+    todo = offload.pending(sorted(current.values(), key=lambda v: v.value.seq))
+    if not todo:
+        return {}
+    if store is None or secret is None:
+        return {"offload_waiting": {str(v.value.seq): "this collector cannot reach the cold store" for v in todo}}
+    marked, failed = offload.offload_segments(meta, name, log_id, todo, store, secret)
+    current.update(marked)
+    out: dict[str, Any] = {"offloaded": sorted(marked)}
+    if failed:
+        out["offload_waiting"] = {str(k): v for k, v in failed.items()}
     return out
 
 
@@ -303,14 +332,14 @@ def verdict(view: LogView | None, seq: int, node: str, busy: Collection[tuple[st
     return KEEP, ""
 
 
-def _tombstone(segments: Mapping[int, SegmentRecord], seqs: Iterable[int], pins: Iterable[PinRecord], now: float) -> int | None:
+def _tombstone(segments: Mapping[int, SegmentRecord], seqs: Iterable[int], pins: Iterable[PinRecord], now: float, require_cold: bool = False) -> int | None:
     seqs = list(seqs)
     if not seqs:
         return None
     top = segments.get(max(seqs))
     if top is None or top.state is not SegmentState.TRUNCATED:
         return None
-    return collectable([top], pins, now).tombstone
+    return collectable([top], pins, now, require_cold=require_cold).tombstone
 
 
 def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full: bool = True, now: float | None = None) -> dict[int, LogView]:
@@ -332,6 +361,7 @@ def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full:
     views: dict[int, LogView] = {}
     pin_store = PinStore(meta)
     truncations = TruncationStore(meta)
+    require_cold = coldpolicy.load(meta) is not None
     for log_id, name in by_id.items():
         if log_ids is not None and log_id not in log_ids:
             continue
@@ -349,7 +379,7 @@ def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full:
             truncation.value.point if truncation else None,
             frozenset(records) if full else frozenset(seqs),
             records,
-            _tombstone(records, seqs, pins, now),
+            _tombstone(records, seqs, pins, now, require_cold),
         )
     return views
 
@@ -551,13 +581,19 @@ def _reclaim(meta: MetaStore, secret: bytes, work: Mapping[str, list[Replica]], 
     return asyncio.run(go())
 
 
-def as_plan(meta: MetaStore, secret: bytes, cluster: str, gc: GcPlan, *, rate: float | None = DEFAULT_RATE) -> Plan:
+def as_plan(meta: MetaStore, secret: bytes, cluster: str, gc: GcPlan, *, rate: float | None = DEFAULT_RATE, cold: tuple[ColdStore, float | None] | None = None) -> Plan:
+    """``cold``: the cold store the cluster requires (``offload.required_store``) and its
+    retention: truncated segments are copied there before they are collected."""
     steps = []
+    store = cold[0] if cold else None
     for d in gc.decisions:
         if d.empty:
             continue
         steps.append(Step("collect-log", f"{cluster}/{d.name}", d.describe(), params=d.to_dict(),
-                          run=lambda name=d.name: apply_log(meta, name, by="dlctl gc", state=gc.states.get(name), secret=secret)))
+                          run=lambda name=d.name: apply_log(meta, name, by="dlctl gc", state=gc.states.get(name), secret=secret, cold_store=store)))
+    if cold is not None and cold[1] is not None:
+        steps.append(Step("sweep-cold-copies", store.describe(), f"delete cold copies stored more than {cold[1]:g} s ago",  # type: ignore[union-attr]
+                          run=lambda: offload.sweep_expired(cold[0], cold[1])))
     work = {n.node: n.stale + (n.orphans if gc.force else []) for n in gc.nodes if n.up}
     work = {node: todo for node, todo in work.items() if todo}
     if work:

@@ -19,15 +19,15 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from harness.coldcopies import segment_payloads
 from harness.procs import ProcessRegistry, free_port
 from harness.s3server import start_s3_server
 from harness.sandbox import dlctl, sandbox_up, session_for
 
-from dlctl.log import format as fmt
 from dlctl.log.dlsn import DLSN
 from dlctl.log.pool import AgentPool
 from dlctl.log.reader import LogReader
-from dlctl.log.records import Record, decode_records
+from dlctl.log.records import Record
 from dlctl.log.writer import LogWriter
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
@@ -113,15 +113,14 @@ async def write_segment(session, name: str, tag: str, count: int) -> list[bytes]
 
 def records_of(objects: dict[str, bytes]) -> list[bytes]:
     """The data records of every segment object, in segment order, decoded with the wire format."""
-    out = []
-    for key in sorted(k for k in objects if k.endswith(".segment")):
-        data, offset = objects[key], 0
-        while offset < len(data):
-            header = fmt.decode_header(data[offset : offset + fmt.HEADER_SIZE])
-            entry = fmt.decode(data[offset : offset + header.total_size])
-            out += [r.payload for r in decode_records(entry.payload) if not r.control]
-            offset += header.total_size
-    return out
+    return segment_payloads(objects[k] for k in sorted(k for k in objects if k.endswith(".segment")))
+
+
+async def three_segments(session, name: str, count: int) -> list[bytes]:
+    written = []
+    for tag in ("a", "b", "c"):
+        written += await write_segment(session, name, tag, count)
+    return written
 
 
 def steps_run(result) -> list[dict]:
@@ -136,9 +135,7 @@ def test_backup_copies_completed_segments_once_and_refuses_damage(sandbox, s3, t
     assert dlctl(env, "log", "create", name).returncode == 0
     session = session_for(env)
     try:
-        written = []
-        for tag in ("a", "b", "c"):
-            written += asyncio.run(write_segment(session, name, tag, 50))
+        written = asyncio.run(three_segments(session, name, 50))
         backup_scenario(env, name, target, session, written)
     finally:
         session.close()
@@ -259,16 +256,19 @@ def test_restore_rebuilds_a_deleted_log_with_its_records_identities(sandbox, s3,
         session.close()
 
 
+def log_with_filesystem_store(sandbox, tmp_path, name: str):
+    """A new log in a cluster whose inventory has a filesystem cold store: (store, env, session)."""
+    target = Target("filesystem", tmp_path)
+    env = configured(sandbox, name, target.table)
+    assert dlctl(env, "log", "create", name).returncode == 0
+    return target, env, session_for(env)
+
+
 def test_reading_from_cold_joins_the_truncated_history_and_the_hot_log(sandbox, tmp_path):
     name = "history"
-    target = Target("filesystem", tmp_path)
-    env = configured(sandbox, "history", target.table)
-    assert dlctl(env, "log", "create", name).returncode == 0
-    session = session_for(env)
+    target, env, session = log_with_filesystem_store(sandbox, tmp_path, name)
     try:
-        written = []
-        for tag in ("a", "b", "c"):
-            written += asyncio.run(write_segment(session, name, tag, 30))
+        written = asyncio.run(three_segments(session, name, 30))
         run_json(env, "log", "backup", name)
         assert dlctl(env, "--yes", "truncate", name, "--to", "3/0/0").returncode == 0
         assert dlctl(env, "--yes", "gc").returncode == 0  # segments 1 and 2 leave the cluster
@@ -294,4 +294,34 @@ def test_reading_from_cold_joins_the_truncated_history_and_the_hot_log(sandbox, 
         short = dlctl(env, "-o", "json", "log", "read", name, "--from-cold")
         assert short.returncode != 0 and short.stdout == "" and "segment(s) 2..2" in short.stderr, short.stderr
     finally:
+        session.close()
+
+
+def test_with_cold_storage_required_truncated_segments_leave_only_once_copied(sandbox, tmp_path):
+    name = "offloaded"
+    target, env, session = log_with_filesystem_store(sandbox, tmp_path, name)
+    enabled = dlctl(env, "--yes", "cluster", "cold-storage", "enable")
+    assert enabled.returncode == 0, enabled.stderr
+    try:
+        written = asyncio.run(three_segments(session, name, 30))
+        assert dlctl(env, "--yes", "truncate", name, "--to", "3/0/0").returncode == 0
+
+        # The store is out of reach (not mounted): the truncated segments stay, replicas too.
+        away = tmp_path / "away"
+        target.root.rename(away)
+        stuck = run_json(env, "--yes", "gc")
+        assert stuck["bytes_reclaimed"] == 0
+        kept = {s.value.seq: s.value for s in session.meta.segments(name)}
+        assert set(kept) == {1, 2, 3} and kept[1].cold is None and kept[2].cold is None
+
+        away.rename(target.root)
+        done = run_json(env, "--yes", "gc")
+        assert {s.value.seq for s in session.meta.segments(name)} == {3}, "copied segments were not collected"
+        assert done["bytes_reclaimed"] > 0, "their replicas were not reclaimed"
+        copies = {k: v for k, v in target.objects().items() if "/0000000000000000003." not in k}
+        assert records_of(copies) == written[:60], "the cold copies do not hold the truncated records"
+        both = dlctl(env, "-o", "json", "log", "read", name, "--from-cold")
+        assert [json.loads(line)["payload"].encode() for line in both.stdout.splitlines()] == written
+    finally:
+        assert dlctl(env, "--yes", "cluster", "cold-storage", "disable").returncode == 0
         session.close()

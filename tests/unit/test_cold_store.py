@@ -5,6 +5,7 @@ tests/integration/test_cold_backup.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 
@@ -122,3 +123,50 @@ def test_a_manifest_round_trips_and_refuses_other_bytes_or_a_foreign_object():
         with pytest.raises(CorruptObject, match="here: malformed manifest"):
             SegmentManifest.from_json(bad, "here")
     assert manifest_key("orders", 9, 4).endswith("0000000000000000004.manifest.json")
+
+
+def test_with_a_cold_store_required_only_copied_truncated_segments_are_collected():
+    from dataclasses import replace
+
+    from dlctl.meta.truncation import collectable
+
+    base, _ = _segment(9, 1, 2)
+    one = replace(base, state=SegmentState.TRUNCATED)
+    two = replace(base, seq=2, state=SegmentState.TRUNCATED, cold="logs/x/9/0000000000000000002.segment")
+    top = replace(base, seq=3, state=SegmentState.TRUNCATED)  # the log's last: a tombstone at most
+    free = collectable([one, two, top], [], 0.0)
+    assert [s.seq for s in free.collect] == [1, 2] and free.tombstone == 3
+    gated = collectable([one, two, top], [], 0.0, require_cold=True)
+    assert [s.seq for s in gated.collect] == [2] and gated.tombstone is None
+    assert "cold store" in gated.kept[1] and "cold store" in gated.kept[3]
+    assert collectable([replace(top, cold="k")], [], 0.0, require_cold=True).tombstone == 3
+
+
+def test_the_retention_sweep_deletes_exactly_the_expired_copies_manifest_first(tmp_path):
+    from dlctl.ops.offload import sweep_expired
+
+    store = FilesystemStore(tmp_path)
+    for seq, stored in ((1, 100.0), (2, 200.0), (3, 290.0)):
+        record, data = _segment(9, seq, 2)
+        manifest = dataclasses.replace(SegmentManifest.of("c", "orders", 9, record, data), stored=stored)
+        store.put(manifest.object, data)
+        store.put(manifest_key("orders", 9, seq), manifest.to_json())
+    assert sweep_expired(store, None, now=1e9)["deleted"] == 0  # no retention: kept for ever
+    result = sweep_expired(store, 50.0, now=300.0)
+    assert result["deleted"] == 2
+    assert store.list("logs") == [manifest_key("orders", 9, 3), object_key("orders", 9, 3)]
+
+
+def test_the_published_cold_store_record_round_trips_without_credentials_and_refuses_garbage(tmp_path):
+    from dlctl.cold.config import ColdStorageConfig
+    from dlctl.meta import coldpolicy
+
+    config = ColdStorageConfig("s3", bucket="b", prefix="p", endpoint="http://e", region="r", credentials_file=tmp_path / "creds")
+    data = coldpolicy.to_json(config, 86400.0)
+    assert b"creds" not in data
+    back, retention = coldpolicy.from_json(data, "zk")
+    assert retention == 86400.0 and back.credentials_file is None and (back.bucket, back.prefix, back.endpoint) == ("b", "p", "http://e")
+    assert coldpolicy.with_credentials(back, tmp_path / "mine").credentials_file == tmp_path / "mine"
+    for bad in (b"{", b'{"kind": "tape"}', b'{"kind": "s3"}', b'{"kind": "filesystem", "path": "/x", "retention_seconds": -1}'):
+        with pytest.raises(ValueError, match="zk: malformed cold storage record"):
+            coldpolicy.from_json(bad, "zk")

@@ -1,0 +1,124 @@
+"""Offload on truncation (issue 25 item 2): with a cold store required by the cluster
+(``dlctl.meta.coldpolicy``), a truncated segment is copied there — object read back and checked,
+manifest written (``dlctl.ops.backup.copy_segment``) — and its record marked with the copy's key
+by compare-and-set; only a marked segment is collected (``collectable(require_cold=True)``), so
+its replicas are reclaimed only after the copy is verified. A store that cannot be reached, or a
+copy that fails, leaves the segment where it is (reported; tried again next round).
+
+Copies stay ``retention_seconds`` after they were stored, then ``sweep_expired`` deletes them:
+the manifest first (a copy without one is never read), then the object.
+
+`dlctl cluster cold-storage enable|disable` publishes or withdraws the requirement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any
+
+from ..cold.config import ColdStorageConfig
+from ..cold.manifest import SegmentManifest, object_key
+from ..cold.segobject import CorruptObject
+from ..cold.store import ColdStore, open_store
+from ..errors import ConfigError, DlctlError, NotFoundError
+from ..log.errors import AgentError
+from ..log.pool import AgentPool
+from ..meta import coldpolicy
+from ..meta.records import SegmentRecord, SegmentState, Versioned
+from ..meta.store import MetaStore
+from ..plan import Plan, Step
+from .backup import copy_segment
+
+
+def required_store(meta: MetaStore, credentials_file: Any = None) -> tuple[ColdStore, float | None] | None:
+    """The cold store the cluster requires (reached with ``credentials_file``) and its
+    retention; None when none is required."""
+    policy = coldpolicy.load(meta)
+    if policy is None:
+        return None
+    config, retention = policy
+    return open_store(coldpolicy.with_credentials(config, credentials_file)), retention
+
+
+def pending(segments: list[Versioned[SegmentRecord]]) -> list[Versioned[SegmentRecord]]:
+    """Truncated segments without a cold copy yet."""
+    return [v for v in segments if v.value.state is SegmentState.TRUNCATED and v.value.cold is None]
+
+
+def offload_segments(
+    meta: MetaStore, name: str, log_id: int, todo: list[Versioned[SegmentRecord]], store: ColdStore, secret: Any
+) -> tuple[dict[int, Versioned[SegmentRecord]], dict[int, str]]:
+    """Copy each segment of ``todo`` and mark its record; returns the marked records (by seq,
+    at their new versions) and why the others were not. Runs its own event loop (callers are
+    threads: the housekeeper's worker, or `dlctl gc`)."""
+    marked: dict[int, Versioned[SegmentRecord]] = {}
+    failed: dict[int, str] = {}
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        pool = AgentPool(meta, secret, request_timeout=10.0)
+        try:
+            for current in todo:
+                seg = current.value
+                try:
+                    await copy_segment(meta.cluster, store, pool, name, log_id, seg)
+                    new = replace(seg, cold=object_key(name, log_id, seg.seq))
+                    marked[seg.seq] = await loop.run_in_executor(None, meta.update_segment, name, current, new)
+                except (DlctlError, AgentError, CorruptObject, OSError) as exc:
+                    failed[seg.seq] = f"{type(exc).__name__}: {getattr(exc, 'message', exc)}"
+        finally:
+            await pool.close()
+
+    asyncio.run(go())
+    return marked, failed
+
+
+def sweep_expired(store: ColdStore, retention_seconds: float | None, now: float | None = None) -> dict[str, Any]:
+    """Delete the copies stored more than ``retention_seconds`` ago (None: keep them all)."""
+    if retention_seconds is None:
+        return {"deleted": 0}
+    now = time.time() if now is None else now
+    deleted, errors = [], []
+    for key in store.list("logs"):
+        if not key.endswith(".manifest.json"):
+            continue
+        try:
+            manifest = SegmentManifest.from_json(store.get(key), f"{store.describe()}: {key}")
+        except (CorruptObject, NotFoundError) as exc:
+            errors.append(str(exc))
+            continue
+        if now - manifest.stored <= retention_seconds:
+            continue
+        store.delete(key)  # first: a copy without its manifest is never read
+        store.delete(manifest.object)
+        deleted.append(manifest.object)
+    return {"deleted": len(deleted), "objects": deleted, "errors": errors}
+
+
+def enable_plan(meta: MetaStore, cluster: str, config: ColdStorageConfig | None, retention_seconds: float | None) -> Plan:
+    if config is None:
+        raise ConfigError(f"cluster {cluster!r} has no [clusters.{cluster}.cold_storage] table in the inventory", hint="see README: Cold storage")
+    keep = f"{retention_seconds:g} s" if retention_seconds else "for ever"
+    return Plan.of(
+        "cold-storage enable",
+        [
+            Step(
+                "require-cold-copies", cluster,
+                f"require a copy in {config.describe()} before truncated segments leave the cluster; keep copies {keep}",
+                params={"store": config.to_dict(), "retention_seconds": retention_seconds},
+                run=lambda: coldpolicy.publish(meta, config, retention_seconds) or {"store": config.describe()},
+            )
+        ],
+        notes=["agents reach an S3 store with [housekeeping] cold_credentials_file in their agent.toml (else boto3's default chain)"],
+    )
+
+
+def disable_plan(meta: MetaStore, cluster: str) -> Plan:
+    if coldpolicy.load(meta) is None:
+        return Plan.of("cold-storage disable", [], notes=[f"cluster {cluster!r} requires no cold copies"])
+    return Plan.of(
+        "cold-storage disable",
+        [Step("stop-requiring-cold-copies", cluster, "truncated segments leave the cluster without a cold copy from now on", run=lambda: {"cleared": coldpolicy.clear(meta)})],
+    )
