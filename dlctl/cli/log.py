@@ -269,13 +269,16 @@ def log_backup(app: AppContext, name: str, verify: bool) -> Plan:
 @click.argument("name", shell_complete=complete_log)
 @click.option("--to-log", "to_log", required=True, metavar="NEW", help="The log to rebuild into: created, or an existing one that holds no records.")
 @click.option("--log-id", type=click.IntRange(min=1), help="Which incarnation of NAME to restore (a log deleted and created again has a new id); default: the latest in the store.")
+@click.option("--from-txid", type=int, metavar="TXID", help="Only records with a txid >= TXID.")
+@click.option("--to-txid", type=int, metavar="TXID", help="Only records with a txid <= TXID.")
 @mutating(confirm=False)
-def log_restore(app: AppContext, name: str, to_log: str, log_id: int | None) -> Plan:
+def log_restore(app: AppContext, name: str, to_log: str, log_id: int | None, from_txid: int | None, to_txid: int | None) -> Plan:
     """Rebuild NAME from its copies in the cluster's cold store, into log NEW.
 
     Every record keeps its txid, key and headers (replicated records keep their origin events),
     in the original order; it gets NEW's positions and the restore's append time. All copies
     are checked first (SHA-256 against their manifests, then entry by entry): a damaged or
     missing copy refuses the restore and nothing is written. NAME need not exist any more.
+    --from-txid/--to-txid restore a range (only the copies holding it are read).
     """
-    return restore.restore_plan(app.session(), name, to_log=to_log, log_id=log_id)
+    return restore.restore_plan(app.session(), name, to_log=to_log, log_id=log_id, from_txid=from_txid, to_txid=to_txid)

@@ -190,6 +190,9 @@ def agent_config_text(cluster: Cluster, node: Node, *, tls: bool = False) -> str
     text = "\n".join(lines) + "\n"
     if node.metrics_listen:
         text += "\n" + toml.table("metrics") + "\n" + toml.line("listen", node.metrics_listen) + "\n"
+    if _cold_credentials(cluster) is not None:
+        # The cluster's cold store (S3) is reached with the inventory's credentials, copied 0600.
+        text += "\n" + toml.table("housekeeping") + "\n" + toml.line("cold_credentials_file", f"{node.home}/{COLD_CREDENTIALS}") + "\n"
     if cluster.zookeeper_tls is not None:
         zk = cluster.zookeeper_tls
         text += "\n" + toml.table("zookeeper_tls") + "\n" + "".join(
@@ -199,6 +202,12 @@ def agent_config_text(cluster: Cluster, node: Node, *, tls: bool = False) -> str
 
 
 ZK_TLS_DIR = "zk-tls"  # under an agent's home: the ensemble's CA (and the client certificate it wants)
+COLD_CREDENTIALS = "cold-credentials"  # under an agent's home: the cold store's S3 credentials (0600)
+
+
+def _cold_credentials(cluster: Cluster) -> Path | None:
+    cold = cluster.cold_storage
+    return cold.credentials_file if cold is not None and cold.kind == "s3" else None
 
 
 def zk_tls_names(zk: ZkTls) -> list[tuple[str, str]]:
@@ -269,6 +278,10 @@ def install_plan(fleet: Fleet, nodes: Sequence[Node], wheel_dir: Path | None, pr
         t.put(cluster.secret_file, f"{node.home}/secret", 0o600, timeout=remaining())
         if cluster.zk_auth_file is not None:
             t.put(cluster.zk_auth_file, f"{node.home}/zk-auth", 0o600, timeout=remaining())
+        cold_credentials = _cold_credentials(cluster)
+        if cold_credentials is not None:
+            t.put(cold_credentials, f"{node.home}/{COLD_CREDENTIALS}", 0o600, timeout=remaining())
+            done["cold_credentials"] = True
         if tls:
             assert certdir is not None
             done["tls"] = certs.deliver_certificate(t, node, certdir, remaining)

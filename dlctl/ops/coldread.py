@@ -25,7 +25,7 @@ from ..log.reader import ReadRecord
 from ..log.records import decode_records
 from ..log.recovery import append_time
 from ..meta.truncation import TruncationStore
-from .restore import manifests
+from .restore import check_contiguous, manifests
 from .session import ClusterSession
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ def copies_before(store: ColdStore, name: str, log_id: int, start: DLSN) -> list
         held = manifests(store, name, log_id)
     except NotFoundError:
         held = []
+    check_contiguous(store, name, log_id, held)
     wanted = [m for m in held if m.segment.seq < start.segment_seq or (m.segment.seq == start.segment_seq and start > DLSN(start.segment_seq, 0, 0))]
     needed_last = start.segment_seq if start > DLSN(start.segment_seq, 0, 0) else start.segment_seq - 1
     have_last = wanted[-1].segment.seq if wanted else None

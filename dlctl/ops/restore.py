@@ -38,21 +38,35 @@ def incarnations(store: ColdStore, name: str) -> list[int]:
 
 
 def manifests(store: ColdStore, name: str, log_id: int) -> list[SegmentManifest]:
-    """The manifests of one incarnation, in segment order; raises when a segment is missing
-    between two copies (an incomplete backup must not pass for a whole log)."""
+    """The manifests of one incarnation, in segment order (``check_contiguous`` says whether a
+    segment is missing between two of those used: an incomplete backup must not pass for a
+    whole log)."""
     keys = [k for k in store.list(log_prefix(name, log_id)) if k.endswith(".manifest.json")]
     found = sorted((SegmentManifest.from_json(store.get(k), f"{store.describe()}: {k}") for k in keys), key=lambda m: m.segment.seq)
     if not found:
         raise NotFoundError(f"{store.describe()} holds no copy of log {name!r} (log id {log_id})", hint="`dlctl log backup LOG` makes them")
-    seqs = [m.segment.seq for m in found]
-    missing = sorted(set(range(seqs[0], seqs[-1] + 1)) - set(seqs))
+    return found
+
+
+def check_contiguous(store: ColdStore, name: str, log_id: int, copies: list[SegmentManifest]) -> None:
+    """Raise when a segment is missing between two of ``copies``."""
+    seqs = [m.segment.seq for m in copies]
+    missing = sorted(set(range(seqs[0], seqs[-1] + 1)) - set(seqs)) if seqs else []
     if missing:
         raise RefusedError(
             f"{store.describe()}: the copies of log {name!r} (log id {log_id}) lack segment(s) {', '.join(map(str, missing))} "
             f"between {seqs[0]} and {seqs[-1]}",
             hint="run `dlctl log backup` while those segments still exist; nothing was restored",
         )
-    return found
+
+
+def in_range(copies: list[SegmentManifest], from_txid: int | None, to_txid: int | None) -> list[SegmentManifest]:
+    """The copies holding records with txids in ``from_txid``..``to_txid`` (inclusive; None:
+    open), by their segment records' txid ranges."""
+    if from_txid is None and to_txid is None:
+        return copies
+    low, high = from_txid if from_txid is not None else -1, to_txid if to_txid is not None else 2**63
+    return [m for m in copies if m.segment.records and m.segment.first_txid <= high and m.segment.last_txid >= low]
 
 
 def read_copy(store: ColdStore, manifest: SegmentManifest) -> list[Record]:
@@ -66,17 +80,32 @@ def read_copy(store: ColdStore, manifest: SegmentManifest) -> list[Record]:
 
 
 def restore_plan(
-    session: ClusterSession, name: str, *, to_log: str, log_id: int | None = None, on_progress: Callable[[int, int], None] | None = None
+    session: ClusterSession,
+    name: str,
+    *,
+    to_log: str,
+    log_id: int | None = None,
+    from_txid: int | None = None,
+    to_txid: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> Plan:
+    """``from_txid``/``to_txid``: only the records with txids in that range (inclusive)."""
     validate_name("log", to_log)
+    if from_txid is not None and to_txid is not None and from_txid > to_txid:
+        raise RefusedError(f"empty txid range {from_txid}..{to_txid}")
     store = cold_store_of(session)
     if log_id is None:
         held = incarnations(store, name)
         if not held:
             raise NotFoundError(f"{store.describe()} holds no copy of log {name!r}", hint="`dlctl log backup LOG` makes them")
         log_id = held[-1]
-    copies = manifests(store, name, log_id)
-    total = sum(m.segment.records for m in copies)
+    copies = in_range(manifests(store, name, log_id), from_txid, to_txid)
+    if not copies:
+        wanted = f"txid >= {from_txid}" if to_txid is None else f"txid <= {to_txid}" if from_txid is None else f"txid in {from_txid}..{to_txid}"
+        raise NotFoundError(f"{store.describe()} holds no record of log {name!r} (log id {log_id}) with {wanted}")
+    check_contiguous(store, name, log_id, copies)
+    keep = _txid_filter(from_txid, to_txid)
+    total = sum(m.segment.records for m in copies)  # at most, with a range
     exists = to_log in session.meta.list_logs()
     if exists and any(s.value.records for s in session.meta.segments(to_log)):
         raise ConflictError(f"log {to_log!r} already holds records", hint="restore into a new log (it is created) or an empty one")
@@ -84,22 +113,35 @@ def restore_plan(
     steps = [  # checked first: a damaged copy leaves nothing behind, not even the new log
         Step(
             "verify-copies", f"{store.describe()}/{name}", f"check the {len(copies)} copies of {name} (log id {log_id}, {span}) against their manifests",
-            run=lambda: {"segments": len(copies), "records": sum(len(read_copy(store, m)) for m in copies)},
+            run=lambda: {"segments": len(copies), "records": sum(sum(map(keep, read_copy(store, m))) for m in copies)},
         )
     ]
     if not exists:
         steps.append(Step("create-log", f"{session.cluster.name}/{to_log}", f"create log {to_log} (default placement)", run=lambda: {"log_id": session.meta.create_log(to_log, LogConfig()).log_id}))
     steps.append(
         Step(
-            "restore-records", f"{session.cluster.name}/{to_log}", f"append their {total} records to {to_log}, each with its txid, key and headers",
-            params={"records": total},
-            run=lambda: session.with_pool(lambda pool: _append(session, pool, store, copies, to_log, total, on_progress)),
+            "restore-records", f"{session.cluster.name}/{to_log}", f"append their {'' if keep is _all else 'chosen '}records to {to_log}, each with its txid, key and headers",
+            params={"records_at_most": total, "from_txid": from_txid, "to_txid": to_txid},
+            run=lambda: session.with_pool(lambda pool: _append(session, pool, store, copies, to_log, total, keep, on_progress)),
         )
     )
     return Plan.of("log restore", steps, notes=[f"from {store.describe()}: log {name} (log id {log_id}), {span}, {total} records"])
 
 
-async def _append(session: ClusterSession, pool: Any, store: ColdStore, copies: list[SegmentManifest], to_log: str, total: int, on_progress: Any) -> dict[str, Any]:
+def _all(record: Record) -> bool:
+    return True
+
+
+def _txid_filter(from_txid: int | None, to_txid: int | None) -> Callable[[Record], bool]:
+    if from_txid is None and to_txid is None:
+        return _all
+    low, high = from_txid if from_txid is not None else -1, to_txid if to_txid is not None else 2**63
+    return lambda record: low <= record.txid <= high
+
+
+async def _append(
+    session: ClusterSession, pool: Any, store: ColdStore, copies: list[SegmentManifest], to_log: str, total: int, keep: Callable[[Record], bool], on_progress: Any
+) -> dict[str, Any]:
     from ..log.writer import LogWriter
 
     writer = await LogWriter.open(session.meta, pool, to_log)
@@ -109,6 +151,8 @@ async def _append(session: ClusterSession, pool: Any, store: ColdStore, copies: 
         for manifest in copies:
             # Checked again: the store may have changed since the plan's check.
             for record in await loop.run_in_executor(None, read_copy, store, manifest):
+                if not keep(record):
+                    continue
                 await writer.wait_writable()  # (at once unless too much is unacknowledged)
                 writer.submit(record)
                 done += 1

@@ -235,6 +235,11 @@ def test_restore_rebuilds_a_deleted_log_with_its_records_identities(sandbox, s3,
 
         run_json(env, "log", "restore", name, "--to-log", new)
         assert asyncio.run(read_all(session, new)) == written, "the restored log differs from what was written"
+        # A txid range, across two copies: exactly the records in it.
+        run_json(env, "log", "restore", name, "--to-log", f"{new}-range", "--from-txid", "1030", "--to-txid", "5015")
+        assert asyncio.run(read_all(session, f"{new}-range")) == [r for r in written if 1030 <= r[0] <= 5015]
+        nothing = dlctl(env, "log", "restore", name, "--to-log", f"{new}-none", "--from-txid", "900000")
+        assert nothing.returncode != 0 and "no record of log" in " ".join(nothing.stderr.split()), nothing.stderr
 
         # A damaged copy refuses the whole restore: nothing is written, not even the new log.
         held = target.objects()

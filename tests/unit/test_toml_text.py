@@ -117,3 +117,20 @@ def test_the_sandbox_writes_agent_configs_and_an_inventory_that_read_back_exactl
     for node in nodes:
         found = parsed.clusters[node["cluster"]].node(node["node_id"])
         assert (found.data_dir, found.home) == (str(Path(node["dir"]) / "data"), node["dir"])
+
+
+def test_agent_install_points_the_agent_at_the_cold_store_credentials_it_copies(tmp_path):
+    from dlctl.cold.config import ColdStorageConfig
+
+    node = Node(
+        id="r1-n1", cluster="east", region="r1", rack="rack-a", host="127.0.1.1", listen="127.0.1.1:3181",
+        ssh_user=None, ssh_port=22, identity_file=None, data_dir="/data", python=None, home="/opt/😀 home",
+    )
+    s3 = ColdStorageConfig("s3", bucket="b", credentials_file=tmp_path / "s3.creds")
+    cluster = Cluster(name="east", zookeeper="127.0.0.1:2281", secret_file=tmp_path / "s", zk_auth_file=tmp_path / "z", nodes=(node,), cold_storage=s3)
+    path = tmp_path / "agent.toml"
+    path.write_text(agent_config_text(cluster, node))
+    assert str(agent_config.load(path).housekeeping.cold_credentials_file) == f"{node.home}/cold-credentials"
+    for other in (None, ColdStorageConfig("filesystem", path=tmp_path), ColdStorageConfig("s3", bucket="b")):
+        path.write_text(agent_config_text(replace(cluster, cold_storage=other), node))
+        assert agent_config.load(path).housekeeping.cold_credentials_file is None  # nothing to copy
