@@ -199,9 +199,10 @@ class Housekeeping(ElectedRole):
                 log.warning("housekeeping: log %r: truncated segment(s) kept until copied to the cold store: %s", name, result["offload_waiting"])
             if result.get("segments_collected"):
                 log.info("housekeeping: log %r: %d truncated segment record(s) collected (%d bytes)", name, len(result["segments_collected"]), result.get("bytes_collected", 0))
-        if cold is not None and cold[1] is not None and self._leading.is_set():
+        if cold is not None and self._leading.is_set():
             try:
-                swept = await loop.run_in_executor(None, offload.sweep_expired, cold[0], cold[1])
+                per_log = await loop.run_in_executor(None, offload.cold_retentions, self.meta)
+                swept = await loop.run_in_executor(None, lambda: offload.sweep_expired(cold[0], cold[1], per_log=per_log))
                 if swept["deleted"]:
                     log.info("housekeeping: %d cold cop(ies) past their retention deleted", swept["deleted"])
             except Exception as exc:  # noqa: BLE001 - the store may be down: next round

@@ -54,19 +54,22 @@ def _keep_or(convert):
 @click.argument("name", shell_complete=complete_log)
 @click.option("--age", metavar="DURATION|none", help="Truncate completed segments this long after their completion (none: keep for ever).")
 @click.option("--max-bytes", metavar="SIZE|none", help="Size cap: truncate the oldest completed segments beyond it (none: no cap).")
+@click.option("--cold-age", metavar="DURATION|none", help="Keep this log's copies in the cold store this long after they were stored (none: the cluster's cold retention).")
 @mutating(confirm=False)
-def log_retention(app: AppContext, name: str, age: str | None, max_bytes: str | None) -> Plan:
+def log_retention(app: AppContext, name: str, age: str | None, max_bytes: str | None, cold_age: str | None) -> Plan:
     """Set NAME's retention (by CAS on its record). The elected agent's housekeeping applies it;
     `dlctl gc` applies it at once. Retention never passes a live replication pin and never
-    touches the in-progress segment."""
+    touches the in-progress segment. --cold-age: how long its cold copies stay (see
+    `cluster cold-storage enable`)."""
     try:
         seconds = _keep_or(lambda v: DURATION.convert(v, None, None))(age)
         size = _keep_or(lambda v: SIZE.convert(v, None, None))(max_bytes)
+        cold = _keep_or(lambda v: DURATION.convert(v, None, None))(cold_age)
     except click.BadParameter as exc:
         raise click.BadParameter(exc.message) from None
-    if seconds is False and size is False:
-        raise click.UsageError("give --age and/or --max-bytes")
-    return logs.retention_plan(app.session(), name, seconds=seconds, max_bytes=size)
+    if seconds is False and size is False and cold is False:
+        raise click.UsageError("give --age, --max-bytes and/or --cold-age")
+    return logs.retention_plan(app.session(), name, seconds=seconds, max_bytes=size, cold_seconds=cold)
 
 
 @log_group.command("list")

@@ -40,6 +40,9 @@ class LogConfig:
     # read back unchanged.
     retention_seconds: float | None = None
     retention_bytes: int | None = None
+    # How long this log's cold copies stay in the cluster's cold store (dlctl.ops.offload);
+    # None: the cluster's default (`cluster cold-storage enable --retention`).
+    cold_retention_seconds: float | None = None
 
     def __post_init__(self) -> None:
         e, w, a = self.ensemble_size, self.write_quorum, self.ack_quorum
@@ -54,6 +57,9 @@ class LogConfig:
             raise ValueError(f"retention_seconds must be a positive number of seconds or None (got {ttl!r})")
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or not cap > 0):
             raise ValueError(f"retention_bytes must be a positive integer or None (got {cap!r})")
+        cold = self.cold_retention_seconds
+        if cold is not None and (isinstance(cold, bool) or not isinstance(cold, (int, float)) or not cold > 0):
+            raise ValueError(f"cold_retention_seconds must be a positive number of seconds or None (got {cold!r})")
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,8 @@ def _encode(value: Any) -> Any:
 
 def to_json(record: Any) -> bytes:
     raw = _encode(asdict(record))
+    if isinstance(record, LogRecord) and raw["config"]["cold_retention_seconds"] is None:
+        del raw["config"]["cold_retention_seconds"]  # (as below: unchanged for older readers)
     if isinstance(record, SegmentRecord):
         # Fields at their defaults stay out: the common case reads back unchanged by agents
         # that predate them.

@@ -591,9 +591,11 @@ def as_plan(meta: MetaStore, secret: bytes, cluster: str, gc: GcPlan, *, rate: f
             continue
         steps.append(Step("collect-log", f"{cluster}/{d.name}", d.describe(), params=d.to_dict(),
                           run=lambda name=d.name: apply_log(meta, name, by="dlctl gc", state=gc.states.get(name), secret=secret, cold_store=store)))
-    if cold is not None and cold[1] is not None:
-        steps.append(Step("sweep-cold-copies", store.describe(), f"delete cold copies stored more than {cold[1]:g} s ago",  # type: ignore[union-attr]
-                          run=lambda: offload.sweep_expired(cold[0], cold[1])))
+    per_log = offload.cold_retentions(meta) if cold is not None else {}
+    if cold is not None and (cold[1] is not None or per_log):
+        default = f"{cold[1]:g} s" if cold[1] is not None else "for ever"
+        steps.append(Step("sweep-cold-copies", store.describe(), f"delete cold copies past their log's cold retention ({len(per_log)} log(s) set one; default {default})",  # type: ignore[union-attr]
+                          run=lambda: offload.sweep_expired(cold[0], cold[1], per_log=per_log)))
     work = {n.node: n.stale + (n.orphans if gc.force else []) for n in gc.nodes if n.up}
     work = {node: todo for node, todo in work.items() if todo}
     if work:

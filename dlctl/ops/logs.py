@@ -47,10 +47,13 @@ def _config_dict(config: LogConfig) -> dict[str, Any]:
         "roll_seconds": config.roll_seconds,
         "retention_seconds": config.retention_seconds,
         "retention_bytes": config.retention_bytes,
+        "cold_retention_seconds": config.cold_retention_seconds,
     }
 
 
-def retention_plan(session: ClusterSession, name: str, *, seconds: float | None | bool = False, max_bytes: int | None | bool = False) -> Plan:
+def retention_plan(
+    session: ClusterSession, name: str, *, seconds: float | None | bool = False, max_bytes: int | None | bool = False, cold_seconds: float | None | bool = False
+) -> Plan:
     """Change a log's retention (``False``: leave as is; ``None``: keep for ever), by CAS on the
     log record at the version read now. A writer that races it re-reads the record and goes on
     (only its segment counter matters to it)."""
@@ -63,6 +66,8 @@ def retention_plan(session: ClusterSession, name: str, *, seconds: float | None 
         changes["retention_seconds"] = seconds
     if max_bytes is not False:
         changes["retention_bytes"] = max_bytes
+    if cold_seconds is not False:
+        changes["cold_retention_seconds"] = cold_seconds
     new = replace(config, **changes)
     if new == config:
         return Plan.of("log retention", [], notes=[f"log {name!r} already has this retention"])
@@ -70,7 +75,8 @@ def retention_plan(session: ClusterSession, name: str, *, seconds: float | None 
     def describe(c: LogConfig) -> str:
         age = f"{c.retention_seconds:g}s" if c.retention_seconds is not None else "for ever"
         size = f"{c.retention_bytes} bytes" if c.retention_bytes is not None else "no size cap"
-        return f"age {age}, {size}"
+        cold = f"{c.cold_retention_seconds:g}s" if c.cold_retention_seconds is not None else "the cluster's"
+        return f"age {age}, {size}, cold copies kept {cold}"
 
     return Plan.of(
         "log retention",
@@ -79,7 +85,7 @@ def retention_plan(session: ClusterSession, name: str, *, seconds: float | None 
                 "set-retention",
                 f"{session.cluster.name}/{name}",
                 f"set the retention of log {name} to {describe(new)} (was {describe(config)})",
-                params={"retention_seconds": new.retention_seconds, "retention_bytes": new.retention_bytes, "version": current.version},
+                params={"retention_seconds": new.retention_seconds, "retention_bytes": new.retention_bytes, "cold_retention_seconds": new.cold_retention_seconds, "version": current.version},
                 run=lambda: _config_dict(session.meta.update_log_config(name, new, current.version).value.config),
             )
         ],

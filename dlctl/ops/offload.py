@@ -5,7 +5,8 @@ by compare-and-set; only a marked segment is collected (``collectable(require_co
 its replicas are reclaimed only after the copy is verified. A store that cannot be reached, or a
 copy that fails, leaves the segment where it is (reported; tried again next round).
 
-Copies stay ``retention_seconds`` after they were stored, then ``sweep_expired`` deletes them:
+Copies stay their log's cold retention (``LogConfig.cold_retention_seconds``, else the
+cluster's ``retention_seconds``) after they were stored, then ``sweep_expired`` deletes them:
 the manifest first (a copy without one is never read), then the object.
 
 `dlctl cluster cold-storage enable|disable` publishes or withdraws the requirement.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -75,9 +77,26 @@ def offload_segments(
     return marked, failed
 
 
-def sweep_expired(store: ColdStore, retention_seconds: float | None, now: float | None = None) -> dict[str, Any]:
-    """Delete the copies stored more than ``retention_seconds`` ago (None: keep them all)."""
-    if retention_seconds is None:
+def cold_retentions(meta: MetaStore) -> dict[tuple[str, int], float]:
+    """(log, log id) -> the cold retention of each existing log that sets its own."""
+    out = {}
+    for name in meta.list_logs():
+        try:
+            record = meta.get_log(name).value
+        except NotFoundError:
+            continue
+        if record.config.cold_retention_seconds is not None:
+            out[(name, record.log_id)] = record.config.cold_retention_seconds
+    return out
+
+
+def sweep_expired(
+    store: ColdStore, retention_seconds: float | None, now: float | None = None, per_log: Mapping[tuple[str, int], float] | None = None
+) -> dict[str, Any]:
+    """Delete the copies stored longer ago than their log's cold retention (``per_log``, by
+    log name and id), else ``retention_seconds`` (None: kept for ever)."""
+    per_log = per_log or {}
+    if retention_seconds is None and not per_log:
         return {"deleted": 0}
     now = time.time() if now is None else now
     deleted, errors = [], []
@@ -89,7 +108,8 @@ def sweep_expired(store: ColdStore, retention_seconds: float | None, now: float 
         except (CorruptObject, NotFoundError) as exc:
             errors.append(str(exc))
             continue
-        if now - manifest.stored <= retention_seconds:
+        keep_for = per_log.get((manifest.log, manifest.log_id), retention_seconds)
+        if keep_for is None or now - manifest.stored <= keep_for:
             continue
         store.delete(key)  # first: a copy without its manifest is never read
         store.delete(manifest.object)

@@ -327,6 +327,9 @@ def test_with_cold_storage_required_truncated_segments_leave_only_once_copied(sa
         assert records_of(copies) == written[:60], "the cold copies do not hold the truncated records"
         both = dlctl(env, "-o", "json", "log", "read", name, "--from-cold")
         assert [json.loads(line)["payload"].encode() for line in both.stdout.splitlines()] == written
+        # The log's own cold retention, kept by the sweep over the cluster's default.
+        assert dlctl(env, "--yes", "log", "retention", name, "--cold-age", "30d").returncode == 0
+        assert session.meta.get_log(name).value.config.cold_retention_seconds == 30 * 86400
     finally:
         assert dlctl(env, "--yes", "cluster", "cold-storage", "disable").returncode == 0
         session.close()

@@ -1,12 +1,13 @@
 """Offload on truncation by the agents' elected housekeeper (issue 25 item 2), with real agents
 and ZooKeeper and a filesystem cold store: once the cluster requires cold copies, the
 housekeeper copies each truncated segment to the store and only then collects it; copies past
-the cold retention are deleted. The oracle is the store read directly (objects decoded with the
+the log's cold retention are deleted. The oracle is the store read directly (objects decoded with the
 wire format) and the segment records in ZooKeeper."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -59,7 +60,9 @@ def test_the_housekeeper_copies_truncated_segments_before_collecting_them_and_sw
         assert payloads_in(store_dir) == written[:50], "collected without a complete copy"
         assert len(list(store_dir.rglob("*.manifest.json"))) == 2
 
-        coldpolicy.publish(meta, ColdStorageConfig("filesystem", path=store_dir), 0.5)  # copies now outlive their retention
+        # The log's own cold retention (the cluster keeps copies for ever): they now outlive it.
+        current = meta.get_log(env.name)
+        meta.update_log_config(env.name, replace(current.value.config, cold_retention_seconds=0.5), current.version)
         run(eventually(lambda: not any(store_dir.rglob("*.segment")) and not any(store_dir.rglob("*.manifest.json")), 30, "expired copies to be deleted"))
     finally:
         coldpolicy.clear(meta)

@@ -152,8 +152,11 @@ def test_the_retention_sweep_deletes_exactly_the_expired_copies_manifest_first(t
         store.put(manifest.object, data)
         store.put(manifest_key("orders", 9, seq), manifest.to_json())
     assert sweep_expired(store, None, now=1e9)["deleted"] == 0  # no retention: kept for ever
+    # A log's own cold retention wins over the cluster's (another incarnation keeps the default).
+    assert sweep_expired(store, None, now=300.0, per_log={("orders", 9): 1000.0, ("orders", 8): 1.0})["deleted"] == 0
+    assert sweep_expired(store, 1e6, now=300.0, per_log={("orders", 9): 150.0})["deleted"] == 1  # stored at 100
     result = sweep_expired(store, 50.0, now=300.0)
-    assert result["deleted"] == 2
+    assert result["deleted"] == 1
     assert store.list("logs") == [manifest_key("orders", 9, 3), object_key("orders", 9, 3)]
 
 
@@ -170,3 +173,16 @@ def test_the_published_cold_store_record_round_trips_without_credentials_and_ref
     for bad in (b"{", b'{"kind": "tape"}', b'{"kind": "s3"}', b'{"kind": "filesystem", "path": "/x", "retention_seconds": -1}'):
         with pytest.raises(ValueError, match="zk: malformed cold storage record"):
             coldpolicy.from_json(bad, "zk")
+
+
+def test_a_log_s_cold_retention_is_validated_and_absent_from_records_that_do_not_set_it():
+    from dlctl.meta.records import LogConfig, LogRecord, log_from_json, to_json
+
+    plain = LogRecord("orders", 9, 1.0, LogConfig())
+    assert b"cold_retention" not in to_json(plain)  # older readers see the record unchanged
+    assert log_from_json(to_json(plain), "here") == plain
+    kept = LogRecord("orders", 9, 1.0, LogConfig(cold_retention_seconds=86400.0))
+    assert log_from_json(to_json(kept), "here").config.cold_retention_seconds == 86400.0
+    for bad in (0, -1.0, True, "1d"):
+        with pytest.raises(ValueError, match="cold_retention_seconds"):
+            LogConfig(cold_retention_seconds=bad)
