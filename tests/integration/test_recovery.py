@@ -431,10 +431,13 @@ def test_fencing_alone_deposes_the_writer_and_the_next_owner_closes_the_segment(
             await first.append(b"refused")
         await first.close()  # gives up ownership
         second = await env.writer(owner_id="second")
-        assert (await second.recovery_done())[0].records == 5
+        (result,) = await second.recovery_done()
         await second.close()
         back = await read_back(meta, env.pool(meta), env.name)
-        assert [d for d, _ in back] == acked
+        assert [d for d, _ in back[:5]] == acked and len(back) == result.records
+        # The refused add may have reached a replica not fenced yet (fencing needs W - A + 1 of
+        # them): never acknowledged, it may or may not be recovered — but only ever after the rest.
+        assert [r.payload for _, r in back[5:]] in ([], [b"refused"])
 
     run(scenario())
 
