@@ -35,7 +35,7 @@ from kazoo.client import KazooClient, KazooState
 
 from dlctl.log.auth import Credentials
 from dlctl.log.pool import AgentPool
-from dlctl.meta import roles
+from dlctl.meta import coldpolicy, roles
 from dlctl.meta.store import MetaStore
 from dlctl.meta.zk import ZkAuth
 from dlctl.ops import gc, offload
@@ -75,6 +75,7 @@ class Housekeeping(ElectedRole):
         self.settings = settings
         self.meta = MetaStore(client, cluster, auth)
         self.rounds = 0  # decisions taken while elected (for tests and stats)
+        self._cold_manifests: dict[str, Any] = {}  # cold copies' manifests read by earlier sweeps (offload.sweep_expired)
         self.reclaimed_replicas = 0
         self._stop = threading.Event()
         self._leading = threading.Event()
@@ -178,13 +179,15 @@ class Housekeeping(ElectedRole):
         loop = asyncio.get_running_loop()
         override = await self._disk_override()
         names = await loop.run_in_executor(None, self.meta.list_logs)
-        cold = await loop.run_in_executor(None, self._cold_store)
+        # Read once per round, not once per log: is a cold copy required, and the store to make it.
+        cold_required = await loop.run_in_executor(None, lambda: coldpolicy.load(self.meta) is not None)
+        cold = await loop.run_in_executor(None, self._cold_store) if cold_required else None
         results = []
         for name in names:
             if not (self._leading.is_set() and self._connected.is_set()) or self._stop.is_set():
                 break  # lost the role or the connection: the next housekeeper takes over
             try:
-                result = await loop.run_in_executor(None, lambda name=name: self._apply_log(name, override, cold[0] if cold else None))
+                result = await loop.run_in_executor(None, lambda name=name: self._apply_log(name, override, cold[0] if cold else None, cold_required))
             except Exception as exc:  # noqa: BLE001 - one log's trouble must not stop the others
                 log.warning("housekeeping: log %r: %s: %s", name, type(exc).__name__, exc)
                 continue
@@ -202,7 +205,7 @@ class Housekeeping(ElectedRole):
         if cold is not None and self._leading.is_set():
             try:
                 per_log = await loop.run_in_executor(None, offload.cold_retentions, self.meta)
-                swept = await loop.run_in_executor(None, lambda: offload.sweep_expired(cold[0], cold[1], per_log=per_log))
+                swept = await loop.run_in_executor(None, lambda: offload.sweep_expired(cold[0], cold[1], per_log=per_log, seen=self._cold_manifests))
                 if swept["deleted"]:
                     log.info("housekeeping: %d cold cop(ies) past their retention deleted", swept["deleted"])
             except Exception as exc:  # noqa: BLE001 - the store may be down: next round
@@ -210,11 +213,11 @@ class Housekeeping(ElectedRole):
         self.rounds += 1
         return results
 
-    def _apply_log(self, name: str, override: str | None, cold_store: Any = None) -> dict[str, Any]:
+    def _apply_log(self, name: str, override: str | None, cold_store: Any = None, cold_required: bool | None = None) -> dict[str, Any]:
         """Retention and collection for one log (a worker thread). With the secret, retention
         records a replicated log's clock base at the new point first, while the records before
         it are still readable (``dlctl.replication.truncation_base``)."""
-        return gc.apply_log(self.meta, name, by=f"housekeeping {self.node_id}", override=override, secret=self.secret, cold_store=cold_store)
+        return gc.apply_log(self.meta, name, by=f"housekeeping {self.node_id}", override=override, secret=self.secret, cold_store=cold_store, cold_required=cold_required)
 
     def _cold_store(self) -> Any:
         """(store, retention) of the cold store the cluster requires, reached with this agent's

@@ -116,8 +116,7 @@ class BoundsKeeper:
             self._reserved_at = now
         while True:
             current = self._current
-            if current is None:
-                current = await self._zk(self.store.get, self.name)
+            assert current is not None, "extend() before claim()"
             try:
                 self._current = await self._zk(self.store.put, self.name, self._wanted(current.value, txid, time_ms), current)
                 return

@@ -353,13 +353,16 @@ class LogWriter:
             return
         log.info("log %r: the previous owner's segments are recovered: %s", self.name, [r.to_dict() for r in self.recovered])
 
-    def _writer_error(self, exc: Exception, what: str) -> WriterError:
+    def _writer_error(self, exc: Exception, what: str | None = None) -> WriterError:
+        """The error that stops the writer when ``exc`` ended ``what`` it was doing (a bug
+        included: it must fail the appends, not hang them)."""
         if isinstance(exc, WriterError):
             return exc
+        doing = f"{what}: " if what else ""
         if isinstance(exc, DlctlError):
-            return WriterError(f"writer of log {self.name!r} stopped: {what}: {exc.message}", hint=exc.hint)
-        log.error("writer of log %r: %s", self.name, what, exc_info=exc)
-        return WriterError(f"writer of log {self.name!r} failed unexpectedly: {what}: {exc!r}")
+            return WriterError(f"writer of log {self.name!r} stopped: {doing}{exc.message}", hint=exc.hint)
+        log.error("writer of log %r failed%s", self.name, f": {what}" if what else "", exc_info=exc)
+        return WriterError(f"writer of log {self.name!r} failed unexpectedly: {doing}{exc!r}")
 
     async def recovery_done(self) -> tuple[RecoveryResult, ...]:
         """Wait until the segments the previous owner left in progress are recovered and closed
@@ -868,13 +871,8 @@ class LogWriter:
     async def _run_transition(self, coro: Any) -> None:
         try:
             await coro
-        except WriterError as exc:
-            self._fail(exc)
-        except DlctlError as exc:
-            self._fail(WriterError(f"writer of log {self.name!r} stopped: {exc.message}", hint=exc.hint))
-        except Exception as exc:  # noqa: BLE001 - a bug must fail the appends, not hang them
-            log.exception("writer of log %r failed", self.name)
-            self._fail(WriterError(f"writer of log {self.name!r} failed unexpectedly: {exc!r}"))
+        except Exception as exc:  # noqa: BLE001 - see _writer_error
+            self._fail(self._writer_error(exc))
         finally:
             self._transition = None
             if self._error is None:

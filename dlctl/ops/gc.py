@@ -102,11 +102,15 @@ class LogState:
         return self.truncation.value.point if self.truncation else None
 
 
-def read_log_state(meta: MetaStore, name: str) -> LogState:
+def read_log_state(meta: MetaStore, name: str, cold_required: bool | None = None) -> LogState:
+    """``cold_required``: whether the cluster requires cold copies, when the caller read it
+    already (once per round rather than once per log); None: read it here."""
     record = meta.get_log(name)
     truncation = TruncationStore(meta).get(name)
     segments = read_segments(meta, name)
-    return LogState(name, record, truncation, segments, PinStore(meta).pins_of_log(name), coldpolicy.load(meta) is not None)
+    if cold_required is None:
+        cold_required = coldpolicy.load(meta) is not None
+    return LogState(name, record, truncation, segments, PinStore(meta).pins_of_log(name), cold_required)
 
 
 @dataclass
@@ -227,6 +231,7 @@ def apply_log(
     state: LogState | None = None,
     secret: bytes | None = None,
     cold_store: ColdStore | None = None,
+    cold_required: bool | None = None,
 ) -> dict[str, Any]:
     """Decide and apply: mark passed pins, move the point (retention), mark segments, copy
     truncated segments to the cold store when the cluster requires it (``cold_store``, read
@@ -241,7 +246,7 @@ def apply_log(
     the versions read, so a change since is never overwritten (it is looked at next round)."""
     now = time.time() if now is None else now
     if state is None:
-        state = read_log_state(meta, name)
+        state = read_log_state(meta, name, cold_required)
     else:
         state = replace(state, segments=refresh(meta, name, state.segments), truncation=TruncationStore(meta).get(name), pins=PinStore(meta).pins_of_log(name))
     d = decide(state, now, retention=retention, override=override)
@@ -475,10 +480,11 @@ async def plan_gc(meta: MetaStore, pool: AgentPool, *, force: bool = False, rete
     # Listings first, metadata after (see the module doc).
     listings = dict(await asyncio.gather(*(listing(n) for n in sorted(available))))
     names = await loop.run_in_executor(None, meta.list_logs)
+    cold_required = await loop.run_in_executor(None, lambda: coldpolicy.load(meta) is not None)
     states: dict[str, LogState] = {}
     for name in names:
         try:
-            states[name] = await loop.run_in_executor(None, read_log_state, meta, name)
+            states[name] = await loop.run_in_executor(None, read_log_state, meta, name, cold_required)
         except NotFoundError:
             continue
     decisions = [decide(s, now, retention=retention) for s in states.values()]

@@ -91,28 +91,44 @@ def cold_retentions(meta: MetaStore) -> dict[tuple[str, int], float]:
 
 
 def sweep_expired(
-    store: ColdStore, retention_seconds: float | None, now: float | None = None, per_log: Mapping[tuple[str, int], float] | None = None
+    store: ColdStore,
+    retention_seconds: float | None,
+    now: float | None = None,
+    per_log: Mapping[tuple[str, int], float] | None = None,
+    seen: dict[str, SegmentManifest] | None = None,
 ) -> dict[str, Any]:
     """Delete the copies stored longer ago than their log's cold retention (``per_log``, by
-    log name and id), else ``retention_seconds`` (None: kept for ever)."""
+    log name and id), else ``retention_seconds`` (None: kept for ever).
+
+    ``seen``: manifests read by earlier sweeps (kept by the caller between rounds), so a round
+    reads only new ones; one that looks expired is read again before anything is deleted."""
     per_log = per_log or {}
     if retention_seconds is None and not per_log:
         return {"deleted": 0}
     now = time.time() if now is None else now
+    seen = {} if seen is None else seen
     deleted, errors = [], []
-    for key in store.list("logs"):
-        if not key.endswith(".manifest.json"):
-            continue
+    keys = [k for k in store.list("logs") if k.endswith(".manifest.json")]
+    for gone in set(seen) - set(keys):
+        del seen[gone]
+
+    def expired(manifest: SegmentManifest) -> bool:
+        keep_for = per_log.get((manifest.log, manifest.log_id), retention_seconds)
+        return keep_for is not None and now - manifest.stored > keep_for
+
+    for key in keys:
         try:
-            manifest = SegmentManifest.from_json(store.get(key), f"{store.describe()}: {key}")
+            manifest = seen.get(key)
+            if manifest is None or expired(manifest):  # new, or about to go: as it is now
+                manifest = seen[key] = SegmentManifest.from_json(store.get(key), f"{store.describe()}: {key}")
         except (CorruptObject, NotFoundError) as exc:
             errors.append(str(exc))
             continue
-        keep_for = per_log.get((manifest.log, manifest.log_id), retention_seconds)
-        if keep_for is None or now - manifest.stored <= keep_for:
+        if not expired(manifest):
             continue
         store.delete(key)  # first: a copy without its manifest is never read
         store.delete(manifest.object)
+        del seen[key]
         deleted.append(manifest.object)
     return {"deleted": len(deleted), "objects": deleted, "errors": errors}
 

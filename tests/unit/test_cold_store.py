@@ -155,9 +155,11 @@ def test_the_retention_sweep_deletes_exactly_the_expired_copies_manifest_first(t
     # A log's own cold retention wins over the cluster's (another incarnation keeps the default).
     assert sweep_expired(store, None, now=300.0, per_log={("orders", 9): 1000.0, ("orders", 8): 1.0})["deleted"] == 0
     assert sweep_expired(store, 1e6, now=300.0, per_log={("orders", 9): 150.0})["deleted"] == 1  # stored at 100
-    result = sweep_expired(store, 50.0, now=300.0)
+    seen: dict = {}
+    result = sweep_expired(store, 50.0, now=300.0, seen=seen)
     assert result["deleted"] == 1
     assert store.list("logs") == [manifest_key("orders", 9, 3), object_key("orders", 9, 3)]
+    assert list(seen) == [manifest_key("orders", 9, 3)]  # a later round reads no manifest again
 
 
 def test_the_published_cold_store_record_round_trips_without_credentials_and_refuses_garbage(tmp_path):
