@@ -3,10 +3,13 @@ object. It is written *after* the object has been verified, so a manifest means 
 checked copy; an object without one is an interrupted upload (written again next time).
 
     {"version": 1, "cluster", "log", "log_id", "segment": <the segment record>,
-     "object": key, "bytes", "sha256", "stored": <time>}
+     "object": key, "bytes", "sha256", "stored": <time>,
+     "clock": {"location", "before": <vv>, "after": <vv>}}
 
 The segment record carries its entry count, txid range, record count and append times, so the
-manifest answers "what is in there" without reading the object.
+manifest answers "what is in there" without reading the object. ``clock`` (``dlctl.cold.clock``)
+is what a reader of the original log derived around the segment's records, so a restore keeps
+their timestamps; absent when it was not known (or in copies made before it was recorded).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from ..meta.records import SegmentRecord, segment_from_json, to_json
 from ..names import validate_name
+from .clock import CopyClock
 from .segobject import CorruptObject, digest
 
 VERSION = 1
@@ -46,10 +50,11 @@ class SegmentManifest:
     bytes: int
     sha256: str
     stored: float = 0.0
+    clock: CopyClock | None = None
 
     @classmethod
-    def of(cls, cluster: str, log: str, log_id: int, segment: SegmentRecord, data: bytes) -> SegmentManifest:
-        return cls(cluster, log, log_id, segment, object_key(log, log_id, segment.seq), len(data), digest(data), time.time())
+    def of(cls, cluster: str, log: str, log_id: int, segment: SegmentRecord, data: bytes, clock: CopyClock | None = None) -> SegmentManifest:
+        return cls(cluster, log, log_id, segment, object_key(log, log_id, segment.seq), len(data), digest(data), time.time(), clock)
 
     def verify(self, data: bytes) -> None:
         """Raise ``CorruptObject`` unless ``data`` is exactly the object this manifest describes."""
@@ -71,6 +76,8 @@ class SegmentManifest:
             "sha256": self.sha256,
             "stored": self.stored,
         }
+        if self.clock is not None:
+            raw["clock"] = self.clock.to_dict()
         return json.dumps(raw, sort_keys=True, indent=1).encode()
 
     @classmethod
@@ -83,6 +90,7 @@ class SegmentManifest:
             manifest = cls(
                 str(raw["cluster"]), validate_name("log", str(raw["log"])), int(raw["log_id"]), segment,
                 str(raw["object"]), int(raw["bytes"]), str(raw["sha256"]), float(raw.get("stored", 0.0)),
+                CopyClock.from_dict(raw["clock"]) if raw.get("clock") is not None else None,
             )
         except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
             raise CorruptObject(f"{where}: malformed manifest: {exc}") from None

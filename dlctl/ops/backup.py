@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..cold.clock import CopyClock, stamp_segment, vector_before
 from ..cold.manifest import SegmentManifest, log_prefix, manifest_key
 from ..cold.copies import checked_entries
 from ..cold.segobject import encode_segment
@@ -22,6 +23,9 @@ from ..errors import ConfigError
 from ..log import format as fmt
 from ..log.speculative import ReplicaReader
 from ..meta.records import SegmentRecord, SegmentState
+from ..meta.store import MetaStore
+from ..meta.truncation import TruncationStore
+from ..replication.clock import ClockStore
 from ..plan import Plan, Step
 from .session import ClusterSession
 
@@ -97,34 +101,55 @@ def backup_plan(session: ClusterSession, name: str, *, verify: bool = False, on_
 def _run_one(session: ClusterSession, store: ColdStore, name: str, log_id: int, seg: SegmentRecord, present: bool, on_progress: Any) -> dict[str, Any]:
     if present:
         return verify_copy(store, name, log_id, seg).to_dict()
-    return session.with_pool(lambda pool: copy_segment(session.cluster.name, store, pool, name, log_id, seg, on_progress)).to_dict()
+    return session.with_pool(lambda pool: copy_segment(session.meta, store, pool, name, log_id, seg, on_progress)).to_dict()
 
 
-async def read_segment(pool: Any, log_id: int, seg: SegmentRecord, on_progress: Callable[[int, int], None] | None = None) -> list[bytes]:
-    """Every entry of completed segment ``seg``, encoded as stored (CRC-checked on the way)."""
+async def read_segment(pool: Any, log_id: int, seg: SegmentRecord, on_progress: Callable[[int, int], None] | None = None) -> list[fmt.Entry]:
+    """Every entry of completed segment ``seg`` (CRC-checked on the way)."""
     replicas = ReplicaReader(pool)
     await pool.refresh()
     gate = asyncio.Semaphore(READ_CONCURRENCY)
     count = seg.last_entry_id + 1
     done = 0
 
-    async def one(entry_id: int) -> bytes:
+    async def one(entry_id: int) -> fmt.Entry:
         nonlocal done
         async with gate:
             entry = await replicas.read(log_id, seg, entry_id)
         done += 1
         if on_progress is not None:
             on_progress(done, count)
-        return fmt.encode(entry)  # the same bytes: the encoding is canonical
+        return entry
 
     return list(await asyncio.gather(*(one(e) for e in range(count))))
 
 
-async def copy_segment(cluster: str, store: ColdStore, pool: Any, name: str, log_id: int, seg: SegmentRecord, on_progress: Any = None) -> SegmentBackup:
-    """Copy one completed segment: object, read back and check, then the manifest."""
-    data = encode_segment(await read_segment(pool, log_id, seg, on_progress))
-    manifest = SegmentManifest.of(cluster, name, log_id, seg, data)
+def copy_clock(meta: MetaStore, store: ColdStore, name: str, log_id: int, seg: SegmentRecord, entries: list[fmt.Entry]) -> CopyClock | None:
+    """The clock around ``seg``'s records (``dlctl.cold.clock``), or None when not known."""
+    clocks = ClockStore(meta)
+    steps, derived = clocks.steps(name), clocks.derived_steps(name)
+    previous = None
+    if seg.seq > 1 and store.exists(manifest_key(name, log_id, seg.seq - 1)):
+        previous = load_manifest(store, name, log_id, seg.seq - 1).clock
+    truncation = TruncationStore(meta).get(name)
+    before = vector_before(
+        seg, segments=[v.value for v in meta.segments(name)], steps=steps, derived=derived, previous=previous,
+        truncation_point=truncation.value.point if truncation is not None else None,
+    )
+    if before is None:
+        return None
+    after = stamp_segment(meta.cluster, seg.seq, before, steps, ((e.entry_id, e.payload) for e in entries))
+    return CopyClock(meta.cluster, before, after)
+
+
+async def copy_segment(meta: MetaStore, store: ColdStore, pool: Any, name: str, log_id: int, seg: SegmentRecord, on_progress: Any = None) -> SegmentBackup:
+    """Copy one completed segment: object, read back and check, then the manifest (with the
+    clock around its records)."""
+    entries = await read_segment(pool, log_id, seg, on_progress)
+    data = encode_segment(fmt.encode(e) for e in entries)  # the same bytes: the encoding is canonical
     loop = asyncio.get_running_loop()
+    clock = await loop.run_in_executor(None, copy_clock, meta, store, name, log_id, seg, entries)
+    manifest = SegmentManifest.of(meta.cluster, name, log_id, seg, data, clock)
     await loop.run_in_executor(None, store.put, manifest.object, data)
     stored = await loop.run_in_executor(None, store.get, manifest.object)
     manifest.verify(stored)  # what the store holds now, not what we sent

@@ -65,7 +65,7 @@ def offload_segments(
             for current in todo:
                 seg = current.value
                 try:
-                    await copy_segment(meta.cluster, store, pool, name, log_id, seg)
+                    await copy_segment(meta, store, pool, name, log_id, seg)
                     new = replace(seg, cold=object_key(name, log_id, seg.seq))
                     marked[seg.seq] = await loop.run_in_executor(None, meta.update_segment, name, current, new)
                 except (DlctlError, AgentError, CorruptObject, OSError) as exc:

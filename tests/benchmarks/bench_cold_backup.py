@@ -55,7 +55,7 @@ async def backup_all(meta: MetaStore, store, log: str) -> int:
     try:
         for seg in (s.value for s in meta.segments(log)):
             if seg.state is SegmentState.COMPLETED:
-                total += (await copy_segment(CLUSTER, store, pool, log, log_id, seg)).bytes
+                total += (await copy_segment(meta, store, pool, log, log_id, seg)).bytes
     finally:
         await pool.close()
     return total
