@@ -1,7 +1,8 @@
 """Cold storage rates (issue 25): `log backup` (read a segment from its replicas, write it as one
-object, read it back and check its SHA-256, write the manifest) and `log restore`'s reading of
-the copies (fetch, check, decode), next to a plain upload and download of the same bytes to the
-same store, measured in the same run.
+object, read it back and check its SHA-256, write the manifest), `log restore`'s reading of
+the copies (fetch, check, decode) and `log read --from-cold`'s (the same, as positioned records
+with their append times), next to a plain upload and download of the same bytes to the same
+store, measured in the same run.
 
     .venv/bin/python tests/benchmarks/bench_cold_backup.py [--mib 64] [--segment-mib 8] [--dir /work]
 
@@ -29,11 +30,13 @@ from harness.s3server import start_s3_server
 from dlctl.cold.config import ColdStorageConfig
 from dlctl.cold.store import FilesystemStore
 from dlctl.cold.s3 import S3Store
+from dlctl.log.dlsn import DLSN
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
 from dlctl.ops.backup import copy_segment, load_manifest
+from dlctl.ops.coldread import cold_records
 from dlctl.ops.restore import read_copy
 
 
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         with bench_agents("bench-cold-") as up:
             meta = MetaStore(up.admin, CLUSTER)
             print(f"{opts.mib} MiB in {opts.segment_mib} MiB segments, 3 agents (E=W=3, A=2)")
-            print(f"  {'store':12} {'plain upload':>16} {'log backup':>16} {'plain download':>16} {'restore read':>16}")
+            print(f"  {'store':12} {'plain upload':>16} {'log backup':>16} {'plain download':>16} {'restore read':>16} {'cold read':>16}")
             for label, make in stores.items():
                 log = f"cold-{label.split()[0]}"
                 meta.create_log(log, LogConfig(3, 3, 2, roll_bytes=opts.segment_mib * 2**20))
@@ -108,7 +111,14 @@ def main(argv: list[str] | None = None) -> int:
                 for m in manifests:
                     read_copy(store, m)
                 restore_s = time.perf_counter() - started
-                print(f"  {label:12} {rate(nbytes, upload_s):>16} {rate(nbytes, backup_s):>16} {rate(nbytes, download_s):>16} {rate(nbytes, restore_s):>16}")
+                started = time.perf_counter()
+                for _ in cold_records(store, manifests, DLSN(2**62, 0, 0)):
+                    pass
+                cold_s = time.perf_counter() - started
+                print(
+                    f"  {label:12} {rate(nbytes, upload_s):>16} {rate(nbytes, backup_s):>16} {rate(nbytes, download_s):>16} "
+                    f"{rate(nbytes, restore_s):>16} {rate(nbytes, cold_s):>16}"
+                )
     finally:
         procs.close()
         shutil.rmtree(scratch, ignore_errors=True)
