@@ -54,7 +54,7 @@ from ..replication.records import (
     default_stream_id,
 )
 from ..replication.store import StreamStore
-from . import dr_rebuild, dr_truncated
+from . import dr_cold, dr_rebuild, dr_truncated
 from . import replication as repl
 from .logs import _depose, _release, owner_record
 from .session import ClusterSession
@@ -651,7 +651,8 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
     first retained position with its clock there; into a log X holds nothing of, a bootstrap
     copy (Spark) of what it retains goes first (step ``bootstrap``), else the unfiltered filter
     skips what X kept. What it deleted is reported as a gap (``recover_gaps``; the CLI exits 3
-    when no other stream into X holds that log whole)."""
+    when no other stream into X holds that log whole) — unless the peer's cold store holds it
+    (``dr_cold``): then step ``cold-restore`` replays it into X before the stream goes on."""
     x = target.cluster.name
     op_id = "dr-recover"
     incoming = [(c, st) for c, st in _streams_of(target) if c.sink_cluster == x and c.source_cluster in peers and st is not StreamState.FAILED_OVER]
@@ -798,18 +799,28 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
         holds = {n: _count(target, n) for n in logs}
         complete = {n: [c.source_cluster for c, _ in incoming if n in c.logs and dr_truncated.first_of(peers[c.source_cluster], n) is None] for n in logs}
         copying: set[str] = set()
+        replaying: set[str] = set()  # logs whose gap comes back from the peer's cold store first
         decided: list[tuple[Any, dr_truncated.Incoming]] = []
         for c, _ in incoming:
             source = peers[c.source_cluster]
             for name in c.logs:
                 item = dr_truncated.decide(
                     target, source, c, name, saved=saved.get(f"{c.stream_id}/{name}"), others=[target, *peers.values()], x_holds=holds.get(name, 0),
-                    copying=copying, complete_sources=[s for s in complete.get(name, []) if s != c.source_cluster],
+                    copying=copying | replaying, complete_sources=[s for s in complete.get(name, []) if s != c.source_cluster],
                 )
+                if item.gap is not None and not item.gated and name not in replaying:
+                    found, why = dr_cold.cover(source, name, item.first)
+                    if found is not None:
+                        item = replace(item, mode="cold", gap={**item.gap, "covered_by": [f"cold store of {c.source_cluster}: {found.describe()}"],
+                                                               "note": dr_cold.covered_note(c.source_cluster, name, item.first, x, found)})
+                    elif source.cluster.cold_storage is not None:
+                        item.gap["cold_store"] = why  # configured, but it cannot help: say why
                 if item.mode == "bootstrap":
                     copying.add(name)
+                if item.mode == "cold":
+                    replaying.add(name)
                 decided.append((c, item))
-        held_back = {c.stream_id for c, _ in incoming if copying & set(c.logs)}
+        held_back = {c.stream_id for c, _ in incoming if (copying | replaying) & set(c.logs)}
         # The clock is raised and the peers reset: the logs may take writes again (the streams
         # into X write through its agents like any producer) — except those a copy goes into.
         restore_modes(skip=copying)
@@ -833,12 +844,32 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
                 "stream": f"from {item.first} ({c.source_cluster} deleted what lay before), unfiltered"
                 + (f", once {x} holds what {c.source_cluster} deleted again (from {', '.join(item.gap['covered_by'])})" if item.gated and item.gap else ""),
                 "bootstrap": f"bootstrap copy from {item.first} ({c.source_cluster} deleted what lay before), then streaming, unfiltered",
+                "cold": f"what {c.source_cluster} deleted before {item.first} replayed from its cold store, then streaming from there, unfiltered",
             }[item.mode]
         for c, _ in incoming:
             if c.stream_id not in held_back:
                 _resume(streams, c.stream_id)
         items = [item.to_dict() for _, item in decided]
         save("reset-incoming", incoming=items, gaps=[i["gap"] for i in items if i["gap"]])
+        return out
+
+    def cold_restore() -> dict[str, Any]:
+        rec = state["record"] or target.meta.get_op(op_id)
+        items = [dr_truncated.Incoming.from_dict(i) for i in rec.value.get("incoming") or []]
+        out: dict[str, Any] = {}
+        for item in (i for i in items if i.mode == "cold"):
+            config = next(c for c, _ in incoming if c.stream_id == item.stream)
+            source = peers[config.source_cluster]
+            found, why = dr_cold.cover(source, item.log, item.first)
+            if found is None:
+                raise RefusedError(f"{config.source_cluster}'s cold store no longer covers {item.log} before {item.first}: {why}", hint="make it reachable again and re-run `dlctl dr recover`")
+            out[f"{item.stream}/{item.log}"] = _async(target, lambda pool, c=config, i=item, f=found: dr_cold.replay(target, pool, c.source_cluster, c, i.log, f, i.first))
+        # Every stream carrying a replayed log filters from what X holds now.
+        replayed = {i.log for i in items if i.mode == "cold"}
+        for c, _ in incoming:
+            for name in set(c.logs) & replayed:
+                dr_truncated.set_sink_vv(target, c.stream_id, name)
+        save("cold-restore")
         return out
 
     def bootstrap() -> dict[str, Any]:
@@ -912,6 +943,7 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
         Step("raise-clock", f"{x}/{','.join(logs)}", f"raise {x}'s clock above every counter of {x} its peers have seen (so {x} never reuses a timestamp)", run=raise_clock),
         Step("reset-outgoing", ",".join(sorted({p.cluster.name for p, _, _ in outgoing})) or "-", f"reset the peers' progress on streams from {x} to what {x} still has", run=reset_outgoing),
         Step("reset-incoming", x, f"restart every stream into {x} from its source's beginning (or first retained position), unfiltered ({x}'s own records come back)", run=reset_incoming),
+        Step("cold-restore", x, f"where a peer deleted the beginning of a log and its cold store holds it: replay those records into {x} from the copies", run=cold_restore),
         Step("bootstrap", x, f"where a peer deleted the beginning of a log {x} holds nothing of: copy what the peer retains (Spark), then stream on from there", run=bootstrap),
         Step("events", x, f"wait until {x} has every record its peers hold (timeout {drain_timeout:g}s per stream)", run=events),
         Step("finish", x, "streams back to normal filtering and to their states before; logs back to their access modes", run=finish),
@@ -930,8 +962,14 @@ def _truncated_notes(x: str, incoming: list[tuple[StreamConfig, Any]], peers: di
     for c, _ in incoming:
         for name in c.logs:
             first = dr_truncated.first_of(peers[c.source_cluster], name) if c.source_cluster in peers else None
-            if first is not None:
-                out.append(f"GAP {c.source_cluster}/{name}: {c.source_cluster} no longer holds {name} before {first}; what of it {x} did not keep is reported as lost (exit 3); the rest comes back by a bootstrap copy (when {x} holds nothing of {name}) or by streaming from {first}")
+            if first is None:
+                continue
+            found, why = dr_cold.cover(peers[c.source_cluster], name, first)
+            if found is not None:
+                out.append(dr_cold.covered_note(c.source_cluster, name, first, x, found) + f"; then streaming from {first}")
+                continue
+            cold = f" (its cold store cannot help: {why})" if peers[c.source_cluster].cluster.cold_storage is not None else ""
+            out.append(f"GAP {c.source_cluster}/{name}: {c.source_cluster} no longer holds {name} before {first}{cold}; what of it {x} did not keep is reported as lost (exit 3); the rest comes back by a bootstrap copy (when {x} holds nothing of {name}) or by streaming from {first}")
     return out
 
 

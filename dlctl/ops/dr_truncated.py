@@ -111,7 +111,7 @@ class Incoming:
 
     stream: str
     log: str
-    mode: str  # "start" (the source holds everything), "stream" (from T, filtered), "bootstrap" (copy, then stream)
+    mode: str  # "start" (the source holds everything), "stream" (from T, filtered), "bootstrap" (copy, then stream), "cold" (``dr_cold``: replay, then stream)
     first: DLSN  # where the source's log starts now (INITIAL: nothing deleted)
     vv: dict[str, int]  # the source's version vector before ``first``
     gap: dict[str, Any] | None = None

@@ -103,6 +103,23 @@ def origin_event(headers: Mapping[str, bytes]) -> tuple[str, int] | None:
     return (origin.cluster, counter) if origin is not None and counter > 0 else None
 
 
+def applied_headers(headers: Mapping[str, bytes], origin: Origin | None, source: bytes, position: bytes, vt: VectorTime) -> dict[str, bytes]:
+    """The headers a stream gives a record it applies at its sink: the application's, its origin
+    (a record written at the source ``source``: its position there, ``position``, as
+    ``str(dlsn).encode()``; a relayed one keeps its origin and says where the stream read it)
+    and its vector time ``vt``. Every appender of replicated records builds them here."""
+    out = {k: v for k, v in headers.items() if not k.startswith(RESERVED_PREFIX)} if headers else {}
+    if origin is None:
+        out[ORIGIN_CLUSTER] = source
+        out[ORIGIN_DLSN] = position
+    else:
+        out[ORIGIN_CLUSTER] = headers[ORIGIN_CLUSTER]
+        out[ORIGIN_DLSN] = headers[ORIGIN_DLSN]
+        out[SOURCE_POSITION] = source + b"@" + position
+    out[VECTOR_TIME] = encode_vt(vt)
+    return out
+
+
 def user_headers(headers: Mapping[str, bytes]) -> dict[str, bytes]:
     """The application's headers: everything outside the reserved ``dl.`` prefix."""
     return {k: v for k, v in headers.items() if not k.startswith(RESERVED_PREFIX)}

@@ -68,15 +68,7 @@ from ..ratelimit import TokenBucket
 from .causal import CausalityFilter, SourceClock, describe_missing, merge
 from .clock import ClockStore
 from .decision import first_retained
-from .origin import (
-    ORIGIN_CLUSTER,
-    ORIGIN_DLSN,
-    RESERVED_PREFIX,
-    SOURCE_POSITION,
-    VECTOR_TIME,
-    Origin,
-    encode_vt,
-)
+from .origin import ORIGIN_CLUSTER, Origin, applied_headers
 from .filters import RecordFilter
 from .network import causal_gate, current_version_vector
 from . import settle
@@ -312,7 +304,6 @@ class StreamWorker:
         sink_dlsn = applied.sink if applied is not None else cp.sink_dlsn
         throttle = TokenBucket(self.config.throttle_bytes_per_second)
         carried = RecordFilter.parse(self.config.filter) if self.config.filter else None
-        source_prefix = f"{self.source}@"
         source_name = self.source.encode()
         seen = None
         if causal is not None and not causal.unfiltered and self.options.source_filtering:
@@ -387,15 +378,7 @@ class StreamWorker:
                 elif (carried is None or carried.admits(record.key, headers)) and (causal is None or causal.admit(origin_cluster, vt)):
                     # (Not admitted: outside the stream's filter, or in the sink's causal past —
                     # seen already, or its own.)
-                    out = {k: v for k, v in headers.items() if not k.startswith(RESERVED_PREFIX)} if headers else {}
-                    if origin is None:  # written at the source: its origin is its source position
-                        out[ORIGIN_CLUSTER] = source_name
-                        out[ORIGIN_DLSN] = str(record.dlsn).encode()
-                    else:  # relayed: keep its origin, say where this stream read it
-                        out[ORIGIN_CLUSTER] = headers[ORIGIN_CLUSTER]
-                        out[ORIGIN_DLSN] = headers[ORIGIN_DLSN]
-                        out[SOURCE_POSITION] = (source_prefix + str(record.dlsn)).encode()
-                    out[VECTOR_TIME] = encode_vt(vt)
+                    out = applied_headers(headers, origin, source_name, str(record.dlsn).encode(), vt)
                     await throttle.take(len(record.payload))
                     if group_left:
                         group.append(Record(0, record.payload, record.key, out))

@@ -4,8 +4,9 @@ mode for the bootstrap copy, the CLI run as an operator types it.
 
 The recovered location must end with every record its peer retains, none twice; the records the
 peer deleted (and the location lost) are reported as a gap naming the peer, the log and the
-range, with exit 3; the peer's records keep the counters they always had; the location's clock
-never goes back.
+range, with exit 3 — unless the peer's cold store holds them (its gc copied the truncated
+segments there first): then they come back from it, and nothing is missing; the peer's records
+keep the counters they always had; the location's clock never goes back.
 """
 
 from __future__ import annotations
@@ -77,15 +78,14 @@ def identities(site) -> list[tuple[str, DLSN]]:
     return [dr.identity(r, site.name) for r in records(site)]
 
 
-def test_dr_recover_of_a_wiped_location_whose_peer_truncated_bootstraps_what_the_peer_retains_and_reports_the_gap(pair: Sites, tmp_path: Path):
-    sites = pair
-    a, b = sites["a"], sites["b"]
+def interleaved_pair(a, b) -> int:
+    """The log at a and b (many small segments: something to truncate and to copy), replicated
+    both ways, and blocks of 100 records written in turn, each replicated before the next: both
+    logs interleave a's and b's records all along (what b later retains holds records of both).
+    Returns how many were written."""
     for site in (a, b):
-        site.meta().create_log(LOG, LogConfig(roll_bytes=8 * 1024))  # many small segments: something to truncate and to copy
+        site.meta().create_log(LOG, LogConfig(roll_bytes=8 * 1024))
     apply(ops.init_plan(a.session(), b.session(), patterns=(LOG,), bidirectional=True).plan)
-
-    # Blocks written in turn, each replicated before the next: both logs interleave a's and b's
-    # records all along (what b later retains holds records of both).
     total = 0
     for r in range(4):
         for site in (b, a):
@@ -93,6 +93,13 @@ def test_dr_recover_of_a_wiped_location_whose_peer_truncated_bootstraps_what_the
             total += 100
             for other in (a, b):
                 run(eventually(lambda other=other, n=total: _at_least(other, n), timeout=60, message=f"{total} records at {other.name}"))
+    return total
+
+
+def test_dr_recover_of_a_wiped_location_whose_peer_truncated_bootstraps_what_the_peer_retains_and_reports_the_gap(pair: Sites, tmp_path: Path):
+    sites = pair
+    a, b = sites["a"], sites["b"]
+    total = interleaved_pair(a, b)
     for site in (a, b):
         assert len(run(read_all(site.meta(), LOG, until=total, timeout=90), timeout=120)) == total
     old_vts = vts_by_identity(a)  # b's records as a held them before the loss
@@ -295,3 +302,50 @@ def test_dr_recover_from_a_peer_that_truncated_waits_for_the_peer_that_still_hol
     held = identities(a)
     assert len(held) == len(set(held)), "a holds duplicates"
     assert set(held) == everything, f"a lacks {len(everything - set(held))} record(s)"
+
+
+def test_dr_recover_of_a_wiped_location_gets_what_its_peer_deleted_back_from_the_peers_cold_store(pair: Sites, tmp_path: Path):
+    """As the first test, but b's cluster requires cold copies: its gc copied the truncated
+    segments to its cold store before deleting them. `dr recover` names that store as the
+    source of what b deleted, replays it into a before b's stream goes on, and a ends with
+    every record ever written, once each, with the timestamps it had: no gap, exit 0."""
+    sites = pair
+    a, b = sites["a"], sites["b"]
+    total = interleaved_pair(a, b)
+    everything = identities(a)
+    assert len(everything) == len(set(everything)) == total
+    old_vts = vts_by_identity(a)
+
+    b_end = run(_end(b), timeout=30)
+    run(eventually(lambda: StreamStore(a.meta()).get_checkpoint("b-to-a", LOG).value.next >= b_end, timeout=60, message="b -> a checkpoint at b's end"), timeout=90)
+    inv = sites.write_inventory(tmp_path / "inv.toml")
+    cold = tmp_path / "b-cold"
+    cold.mkdir()
+    inv.write_text(inv.read_text() + f'\n[clusters.b.cold_storage]\nkind = "filesystem"\npath = "{cold}"\n')
+    assert dlctl(inv, "--cluster", "b", "--yes", "cluster", "cold-storage", "enable")[0] == 0
+    cut = truncate_half(b, inv)
+    assert min(s.value.seq for s in b.meta().segments(LOG)) == cut, "b's gc did not delete the truncated segments"
+    assert len(list(cold.rglob("*.manifest.json"))) >= cut - 1
+    retained = identities(b)
+    assert 0 < len(retained) < total
+
+    a.wipe_disks()
+    code, plan = dlctl(inv, "-o", "json", "dr", "recover", "--cluster", "a", "--dry-run")
+    assert code == 0 and "cold-restore" in [s["action"] for s in plan["steps"]], plan
+    assert any(n.startswith(f"COLD b/{LOG}") and str(cold) in n for n in plan["notes"]), plan["notes"]
+    assert not any(n.startswith("GAP") for n in plan["notes"]), plan["notes"]
+    code, out = dlctl(inv, "-o", "json", "dr", "recover", "--cluster", "a")
+    assert code == ExitCode.OK and isinstance(out, dict) and out["ok"], out
+    results = {s["action"]: s["result"] for s in out["steps"]}
+    replayed = results["cold-restore"][f"b-to-a/{LOG}"]
+    assert replayed["applied"] == total - len(retained) and replayed["held_already"] == 0, replayed
+    assert results["bootstrap"] == {}, "a holds what the cold store gave back: the rest is streamed, not copied"
+    (gap,) = results["finish"]["gaps"]
+    assert gap["covered_by"] and str(cold) in gap["covered_by"][0], gap
+
+    run(eventually(lambda: _at_least(a, total), timeout=90, message="a holds every record again"), timeout=120)
+    held = identities(a)
+    assert len(held) == len(set(held)), "a holds duplicates"
+    assert set(held) == set(everything), f"a lacks {len(set(everything) - set(held))} record(s)"
+    new_vts = vts_by_identity(a)
+    assert all(new_vts[i] == old_vts[i] for i in held if i[0] == "b"), "b's records came back with other timestamps"
