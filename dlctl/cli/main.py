@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 import click
+from rich.markup import escape
 
 from .. import __version__
 from ..allocator import keep_large_buffers
@@ -106,9 +107,11 @@ def _report(app: AppContext, error: DlctlError) -> None:
             app.render(error.details)
         except Exception:  # noqa: BLE001 - the error message below must still be shown
             logging.getLogger("dlctl").debug("could not render error details", exc_info=True)
-    app.stderr.print(f"[bold red]error:[/] {error.message}", highlight=False)
+    # Messages quote inventory tables ([clusters.c.cold_storage]), names and remote output:
+    # printed as they are, never read as rich markup.
+    app.stderr.print(f"[bold red]error:[/] {escape(error.message)}", highlight=False)
     if error.hint:
-        app.stderr.print(f"[dim]hint:[/] {error.hint}", highlight=False)
+        app.stderr.print(f"[dim]hint:[/] {escape(error.hint)}", highlight=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -128,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report(app, exc)
         code = int(exc.exit_code)
     except Exception as exc:  # noqa: BLE001 - last resort: say what broke, exit 1
-        app.stderr.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        app.stderr.print(f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}", highlight=False)
         if app.verbosity >= 2:
             app.stderr.print_exception()
         else:

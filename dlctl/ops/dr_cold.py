@@ -24,6 +24,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from ..cold.history import cold_records, copies_before
 from ..cold.manifest import SegmentManifest
 from ..cold.segobject import CorruptObject
 from ..cold.store import ColdStore, ColdStoreError, open_store
@@ -36,7 +37,6 @@ from ..replication.causal import CausalityFilter, SourceClock, merge
 from ..replication.origin import ORIGIN_CLUSTER, Origin, applied_headers
 from ..replication.records import StreamConfig
 from ..replication.worker import open_appender
-from .coldread import cold_records, copies_before
 from .session import ClusterSession
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -12,8 +13,8 @@ from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
 from ..log.reader import LogReader, ReadRecord
 from ..log.timeindex import iso
-from ..errors import RefusedError, UsageError
-from . import coldread
+from ..errors import UsageError
+from ..cold.history import read_with_history
 from .backup import cold_store_of
 from .session import ClusterSession
 
@@ -47,39 +48,30 @@ async def read_records(
     """Yield records from the start position; stop after ``limit`` records or, when
     ``idle_timeout`` is set, once no record arrived for that long (caught up). ``None`` follows
     the tail forever. ``from_cold``: begin with the history the cold store holds from before the
-    truncation point (``dlctl.ops.coldread``), then go on in the hot log from that point."""
+    truncation point (``dlctl.cold.history``), then go on in the hot log from that point."""
     count = 0
-    if from_cold:
-        if start_dlsn is not None or start_txid is not None or start_time is not None:
-            raise UsageError("reading from the cold store starts at the oldest copy: it takes no start position")
-        start_dlsn = coldread.hot_start(session, name)
-        if start_dlsn is not None:
-            store = cold_store_of(session)
-            copies = coldread.copies_before(store, name, session.meta.get_log(name).value.log_id, start_dlsn)
-            for record in coldread.cold_records(store, copies, start_dlsn):
-                if limit is not None and count >= limit:
-                    return
-                count += 1
-                yield record
     pool = AgentPool(session.meta, session.credentials)
     try:
-        async with LogReader(session.meta, pool, name, start_dlsn=start_dlsn, start_txid=start_txid, start_time=start_time, region=region) as reader:
-            if from_cold and reader.truncation_skips:
-                raise RefusedError(
-                    f"log {name!r} was truncated further while it was read ({reader.truncation_skips[0]}): "
-                    "the records in between were in neither the cold copies read nor the hot log",
-                    hint="back the log up (`dlctl log backup`) and read again",
-                )
-            while limit is None or count < limit:
-                record = await reader.read_next(idle_timeout)
-                if record is None:
-                    return
+        if from_cold:
+            if start_dlsn is not None or start_txid is not None or start_time is not None:
+                raise UsageError("reading from the cold store starts at the oldest copy: it takes no start position")
+            records = read_with_history(session.meta, pool, name, cold_store_of(session), idle_timeout=idle_timeout, region=region)
+        else:
+            records = _read_hot(session.meta, pool, name, start_dlsn, start_txid, start_time, idle_timeout, region)
+        async with contextlib.aclosing(records):  # (a limit reached closes the reader before the pool)
+            async for record in records:
                 count += 1
                 yield record
+                if limit is not None and count >= limit:
+                    return
     finally:
         await pool.close()
 
 
+async def _read_hot(meta: Any, pool: AgentPool, name: str, start_dlsn: DLSN | None, start_txid: int | None, start_time: float | None, idle_timeout: float | None, region: str | None) -> AsyncIterator[ReadRecord]:
+    async with LogReader(meta, pool, name, start_dlsn=start_dlsn, start_txid=start_txid, start_time=start_time, region=region) as reader:
+        while (record := await reader.read_next(idle_timeout)) is not None:
+            yield record
 
 
 def iter_stdin_records(stream: BinaryIO, length_delimited: bool) -> Iterator[bytes]:

@@ -21,8 +21,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ..cold.manifest import SegmentManifest, log_prefix
+from ..cold.catalog import check_contiguous, incarnations, manifests
 from ..cold.copies import checked_entries
+from ..cold.manifest import SegmentManifest
 from ..cold.segobject import CorruptObject
 from ..cold.store import ColdStore
 from ..errors import ConflictError, NotFoundError, RefusedError
@@ -36,36 +37,6 @@ from ..replication.clock import ClockStore
 from ..replication.origin import ORIGIN_CLUSTER, Origin, OriginHeaderError
 from .backup import cold_store_of
 from .session import ClusterSession
-
-
-def incarnations(store: ColdStore, name: str) -> list[int]:
-    """The log ids the store holds copies of for log ``name`` (a log deleted and created
-    again is another incarnation), oldest first."""
-    keys = store.list(f"logs/{validate_name('log', name)}")
-    return sorted({int(k.split("/")[2]) for k in keys if k.split("/")[2].isdigit()})
-
-
-def manifests(store: ColdStore, name: str, log_id: int) -> list[SegmentManifest]:
-    """The manifests of one incarnation, in segment order (``check_contiguous`` says whether a
-    segment is missing between two of those used: an incomplete backup must not pass for a
-    whole log)."""
-    keys = [k for k in store.list(log_prefix(name, log_id)) if k.endswith(".manifest.json")]
-    found = sorted((SegmentManifest.from_json(store.get(k), f"{store.describe()}: {k}") for k in keys), key=lambda m: m.segment.seq)
-    if not found:
-        raise NotFoundError(f"{store.describe()} holds no copy of log {name!r} (log id {log_id})", hint="`dlctl log backup LOG` makes them")
-    return found
-
-
-def check_contiguous(store: ColdStore, name: str, log_id: int, copies: list[SegmentManifest]) -> None:
-    """Raise when a segment is missing between two of ``copies``."""
-    seqs = [m.segment.seq for m in copies]
-    missing = sorted(set(range(seqs[0], seqs[-1] + 1)) - set(seqs)) if seqs else []
-    if missing:
-        raise RefusedError(
-            f"{store.describe()}: the copies of log {name!r} (log id {log_id}) lack segment(s) {', '.join(map(str, missing))} "
-            f"between {seqs[0]} and {seqs[-1]}",
-            hint="run `dlctl log backup` while those segments still exist; nothing was restored",
-        )
 
 
 def in_range(copies: list[SegmentManifest], from_txid: int | None, to_txid: int | None) -> list[SegmentManifest]:

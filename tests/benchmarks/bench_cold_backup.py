@@ -28,6 +28,7 @@ from harness.procs import ProcessRegistry
 from harness.s3server import start_s3_server
 
 from dlctl.cold.config import ColdStorageConfig
+from dlctl.cold.history import cold_records
 from dlctl.cold.store import FilesystemStore
 from dlctl.cold.s3 import S3Store
 from dlctl.log.dlsn import DLSN
@@ -36,7 +37,6 @@ from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
 from dlctl.ops.backup import copy_segment, load_manifest
-from dlctl.ops.coldread import cold_records
 from dlctl.ops.restore import read_copy
 
 

@@ -26,6 +26,8 @@ from harness.procs import ProcessRegistry, free_port
 from harness.s3server import start_s3_server
 from harness.sandbox import dlctl, sandbox_up, session_for
 
+from dlctl.cold.history import read_with_history
+from dlctl.cold.store import FilesystemStore
 from dlctl.log.dlsn import DLSN
 from dlctl.log.pool import AgentPool
 from dlctl.log.reader import LogReader
@@ -198,7 +200,8 @@ def test_an_unreachable_cold_store_fails_clearly_and_changes_nothing(sandbox, s3
     assert proc.returncode != 0 and "cold store" in proc.stderr and down.split("//")[1] in proc.stderr, proc.stderr
     missing = configured(sandbox, "unmounted", lambda c: f'\n[clusters.{c}.cold_storage]\nkind = "filesystem"\npath = "{tmp_path / "not-mounted"}"\n')
     proc = dlctl(missing, "log", "backup", name)
-    assert proc.returncode != 0 and "not a directory" in proc.stderr, proc.stderr
+    said = " ".join(proc.stderr.split())  # (rich wraps long lines)
+    assert proc.returncode != 0 and "not a directory" in said and "fix [cold_storage] path" in said, proc.stderr
     assert not (tmp_path / "not-mounted").exists()
 
 
@@ -332,6 +335,14 @@ def test_restore_keeps_the_timestamps_replication_derived(sandbox, tmp_path):
         session.close()
 
 
+async def read_history(session, name: str, store) -> list[bytes]:
+    pool = AgentPool(session.meta, session.credentials)
+    try:
+        return [r.payload async for r in read_with_history(session.meta, pool, name, store, idle_timeout=1.0)]
+    finally:
+        await pool.close()
+
+
 def log_with_filesystem_store(sandbox, tmp_path, name: str):
     """A new log in a cluster whose inventory has a filesystem cold store: (store, env, session)."""
     target = Target("filesystem", tmp_path)
@@ -363,6 +374,9 @@ def test_reading_from_cold_joins_the_truncated_history_and_the_hot_log(sandbox, 
         dlsns = [tuple(map(int, r["dlsn"].split("/"))) for r in both]
         assert dlsns == sorted(set(dlsns)) and both[60:] == hot, "positions repeat, go back, or differ from the hot log's"
         assert all(r["time"] for r in both[:60]), "cold records lost their append times"
+        # The same for an application, through the library.
+        assert asyncio.run(read_history(session, name, FilesystemStore(target.root))) == written
+
 
         # Copies that stop short of the truncation point: nothing printed, the gap named.
         for key in [k for k in target.objects() if k.endswith(".manifest.json")][1:]:

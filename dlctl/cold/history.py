@@ -1,5 +1,5 @@
 """Reading a log's history from the cold store, then on into the hot log without a gap (issue
-25 item 3): `dlctl log read LOG --from-cold`.
+25 item 3): ``read_with_history`` for applications, and `dlctl log read LOG --from-cold`.
 
 The hot log starts at its truncation point; what lies before it is read from the copies of the
 same log incarnation (``dlctl log backup``), each checked whole (SHA-256 against its manifest)
@@ -13,27 +13,29 @@ at the first copy, and says so.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
-from ..cold.manifest import SegmentManifest
-from ..cold.copies import checked_entries
-from ..cold.store import ColdStore
 from ..errors import NotFoundError, RefusedError
 from ..log.dlsn import DLSN
-from ..log.reader import ReadRecord
+from ..log.pool import AgentPool
+from ..log.reader import LogReader, ReadRecord
 from ..log.records import decode_records
 from ..log.recovery import append_time
+from ..meta.store import MetaStore
 from ..meta.truncation import TruncationStore
-from .restore import check_contiguous, manifests
-from .session import ClusterSession
+from .catalog import check_contiguous, manifests
+from .copies import checked_entries
+from .manifest import SegmentManifest
+from .store import ColdStore
 
 log = logging.getLogger(__name__)
 
 
-def hot_start(session: ClusterSession, name: str) -> DLSN | None:
+def hot_start(meta: MetaStore, name: str) -> DLSN | None:
     """The first position the hot log still holds (its truncation point); None: never truncated."""
-    record = TruncationStore(session.meta).get(name)
+    record = TruncationStore(meta).get(name)
     return record.value.point if record is not None else None
 
 
@@ -74,3 +76,29 @@ def cold_records(store: ColdStore, copies: list[SegmentManifest], stop: DLSN) ->
                 if dlsn >= stop:
                     return
                 yield ReadRecord(dlsn, record.txid, record.payload, record.key, record.headers, when)
+
+
+async def read_with_history(
+    meta: MetaStore, pool: AgentPool, name: str, store: ColdStore, *, idle_timeout: float | None = 1.0, region: str | None = None
+) -> AsyncIterator[ReadRecord]:
+    """Every record of log ``name``: those before its truncation point from ``store``'s copies
+    (each checked whole first), then the hot log from that point, tailing it until no record
+    came for ``idle_timeout`` seconds (None: for ever). Records keep their positions and append
+    times, so the two parts join exactly; a truncation that moves on while the hot part is
+    opened raises ``RefusedError`` instead of leaving a silent gap."""
+    start = hot_start(meta, name)
+    if start is not None:
+        loop = asyncio.get_running_loop()
+        copies = await loop.run_in_executor(None, copies_before, store, name, meta.get_log(name).value.log_id, start)
+        for manifest in copies:  # one copy in memory at a time, fetched off the event loop
+            for record in await loop.run_in_executor(None, lambda m=manifest: list(cold_records(store, [m], start))):
+                yield record
+    async with LogReader(meta, pool, name, start_dlsn=start, region=region) as reader:
+        if reader.truncation_skips:
+            raise RefusedError(
+                f"log {name!r} was truncated further while it was read ({reader.truncation_skips[0]}): "
+                "the records in between were in neither the cold copies read nor the hot log",
+                hint="back the log up (`dlctl log backup`) and read again",
+            )
+        while (record := await reader.read_next(idle_timeout)) is not None:
+            yield record
