@@ -50,6 +50,8 @@
     delete_rate = 50           # replica deletions per second at most (0: no limit)
     cold_credentials_file = "" # 0600 TOML (access_key_id, secret_access_key) for an S3 cold store the
                                # cluster requires (`dlctl cluster cold-storage enable`); "": boto3's chain
+    offload_bytes_per_second = 33554432  # read rate of the copies it makes for the cold store, or
+                               # e.g. "32MiB" (0: no limit): offload never crowds out the writers
 
     [scrub]                    # background re-reading of every replica (dlagent.storage.scrub)
     enabled = true             # false: damage is found only when read, or at the next start
@@ -150,6 +152,7 @@ class HousekeepingSettings:
     delete_concurrency: int = 4
     delete_rate: float = 50.0  # replica deletions per second (0: no limit)
     cold_credentials_file: Path | None = None  # for the cold store the cluster requires (dlctl.ops.offload)
+    offload_bytes_per_second: int = 32 << 20  # read rate of the copies it makes for the cold store (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -343,7 +346,7 @@ def _auditor_settings(raw: Any, path: Path) -> AuditorSettings:
 def _housekeeping_settings(raw: Any, path: Path) -> HousekeepingSettings:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: key 'housekeeping' must be a table ([housekeeping])")
-    known = ("enabled", "check_seconds", "disk_override_free_bytes", "delete_concurrency", "delete_rate", "cold_credentials_file")
+    known = ("enabled", "check_seconds", "disk_override_free_bytes", "delete_concurrency", "delete_rate", "cold_credentials_file", "offload_bytes_per_second")
     extra = sorted(set(raw) - set(known))
     if extra:
         raise ConfigError(f"{path}: unknown key(s) in [housekeeping]: {', '.join(extra)}", hint=f"known keys: {', '.join(known)}")
@@ -367,7 +370,15 @@ def _housekeeping_settings(raw: Any, path: Path) -> HousekeepingSettings:
         delete_concurrency=count("delete_concurrency", 4, 1),
         delete_rate=_rate(raw.get("delete_rate", 50.0), path),
         cold_credentials_file=_optional_path(raw.get("cold_credentials_file", ""), path, "[housekeeping] key 'cold_credentials_file'"),
+        offload_bytes_per_second=_offload_rate(raw.get("offload_bytes_per_second", HousekeepingSettings.offload_bytes_per_second), path),
     )
+
+
+def _offload_rate(value: Any, path: Path) -> int:
+    rate = _with_units("parse_size", value) if isinstance(value, str) else value  # with units: "32MiB"
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate < 0:
+        raise ConfigError(f"{path}: [housekeeping] key 'offload_bytes_per_second' must be bytes per second >= 0 (an integer, or e.g. \"32MiB\"; 0: no limit), got {value!r}")
+    return rate
 
 
 def _optional_path(value: Any, path: Path, what: str) -> Path | None:

@@ -217,7 +217,10 @@ class Housekeeping(ElectedRole):
         """Retention and collection for one log (a worker thread). With the secret, retention
         records a replicated log's clock base at the new point first, while the records before
         it are still readable (``dlctl.replication.truncation_base``)."""
-        return gc.apply_log(self.meta, name, by=f"housekeeping {self.node_id}", override=override, secret=self.secret, cold_store=cold_store, cold_required=cold_required)
+        return gc.apply_log(
+            self.meta, name, by=f"housekeeping {self.node_id}", override=override, secret=self.secret, cold_store=cold_store, cold_required=cold_required,
+            cold_rate=self.settings.offload_bytes_per_second,
+        )
 
     def _cold_store(self) -> Any:
         """(store, retention) of the cold store the cluster requires, reached with this agent's

@@ -27,6 +27,7 @@ from ..meta.store import MetaStore
 from ..meta.truncation import TruncationStore
 from ..replication.clock import ClockStore
 from ..plan import Plan, Step
+from ..ratelimit import TokenBucket
 from .session import ClusterSession
 
 READ_CONCURRENCY = 32
@@ -104,8 +105,9 @@ def _run_one(session: ClusterSession, store: ColdStore, name: str, log_id: int, 
     return session.with_pool(lambda pool: copy_segment(session.meta, store, pool, name, log_id, seg, on_progress)).to_dict()
 
 
-async def read_segment(pool: Any, log_id: int, seg: SegmentRecord, on_progress: Callable[[int, int], None] | None = None) -> list[fmt.Entry]:
-    """Every entry of completed segment ``seg`` (CRC-checked on the way)."""
+async def read_segment(pool: Any, log_id: int, seg: SegmentRecord, on_progress: Callable[[int, int], None] | None = None, throttle: TokenBucket | None = None) -> list[fmt.Entry]:
+    """Every entry of completed segment ``seg`` (CRC-checked on the way); ``throttle`` paces the
+    bytes read."""
     replicas = ReplicaReader(pool)
     await pool.refresh()
     gate = asyncio.Semaphore(READ_CONCURRENCY)
@@ -116,6 +118,8 @@ async def read_segment(pool: Any, log_id: int, seg: SegmentRecord, on_progress: 
         nonlocal done
         async with gate:
             entry = await replicas.read(log_id, seg, entry_id)
+            if throttle is not None:
+                await throttle.take(len(entry.payload))
         done += 1
         if on_progress is not None:
             on_progress(done, count)
@@ -142,10 +146,12 @@ def copy_clock(meta: MetaStore, store: ColdStore, name: str, log_id: int, seg: S
     return CopyClock(meta.cluster, before, after)
 
 
-async def copy_segment(meta: MetaStore, store: ColdStore, pool: Any, name: str, log_id: int, seg: SegmentRecord, on_progress: Any = None) -> SegmentBackup:
+async def copy_segment(
+    meta: MetaStore, store: ColdStore, pool: Any, name: str, log_id: int, seg: SegmentRecord, on_progress: Any = None, throttle: TokenBucket | None = None
+) -> SegmentBackup:
     """Copy one completed segment: object, read back and check, then the manifest (with the
     clock around its records)."""
-    entries = await read_segment(pool, log_id, seg, on_progress)
+    entries = await read_segment(pool, log_id, seg, on_progress, throttle)
     data = encode_segment(fmt.encode(e) for e in entries)  # the same bytes: the encoding is canonical
     loop = asyncio.get_running_loop()
     clock = await loop.run_in_executor(None, copy_clock, meta, store, name, log_id, seg, entries)

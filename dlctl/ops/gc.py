@@ -232,10 +232,11 @@ def apply_log(
     secret: bytes | None = None,
     cold_store: ColdStore | None = None,
     cold_required: bool | None = None,
+    cold_rate: float = 0.0,
 ) -> dict[str, Any]:
     """Decide and apply: mark passed pins, move the point (retention), mark segments, copy
     truncated segments to the cold store when the cluster requires it (``cold_store``, read
-    with ``secret``), then delete truncated segments' records — each by CAS on the version read.
+    with ``secret`` at ``cold_rate`` bytes per second at most, 0: no limit), then delete truncated segments' records — each by CAS on the version read.
 
     ``secret`` lets retention read the agents: a replicated log's clock base at the new point is
     recorded (``dlctl.replication.truncation_base``) before the point moves. Without it, moving a
@@ -274,7 +275,7 @@ def apply_log(
         current.update(marked.versions)  # what was written, at its new version: no re-read
         out["marks"] = marked.to_dict()
     if state.cold_required:
-        out.update(_offload(meta, name, state.log.value.log_id, current, cold_store, secret))
+        out.update(_offload(meta, name, state.log.value.log_id, current, cold_store, secret, cold_rate))
     # Pins are read again: marking may have changed them, and a live one keeps its segments.
     pins = [p.value for p in pin_store.pins_of_log(name)]
     chosen = collectable([v.value for v in current.values()], pins, now, require_cold=state.cold_required)
@@ -289,14 +290,14 @@ def apply_log(
     return out
 
 
-def _offload(meta: MetaStore, name: str, log_id: int, current: dict[int, Versioned[SegmentRecord]], store: ColdStore | None, secret: Any) -> dict[str, Any]:
+def _offload(meta: MetaStore, name: str, log_id: int, current: dict[int, Versioned[SegmentRecord]], store: ColdStore | None, secret: Any, rate: float) -> dict[str, Any]:
     """Copy the truncated segments without a cold copy; ``current`` gets the marked records."""
     todo = offload.pending(sorted(current.values(), key=lambda v: v.value.seq))
     if not todo:
         return {}
     if store is None or secret is None:
         return {"offload_waiting": {str(v.value.seq): "this collector cannot reach the cold store" for v in todo}}
-    marked, failed = offload.offload_segments(meta, name, log_id, todo, store, secret)
+    marked, failed = offload.offload_segments(meta, name, log_id, todo, store, secret, rate)
     current.update(marked)
     out: dict[str, Any] = {"offloaded": sorted(marked)}
     if failed:

@@ -31,6 +31,7 @@ from ..meta import coldpolicy
 from ..meta.records import SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
 from ..plan import Plan, Step
+from ..ratelimit import TokenBucket
 from .backup import copy_segment
 
 
@@ -50,22 +51,24 @@ def pending(segments: list[Versioned[SegmentRecord]]) -> list[Versioned[SegmentR
 
 
 def offload_segments(
-    meta: MetaStore, name: str, log_id: int, todo: list[Versioned[SegmentRecord]], store: ColdStore, secret: Any
+    meta: MetaStore, name: str, log_id: int, todo: list[Versioned[SegmentRecord]], store: ColdStore, secret: Any, rate: float = 0.0
 ) -> tuple[dict[int, Versioned[SegmentRecord]], dict[int, str]]:
     """Copy each segment of ``todo`` and mark its record; returns the marked records (by seq,
-    at their new versions) and why the others were not. Runs its own event loop (callers are
-    threads: the housekeeper's worker, or `dlctl gc`)."""
+    at their new versions) and why the others were not. ``rate``: bytes per second read from
+    the replicas at most (0: no limit; the housekeeper's ``offload_bytes_per_second``). Runs
+    its own event loop (callers are threads: the housekeeper's worker, or `dlctl gc`)."""
     marked: dict[int, Versioned[SegmentRecord]] = {}
     failed: dict[int, str] = {}
 
     async def go() -> None:
         loop = asyncio.get_running_loop()
         pool = AgentPool(meta, secret, request_timeout=10.0)
+        throttle = TokenBucket(rate)
         try:
             for current in todo:
                 seg = current.value
                 try:
-                    await copy_segment(meta, store, pool, name, log_id, seg)
+                    await copy_segment(meta, store, pool, name, log_id, seg, throttle=throttle)
                     new = replace(seg, cold=object_key(name, log_id, seg.seq))
                     marked[seg.seq] = await loop.run_in_executor(None, meta.update_segment, name, current, new)
                 except (DlctlError, AgentError, CorruptObject, OSError) as exc:

@@ -38,6 +38,7 @@ from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
 from dlctl.ops.backup import copy_segment, load_manifest
 from dlctl.ops.restore import read_copy
+from dlctl.ratelimit import TokenBucket
 
 
 async def fill(meta: MetaStore, log: str, mib: int) -> None:
@@ -51,14 +52,15 @@ async def fill(meta: MetaStore, log: str, mib: int) -> None:
     await pool.close()
 
 
-async def backup_all(meta: MetaStore, store, log: str) -> int:
+async def backup_all(meta: MetaStore, store, log: str, rate_limit: float = 0.0) -> int:
     pool = AgentPool(meta, harness_credentials())
     log_id = meta.get_log(log).value.log_id
+    throttle = TokenBucket(rate_limit)  # as the housekeeper's offload_bytes_per_second
     total = 0
     try:
         for seg in (s.value for s in meta.segments(log)):
             if seg.state is SegmentState.COMPLETED:
-                total += (await copy_segment(meta, store, pool, log, log_id, seg)).bytes
+                total += (await copy_segment(meta, store, pool, log, log_id, seg, throttle=throttle)).bytes
     finally:
         await pool.close()
     return total
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args.add_argument("--mib", type=int, default=64)
     args.add_argument("--segment-mib", type=int, default=8)
     args.add_argument("--dir", type=Path, default=None)
+    args.add_argument("--throttle-mib", type=int, default=16, help="an offload rate limit to measure too (MiB/s)")
     opts = args.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="bench-cold-", dir=opts.dir))
     procs = ProcessRegistry(scratch / "procs")
@@ -119,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"  {label:12} {rate(nbytes, upload_s):>16} {rate(nbytes, backup_s):>16} {rate(nbytes, download_s):>16} "
                     f"{rate(nbytes, restore_s):>16} {rate(nbytes, cold_s):>16}"
                 )
+                if label == "filesystem":  # the housekeeper's throttle holds offload near its rate
+                    (scratch / "cold-throttled").mkdir()
+                    started = time.perf_counter()
+                    asyncio.run(backup_all(meta, FilesystemStore(scratch / "cold-throttled"), log, rate_limit=opts.throttle_mib * 2**20))
+                    print(f"  {'(offload_bytes_per_second = ' + str(opts.throttle_mib) + ' MiB)':46} {rate(nbytes, time.perf_counter() - started):>16}")
     finally:
         procs.close()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -47,7 +47,7 @@ def s3(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(zk_server, tmp_path_factory, s3):
-    config = f'[housekeeping]\ncheck_seconds = 0.3\ncold_credentials_file = "{s3.credentials_file}"\n'
+    config = f'[housekeeping]\ncheck_seconds = 0.3\ncold_credentials_file = "{s3.credentials_file}"\noffload_bytes_per_second = "1MiB"\n'
     yield from agent_cluster(zk_server, tmp_path_factory.mktemp("offload-agents"), "offload", extra_config=config)
 
 
