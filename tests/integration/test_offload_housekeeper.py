@@ -1,7 +1,7 @@
 """Offload on truncation by the agents' elected housekeeper (issue 25 item 2), with real agents
 and ZooKeeper and a filesystem cold store: once the cluster requires cold copies, the
 housekeeper copies each truncated segment to the store and only then collects it; copies past
-the log's cold retention are deleted. And with a real S3-compatible server (moto's, behind the
+the log's cold retention are deleted, and only those (another log's stay). And with a real S3-compatible server (moto's, behind the
 fault proxy so its requests are slow enough to be caught midway): the housekeeper SIGKILLed
 between a segment's upload and its manifest, the next one elected resumes — every truncated
 record copied exactly once, no segment collected without its copy. The oracle is the store read
@@ -19,6 +19,7 @@ import pytest
 
 from dlctl.cold.config import ColdStorageConfig
 from dlctl.log.dlsn import DLSN
+from dlctl.log.writer import LogWriter
 from dlctl.meta import coldpolicy, roles
 from dlctl.meta.records import LogConfig
 from dlctl.meta.truncation import TruncationStore
@@ -72,6 +73,18 @@ async def write_three(env) -> list[bytes]:
     return written
 
 
+async def write_segments(env, meta, name: str, count: int) -> None:
+    """``count`` segments of 10 records in log ``name`` (a writer of their own each)."""
+    pool = env.pool(meta)
+    try:
+        for i in range(count):
+            writer = await LogWriter.open(meta, pool, name)
+            await asyncio.gather(*(writer.submit(f"{name}-{i}-{j}".encode()) for j in range(10)))
+            await writer.close()
+    finally:
+        await pool.close()
+
+
 def test_the_housekeeper_copies_truncated_segments_before_collecting_them_and_sweeps_old_copies(env, tmp_path):
     env.create_log(LogConfig(3, 3, 2))
     meta = env.meta()
@@ -84,11 +97,21 @@ def test_the_housekeeper_copies_truncated_segments_before_collecting_them_and_sw
         run(eventually(lambda: {s.value.seq for s in meta.segments(env.name)} == {3}, 30, "the housekeeper to collect segments 1 and 2"))
         assert payloads_in(store_dir) == written[:50], "collected without a complete copy"
         assert len(list(store_dir.rglob("*.manifest.json"))) == 2
+        # Another log whose copies keep the cluster's retention (for ever).
+        kept = f"{env.name}-kept"
+        meta.create_log(kept, LogConfig(3, 3, 2))
+        run(write_segments(env, meta, kept, 2))
+        TruncationStore(meta).advance(kept, DLSN(2, 0, 0), reason="test", by="test")
+        run(eventually(lambda: {s.value.seq for s in meta.segments(kept)} == {2}, 30, "the housekeeper to collect the other log's segment 1"))
+        kept_copies = sorted(p.name for p in (store_dir / "logs" / kept).rglob("*") if p.is_file())
+        assert len(kept_copies) == 2, kept_copies
 
         # The log's own cold retention (the cluster keeps copies for ever): they now outlive it.
         current = meta.get_log(env.name)
         meta.update_log_config(env.name, replace(current.value.config, cold_retention_seconds=0.5), current.version)
-        run(eventually(lambda: not any(store_dir.rglob("*.segment")) and not any(store_dir.rglob("*.manifest.json")), 30, "expired copies to be deleted"))
+        mine = store_dir / "logs" / env.name
+        run(eventually(lambda: not any(mine.rglob("*.segment")) and not any(mine.rglob("*.manifest.json")), 30, "expired copies to be deleted"))
+        assert sorted(p.name for p in (store_dir / "logs" / kept).rglob("*") if p.is_file()) == kept_copies, "a copy within its retention was deleted"
     finally:
         coldpolicy.clear(meta)
 
