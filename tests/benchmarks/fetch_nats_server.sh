@@ -9,8 +9,8 @@
 # that fsyncs every write: the like-for-like durability column.
 #
 # The machine's apt sources are left alone: the package index and the .deb go to a private apt
-# state in a temporary directory (the same Debian archive, another suite), and only the binary is
-# extracted. Needs apt-get and dpkg-deb (Debian), and root or a writable DEST.
+# state in a temporary directory (the same Debian archive the machine is configured with, another
+# suite), and only the binary is extracted. Needs apt-get and dpkg-deb (Debian), and root or a writable DEST.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -19,7 +19,14 @@ suite=trixie
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
-echo "deb http://deb.debian.org/debian $suite main" >"$tmp/sources.list"
+# The machine's own Debian archive (as its apt configuration names it: a mirror, a proxy), not
+# a host written here: the first index target labelled "Debian" (not -Security) gives its URI.
+archive=$(apt-get indextargets --format '$(LABEL) $(REPO_URI)' | awk '$1 == "Debian" { print $2; exit }')
+if [ -z "$archive" ]; then
+    echo "fetch_nats_server: the machine's apt sources name no Debian archive (apt-get indextargets)" >&2
+    exit 1
+fi
+echo "deb $archive $suite main" >"$tmp/sources.list"
 apt=(apt-get -qq
      -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=/nonexistent"
      -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache"
