@@ -50,6 +50,7 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoNodeError
 
+from dlctl.log import rereplicator as rr
 from dlctl.log.auth import Credentials
 from dlctl.meta import paths, roles
 from dlctl.meta.store import MetaStore
@@ -337,8 +338,6 @@ class Auditor(ElectedRole):
         return self._leading.is_set() and self._connected.is_set() and not self._stop.is_set()
 
     def _act(self, due: list[str]) -> None:
-        from dlctl.ops import rereplicate as rr
-
         built = rr.plan(self.meta, due, lost_regions={n: self.tracker.regions.get(n) for n in due})
         for note in built.notes:
             self._say(f"auditor: {note}", logging.WARNING if "lost" in note or "cannot" in note else logging.INFO)
@@ -365,8 +364,6 @@ class Auditor(ElectedRole):
             ", ".join(due), self.settings.grace_seconds, len(actionable),
             f" (continuing operation {built.op_id})" if built.op_id else "",
         )
-        from dlctl.ops import rereplicate as rr
-
         self.operations += 1
         rate = self.settings.max_bytes_per_second
         throttle = TokenBucket(rate) if rate > 0 else None

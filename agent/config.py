@@ -103,6 +103,7 @@ from typing import Any
 from dlctl.errors import ConfigError
 from dlctl.log.tls import TlsFiles
 from dlctl.meta.zk import ZkTls, parse_tls
+from dlctl import units
 from dlctl.names import validate_name
 
 from .limits import CONFIG_KEYS as SERVER_KEYS
@@ -151,7 +152,7 @@ class HousekeepingSettings:
     disk_override_free_bytes: int = 0
     delete_concurrency: int = 4
     delete_rate: float = 50.0  # replica deletions per second (0: no limit)
-    cold_credentials_file: Path | None = None  # for the cold store the cluster requires (dlctl.ops.offload)
+    cold_credentials_file: Path | None = None  # for the cold store the cluster requires (dlctl.retention.offload)
     offload_bytes_per_second: int = 32 << 20  # read rate of the copies it makes for the cold store (0: no limit)
 
 
@@ -477,12 +478,9 @@ def _server_limits(raw: Any, path: Path) -> ServerLimits:
 
 
 def _with_units(parser: str, text: str) -> Any:
-    """``text`` read by the CLI's parser of that name (dlctl.ops.truncate), None if it can not.
-    Imported only when a value has units: dlctl.ops pulls in much an agent command never needs."""
-    from dlctl.ops import truncate
-
+    """``text`` read by the operators' parser of that name (``dlctl.units``), None if it can not."""
     try:
-        return getattr(truncate, parser)(text)
+        return getattr(units, parser)(text)
     except ValueError:
         return None
 

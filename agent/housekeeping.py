@@ -7,14 +7,14 @@ Two roles, both in every agent:
   ``/dlctl/<cluster>/housekeeping-election`` (``[housekeeping] enabled = true`` agents stand):
   every ``check_seconds`` it applies each log's retention (age by completion time, size cap),
   finishes marking what a cut-short truncation left, marks pins that were passed, copies truncated
-  segments to the cold store when the cluster requires one (``dlctl.ops.offload``; collection
+  segments to the cold store when the cluster requires one (``dlctl.retention.offload``; collection
   waits for the copy), sweeps expired cold copies, and deletes truncated segments' records
-  (``dlctl.ops.gc.apply_log``). Metadata only: it never touches
+  (``dlctl.retention.collect.apply_log``). Metadata only: it never touches
   another agent's files. ZooKeeper sessions are the failure detector; the role moves when the
   agent dies, and it acts only while connected.
 - **Reclaiming** — every agent, at start and then every ``check_seconds``: it lists its own
   replicas, reads the metadata after the listing, and deletes the **stale** ones (their segment
-  was truncated and its record collected; see ``dlctl.ops.gc``). An agent that was down while
+  was truncated and its record collected; see ``dlctl.retention.collect``). An agent that was down while
   a collection ran deletes its stale replicas this way when it comes back. Orphans (nothing in
   the metadata explains them) are reported in the log, never deleted here: ``dlctl gc --force``.
 
@@ -38,7 +38,8 @@ from dlctl.log.pool import AgentPool
 from dlctl.meta import coldpolicy, roles
 from dlctl.meta.store import MetaStore
 from dlctl.meta.zk import ZkAuth
-from dlctl.ops import gc, offload
+from dlctl.retention import collect as gc
+from dlctl.retention import offload
 
 from .config import HousekeepingSettings
 from .election import ElectedRole

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dlctl.errors import ConfigError
+from dlctl.units import parse_size
 
 LOG_FILE = "dlagent.log"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -43,9 +44,7 @@ def parse_log(raw: Any, path: Path) -> LogSettings:
     if extra:
         raise ConfigError(f"{path}: unknown key(s) in [log]: {', '.join(extra)}", hint=f"known keys: {', '.join(known)}")
     size = raw.get("max_bytes", LogSettings.max_bytes)
-    if isinstance(size, str):  # with units: "10MiB" (the CLI's parser, imported only then)
-        from dlctl.ops.truncate import parse_size
-
+    if isinstance(size, str):  # with units: "10MiB"
         try:
             size = parse_size(size)
         except ValueError:

@@ -13,8 +13,9 @@ from ..errors import PartialFailure
 from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
 from ..ops import gc as gc_ops
-from ..ops import offload as offload_ops
-from ..ops.truncate import parse_duration, parse_size, parse_time, truncate_plan
+from ..retention.offload import required_store
+from ..ops.truncate import truncate_plan
+from ..units import parse_duration, parse_size, parse_time
 from ..plan import Plan
 from .complete import complete_log
 from .context import AppContext, mutating, output_option, pass_app, yes_option
@@ -127,7 +128,7 @@ def gc_command(app: AppContext, force: bool, no_retention: bool, rate: float, ni
     built = asyncio.run(build())
     # The cold store the cluster requires, reached with this operator's credentials.
     inventory_cold = session.cluster.cold_storage
-    cold = offload_ops.required_store(session.meta, inventory_cold.credentials_file if inventory_cold else None)
+    cold = required_store(session.meta, inventory_cold.credentials_file if inventory_cold else None)
     plan = gc_ops.as_plan(session.meta, session.credentials, session.cluster.name, built, rate=rate or None, cold=cold)
     if dry_run:
         app.render({**plan.to_dict(), "orphans": gc_ops.orphan_rows(built)})

@@ -199,3 +199,37 @@ class PinStore:
             return sorted(self.client.get_children(path))
         except NoNodeError:
             return []
+
+
+def pin_overrun_reason(pin: PinRecord, point: DLSN, now: float, forced: str | None) -> str:
+    if pin.expired(now):
+        return (
+            f"pin expired (not refreshed for {now - pin.updated:.0f}s, max age {pin.max_age_seconds:g}s) and log "
+            f"{pin.log!r} was truncated to {point}, past its position {pin.position}"
+        )
+    if forced:
+        return f"{forced}: log {pin.log!r} truncated to {point}, past its position {pin.position}"
+    return f"log {pin.log!r} was already truncated to {point} when the pin was set at {pin.position}"
+
+
+def mark_pins(pins: PinStore, overrun: list[Versioned[PinRecord]], point: DLSN, now: float, forced: str | None) -> list[str]:
+    """Mark the holders whose pins ``point`` passes as needing a bootstrap (CAS; a pin that
+    changed meanwhile is looked at again)."""
+    marked = []
+    for versioned in overrun:
+        current = versioned
+        for _ in range(8):
+            if current.value.needs_bootstrap or not point > current.value.position:
+                break  # the holder moved on, or someone marked it already
+            try:
+                pins.mark_needs_bootstrap(current, pin_overrun_reason(current.value, point, now, forced))
+                marked.append(current.value.holder)
+                break
+            except ConflictError:
+                try:
+                    current = pins.get(current.value.holder, current.value.log)
+                except NotFoundError:
+                    break
+            except NotFoundError:
+                break
+    return marked

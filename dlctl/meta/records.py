@@ -40,7 +40,7 @@ class LogConfig:
     # read back unchanged.
     retention_seconds: float | None = None
     retention_bytes: int | None = None
-    # How long this log's cold copies stay in the cluster's cold store (dlctl.ops.offload);
+    # How long this log's cold copies stay in the cluster's cold store (dlctl.retention.offload);
     # None: the cluster's default (`cluster cold-storage enable --retention`).
     cold_retention_seconds: float | None = None
 
@@ -113,7 +113,7 @@ class SegmentRecord:
     # completed (None: unknown — in progress, empty, or written before entries carried them).
     first_time: int | None = None
     last_time: int | None = None
-    # The key of its verified copy in the cluster's cold store (dlctl.ops.offload): with a cold
+    # The key of its verified copy in the cluster's cold store (dlctl.retention.offload): with a cold
     # store required, a truncated segment leaves the cluster only once it has one.
     cold: str | None = None
 

@@ -16,7 +16,7 @@ mark computed from an older point never undoes a newer one.
 The point is written first (it is the commit point readers honour), then the marks; a run cut
 short between the two is finished by the next ``truncate`` or ``gc`` (``marks_for`` over the
 recorded point). Collection — removing truncated segments' records, then their files — is
-``dlctl.ops.gc``'s job.
+``dlctl.retention.collect``'s job.
 
 Pure decisions (``marks_for``, ``retention_point``, ``check_target``, ``collectable`` …) take
 plain values and are unit-tested; the I/O helpers at the end pipeline reads (kazoo's async

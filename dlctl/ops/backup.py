@@ -1,36 +1,23 @@
 """`dlctl log backup LOG`: copy a live log's completed segments to the cluster's cold store
 (issue 25 item 5), incrementally: a segment whose manifest is there already is skipped.
 
-Per segment: read its entries from the replicas (CRC-checked), write them as one object, read
-the object back and check its SHA-256, and only then write the manifest (``dlctl.cold``). An
-interrupted run leaves at most an object without a manifest, which the next run writes again:
-never a manifest for an incomplete copy, never a duplicate. Nothing in the cluster changes.
+Per segment: ``dlctl.cold.copy`` (object, read back and checked, then its manifest; an
+interrupted run leaves at most an object without a manifest, which the next run writes again).
+Nothing in the cluster changes.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from ..cold.clock import CopyClock, stamp_segment, vector_before
-from ..cold.manifest import SegmentManifest, log_prefix, manifest_key
-from ..cold.copies import checked_entries
-from ..cold.segobject import encode_segment
+from ..cold.copy import copy_segment, verify_copy
+from ..cold.manifest import log_prefix, manifest_key
 from ..cold.store import ColdStore, open_store
 from ..errors import ConfigError
-from ..log import format as fmt
-from ..log.speculative import ReplicaReader
 from ..meta.records import SegmentRecord, SegmentState
-from ..meta.store import MetaStore
-from ..meta.truncation import TruncationStore
-from ..replication.clock import ClockStore
 from ..plan import Plan, Step
-from ..ratelimit import TokenBucket
 from .session import ClusterSession
-
-READ_CONCURRENCY = 32
 
 
 def cold_store_of(session: ClusterSession) -> ColdStore:
@@ -41,21 +28,6 @@ def cold_store_of(session: ClusterSession) -> ColdStore:
             hint=f"add a [clusters.{session.cluster.name}.cold_storage] table to the inventory (see README: Cold storage)",
         )
     return open_store(config)
-
-
-@dataclass(frozen=True)
-class SegmentBackup:
-    seq: int
-    state: str  # "copied" | "present" | "skipped"
-    bytes: int = 0
-    entries: int = 0
-    why: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"segment": self.seq, "state": self.state, "bytes": self.bytes, "entries": self.entries}
-        if self.why:
-            out["why"] = self.why
-        return out
 
 
 def _eligible(seg: SegmentRecord) -> str | None:
@@ -105,72 +77,3 @@ def _run_one(session: ClusterSession, store: ColdStore, name: str, log_id: int, 
     return session.with_pool(lambda pool: copy_segment(session.meta, store, pool, name, log_id, seg, on_progress)).to_dict()
 
 
-async def read_segment(pool: Any, log_id: int, seg: SegmentRecord, on_progress: Callable[[int, int], None] | None = None, throttle: TokenBucket | None = None) -> list[fmt.Entry]:
-    """Every entry of completed segment ``seg`` (CRC-checked on the way); ``throttle`` paces the
-    bytes read."""
-    replicas = ReplicaReader(pool)
-    await pool.refresh()
-    gate = asyncio.Semaphore(READ_CONCURRENCY)
-    count = seg.last_entry_id + 1
-    done = 0
-
-    async def one(entry_id: int) -> fmt.Entry:
-        nonlocal done
-        async with gate:
-            entry = await replicas.read(log_id, seg, entry_id)
-            if throttle is not None:
-                await throttle.take(len(entry.payload))
-        done += 1
-        if on_progress is not None:
-            on_progress(done, count)
-        return entry
-
-    return list(await asyncio.gather(*(one(e) for e in range(count))))
-
-
-def copy_clock(meta: MetaStore, store: ColdStore, name: str, log_id: int, seg: SegmentRecord, entries: list[fmt.Entry]) -> CopyClock | None:
-    """The clock around ``seg``'s records (``dlctl.cold.clock``), or None when not known."""
-    clocks = ClockStore(meta)
-    steps, derived = clocks.steps(name), clocks.derived_steps(name)
-    previous = None
-    if seg.seq > 1 and store.exists(manifest_key(name, log_id, seg.seq - 1)):
-        previous = load_manifest(store, name, log_id, seg.seq - 1).clock
-    truncation = TruncationStore(meta).get(name)
-    before = vector_before(
-        seg, segments=[v.value for v in meta.segments(name)], steps=steps, derived=derived, previous=previous,
-        truncation_point=truncation.value.point if truncation is not None else None,
-    )
-    if before is None:
-        return None
-    after = stamp_segment(meta.cluster, seg.seq, before, steps, ((e.entry_id, e.payload) for e in entries))
-    return CopyClock(meta.cluster, before, after)
-
-
-async def copy_segment(
-    meta: MetaStore, store: ColdStore, pool: Any, name: str, log_id: int, seg: SegmentRecord, on_progress: Any = None, throttle: TokenBucket | None = None
-) -> SegmentBackup:
-    """Copy one completed segment: object, read back and check, then the manifest (with the
-    clock around its records)."""
-    entries = await read_segment(pool, log_id, seg, on_progress, throttle)
-    data = encode_segment(fmt.encode(e) for e in entries)  # the same bytes: the encoding is canonical
-    loop = asyncio.get_running_loop()
-    clock = await loop.run_in_executor(None, copy_clock, meta, store, name, log_id, seg, entries)
-    manifest = SegmentManifest.of(meta.cluster, name, log_id, seg, data, clock)
-    await loop.run_in_executor(None, store.put, manifest.object, data)
-    stored = await loop.run_in_executor(None, store.get, manifest.object)
-    manifest.verify(stored)  # what the store holds now, not what we sent
-    await loop.run_in_executor(None, store.put, manifest_key(name, log_id, seg.seq), manifest.to_json())
-    return SegmentBackup(seg.seq, "copied", len(data), seg.last_entry_id + 1)
-
-
-def load_manifest(store: ColdStore, name: str, log_id: int, seq: int) -> SegmentManifest:
-    key = manifest_key(name, log_id, seq)
-    return SegmentManifest.from_json(store.get(key), f"{store.describe()}: {key}")
-
-
-def verify_copy(store: ColdStore, name: str, log_id: int, seg: SegmentRecord) -> SegmentBackup:
-    """Re-read a held copy and check it entry by entry and against its manifest; raises
-    ``CorruptObject`` naming what is wrong."""
-    manifest = load_manifest(store, name, log_id, seg.seq)
-    count = len(checked_entries(store, manifest))
-    return SegmentBackup(seg.seq, "present", manifest.bytes, count)

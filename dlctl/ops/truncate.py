@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, ConflictError, NotFoundError, RefusedError, UsageError
+from ..errors import ConfigError, RefusedError, UsageError
 from ..log.auth import Credentials
 from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
@@ -37,7 +37,7 @@ from ..log.readpolicy import (
 from ..log.records import decode_records
 from ..log.speculative import ReplicaReader
 from ..log.timeindex import iso, locate_time, to_ms
-from ..meta.pins import PinRecord, PinStore
+from ..meta.pins import PinRecord, PinStore, mark_pins
 from ..meta.records import NO_TXID, SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
 from ..meta.truncation import (
@@ -63,61 +63,6 @@ class Target:
     point: DLSN
     truncated_txid: int
     reason: str
-
-
-# -- durations and sizes (the CLI's and the agent config's units) ------------------------------------
-
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_BYTES = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``12h``, ``7d``, ``2w`` (or combinations like ``1d12h``) -> seconds."""
-    import re
-
-    raw = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", raw):
-        value = float(raw)
-    else:
-        parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw])", raw)
-        if not parts or "".join(n + u for n, u in parts) != raw:
-            raise ValueError(f"invalid duration {text!r}: use a number of seconds or e.g. 90s, 15m, 12h, 7d, 2w")
-        value = sum(float(n) * _SECONDS[u] for n, u in parts)
-    if value <= 0:
-        raise ValueError(f"invalid duration {text!r}: must be more than zero")
-    return value
-
-
-def parse_time(text: str, now: float) -> float:
-    """A point in time -> seconds since the epoch: ISO 8601 (``2026-11-26T10:00Z``, an offset;
-    no zone: UTC) or a duration before ``now`` (``15m``, ``2h``)."""
-    from datetime import datetime, timezone
-
-    try:
-        return now - parse_duration(text)
-    except ValueError:
-        pass
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(f"invalid time {text!r}: use ISO 8601 (2026-11-26T10:00Z; no zone: UTC) or a duration ago (15m, 2h)") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when.timestamp()
-
-
-def parse_size(text: str) -> int:
-    """``1048576``, ``500MB``, ``10GiB`` -> bytes."""
-    import re
-
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text.strip().lower())
-    if not match or match.group(2) not in _BYTES:
-        raise ValueError(f"invalid size {text!r}: use bytes or e.g. 500MB, 10GiB")
-    value = int(float(match.group(1)) * _BYTES[match.group(2)])
-    if value <= 0:
-        raise ValueError(f"invalid size {text!r}: must be more than zero")
-    return value
 
 
 # -- resolving the target ------------------------------------------------------------------------
@@ -240,40 +185,6 @@ def pin_refusal(name: str, point: DLSN, pins: list[PinRecord]) -> RefusedError:
         "(the stream is then marked as needing a bootstrap)",
         details={"log": name, "point": str(point), "pins": [{"holder": p.holder, "position": str(p.position), "sink_cluster": p.sink_cluster} for p in pins]},
     )
-
-
-def pin_overrun_reason(pin: PinRecord, point: DLSN, now: float, forced: str | None) -> str:
-    if pin.expired(now):
-        return (
-            f"pin expired (not refreshed for {now - pin.updated:.0f}s, max age {pin.max_age_seconds:g}s) and log "
-            f"{pin.log!r} was truncated to {point}, past its position {pin.position}"
-        )
-    if forced:
-        return f"{forced}: log {pin.log!r} truncated to {point}, past its position {pin.position}"
-    return f"log {pin.log!r} was already truncated to {point} when the pin was set at {pin.position}"
-
-
-def mark_pins(pins: PinStore, overrun: list[Versioned[PinRecord]], point: DLSN, now: float, forced: str | None) -> list[str]:
-    """Mark the holders whose pins ``point`` passes as needing a bootstrap (CAS; a pin that
-    changed meanwhile is looked at again)."""
-    marked = []
-    for versioned in overrun:
-        current = versioned
-        for _ in range(8):
-            if current.value.needs_bootstrap or not point > current.value.position:
-                break  # the holder moved on, or someone marked it already
-            try:
-                pins.mark_needs_bootstrap(current, pin_overrun_reason(current.value, point, now, forced))
-                marked.append(current.value.holder)
-                break
-            except ConflictError:
-                try:
-                    current = pins.get(current.value.holder, current.value.log)
-                except NotFoundError:
-                    break
-            except NotFoundError:
-                break
-    return marked
 
 
 def apply_truncation(

@@ -36,7 +36,7 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
-from dlctl.ops.backup import copy_segment, load_manifest
+from dlctl.cold.copy import copy_segment, load_manifest
 from dlctl.ops.restore import read_copy
 from dlctl.ratelimit import TokenBucket
 

@@ -26,7 +26,7 @@ from dlctl.log.format import decode_header
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
-from dlctl.ops import rereplicate as rr
+from dlctl.log import rereplicator as rr
 from harness.agents import AgentNode, harness_credentials
 from harness.procs import ProcessRegistry, wait_until
 from harness.zk import ZkNamespace

@@ -14,7 +14,7 @@ from dlctl.log.recovery import append_time, entry_summary, read_totals, totals_r
 from dlctl.log.records import Record, decode_records, encode_records
 from dlctl.log.timeindex import iso, segment_index_for_time
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState, segment_from_json, to_json
-from dlctl.ops.truncate import parse_time
+from dlctl.units import parse_time
 from dlctl.spark import transform
 from dlctl.spark.transform import Clock, EntryCopier
 

@@ -143,7 +143,7 @@ def test_with_a_cold_store_required_only_copied_truncated_segments_are_collected
 
 
 def test_the_retention_sweep_deletes_exactly_the_expired_copies_manifest_first(tmp_path):
-    from dlctl.ops.offload import sweep_expired
+    from dlctl.retention.offload import sweep_expired
 
     store = FilesystemStore(tmp_path)
     for seq, stored in ((1, 100.0), (2, 200.0), (3, 290.0)):

@@ -35,7 +35,7 @@ from dlctl.meta.truncation import (
     retention_point,
     truncated_txid,
 )
-from dlctl.ops.gc import (
+from dlctl.retention.collect import (
     KEEP,
     ORPHAN,
     STALE,
@@ -45,7 +45,7 @@ from dlctl.ops.gc import (
     decide,
     verdict,
 )
-from dlctl.ops.truncate import parse_duration, parse_size
+from dlctl.units import parse_duration, parse_size
 
 NOW = 1_000_000.0
 C, P, T, I = SegmentState.COMPLETED, SegmentState.PARTIALLY_TRUNCATED, SegmentState.TRUNCATED, SegmentState.INPROGRESS
