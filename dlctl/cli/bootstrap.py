@@ -112,10 +112,6 @@ def bootstrap_command(
     rate = parse_rate(throttle)
     holder = None
     if stream_id is not None:
-        try:
-            import dlctl.replication.store  # noqa: F401 - the stream registry
-        except ImportError:
-            raise RefusedError("--stream is not available yet in this version (streams are not part of it)", hint="give --source and --sink instead") from None
         src, dst, stream_logs = ops.find_stream(inventory, stream_id, sink_name or app.cluster_option)
         if source_name and source_name != src or sink_name and sink_name != dst:
             raise UsageError(f"stream {stream_id!r} replicates {src} -> {dst}, not {source_name or src} -> {sink_name or dst}")

@@ -174,7 +174,7 @@ def cold_storage_enable(app: AppContext, retention: float | None) -> Plan:
     --retention, copies older than it are deleted. Credentials are never published: agents use
     [housekeeping] cold_credentials_file in agent.toml."""
     session = app.session()
-    return offload_ops.enable_plan(session.meta, session.cluster.name, session.cluster.cold_storage, retention)
+    return offload_ops.enable_plan(session, retention)
 
 
 @cold_storage_group.command("disable")
@@ -183,4 +183,4 @@ def cold_storage_disable(app: AppContext) -> Plan:
     """Stop requiring cold copies: truncated segments are collected without one from then on
     (the copies already made stay)."""
     session = app.session()
-    return offload_ops.disable_plan(session.meta, session.cluster.name)
+    return offload_ops.disable_plan(session)

@@ -9,8 +9,6 @@ from ..ops import dr as ops
 from ..ops.session import ClusterSession
 from ..output import Table
 from ..plan import Plan
-from ..replication.records import StreamState
-from ..replication.store import StreamStore
 from .complete import complete_cluster
 from .context import AppContext, output_option, pass_app, yes_option
 from .replication import _session
@@ -68,26 +66,10 @@ def switchover_command(app: AppContext, target: str, drain_timeout: float, no_ve
     standby's end (no copy) and confirms that no record was lost or duplicated. Re-running
     after a failure continues. Needs the standby's name typed (or --confirm NAME)."""
     sink = _session(app, target)
-    config = _one_way_into(sink)
+    config = ops.one_way_source(sink)
     source = _session(app, config)
     plan = ops.switchover_plan(source, sink, drain_timeout=drain_timeout, verify=not no_verify)
     _apply(app, plan, typed=(target, confirm_name, f"promote {target}"), dry_run=dry_run)
-
-
-def _one_way_into(sink: ClusterSession) -> str:
-    streams = StreamStore(sink.meta)
-    sources = []
-    for stream_id in streams.list_streams():
-        try:
-            config = streams.get_config(stream_id).value
-            state = streams.get_state(stream_id).value.state
-        except (NotFoundError, ValueError):
-            continue
-        if not config.bidirectional and state in (StreamState.RUNNING, StreamState.PAUSED):
-            sources.append(config.source_cluster)
-    if len(sources) != 1:
-        raise UsageError(f"cluster {sink.cluster.name!r} has {len(sources)} one-way stream(s) into it; switchover needs exactly one")
-    return sources[0]
 
 
 @click.command("failback")
@@ -130,11 +112,8 @@ def _primary_of(app: AppContext, returning: str) -> ClusterSession:
             continue
         try:
             session = _session(app, name)
-            streams = StreamStore(session.meta)
-            for stream_id in streams.list_streams():
-                config = streams.get_config(stream_id).value
-                if config.source_cluster == returning and streams.get_state(stream_id).value.state is StreamState.FAILED_OVER:
-                    return session
+            if ops.failed_over_from(session, returning):
+                return session
         except (DlctlError, ValueError, OSError) as exc:
             if isinstance(exc, ConfigError):
                 raise
@@ -168,7 +147,7 @@ def _peers(app: AppContext, target: str) -> dict[str, ClusterSession]:
             continue
         try:
             session = _session(app, name)
-            session.meta  # noqa: B018 - connect now: an unreachable peer is left out
+            session.connect()  # now: an unreachable peer is left out
             out[name] = session
         except (DlctlError, OSError, Exception) as exc:
             if isinstance(exc, ConfigError):

@@ -11,7 +11,7 @@ from ..log.dlsn import DLSN
 from ..meta.records import LogConfig
 from ..ops import backup, logio, logs, restore
 from ..output import render_item
-from ..plan import Plan, Step
+from ..plan import Plan
 from .complete import complete_log
 from .context import AppContext, command_options, mutating, pass_app
 from .truncate import DURATION, SIZE, TIME
@@ -218,7 +218,6 @@ def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool,
     if no_idempotence and direct:
         raise click.UsageError("--no-idempotence applies to appends through the owning agent, not to --direct")
     session = app.session()
-    log = session.meta.get_log(name).value  # fails early (exit 1) when the log does not exist
     framing = "u32-length-prefixed" if length_delimited else "newline-separated"
     via = "the library writer (taking ownership)" if direct else "the owning agent (write proxy)" + (", at least once" if no_idempotence else ", exactly once")
 
@@ -233,10 +232,7 @@ def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool,
                 )
             )
 
-    return Plan.of(
-        "log append",
-        [Step("append", f"{session.cluster.name}/{name}", f"append {framing} records from stdin to log {name} (log id {log.log_id}) through {via}", run=run)],
-    )
+    return logio.append_plan(session, name, framing=framing, via=via, run=run)
 
 
 @log_group.command("release")

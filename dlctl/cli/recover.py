@@ -72,7 +72,7 @@ def _rereplicate(app: AppContext, lost: list[str], regions: dict[str, str | None
     from ..ops import rereplicate as rr
 
     session = app.session()
-    built = rr.plan(session.meta, lost, lost_regions=regions)
+    built = rr.plan_for(session, lost, lost_regions=regions)
     plan = rr.as_plan(session, built, what, parallel=parallel, window=window)
     if dry_run or not built.repairable and not built.work:
         app.render(plan)
@@ -137,8 +137,9 @@ def recover_region_command(app: AppContext, region: str, dry_run: bool, parallel
     """Re-replicate every segment replica held by the agents of REGION (from the inventory and
     the availability records), as `recover node` does for each of them."""
     session = app.session()
-    lost = {n.id: n.region for n in session.cluster.nodes if n.region == region}
-    lost.update({n: region for n, info in session.meta.available_nodes().items() if info.get("region") == region})
+    from ..ops import rereplicate as rr
+
+    lost = rr.agents_in_region(session, region)
     if not lost:
         raise NotFoundError(f"no agent of cluster {session.cluster.name!r} is in region {region!r}", hint="list regions with `dlctl config show`")
     _rereplicate(app, sorted(lost), lost, f"recover region {region}", dry_run, parallel, window)

@@ -13,7 +13,6 @@ from ..ops.session import ClusterSession
 from ..output import Table
 from ..plan import Plan
 from ..replication.records import COMPRESSIONS
-from ..replication.store import StreamStore
 from .complete import complete_cluster, complete_stream
 from .context import (
     AppContext,
@@ -35,9 +34,9 @@ def _session(app: AppContext, name: str | None) -> ClusterSession:
 
 
 def _source_of(app: AppContext, sink: ClusterSession, stream_id: str) -> ClusterSession | None:
-    config = StreamStore(sink.meta).get_config(stream_id).value
+    source = ops.source_of(sink, stream_id)
     try:
-        return _session(app, config.source_cluster)
+        return _session(app, source)
     except (ConfigError, NotFoundError):
         return None
 
@@ -158,7 +157,7 @@ def _safe_time(status: dict) -> str:
 
 def _statuses(app: AppContext, stream: str | None, sink_name: str | None) -> list[dict]:
     sink = _session(app, sink_name)
-    ids = [stream] if stream else StreamStore(sink.meta).list_streams()
+    ids = [stream] if stream else ops.stream_ids(sink)
     if not ids:
         raise NotFoundError(f"no stream has cluster {sink.cluster.name!r} as its sink", hint="create one with `dlctl init-replication`")
     return [ops.stream_status(sink, _source_of(app, sink, i), i) for i in ids]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from typing import Any
@@ -11,9 +10,7 @@ import click
 
 from ..errors import PartialFailure
 from ..log.dlsn import DLSN
-from ..log.pool import AgentPool
 from ..ops import gc as gc_ops
-from ..retention.offload import required_store
 from ..ops.truncate import truncate_plan
 from ..units import parse_duration, parse_size, parse_time
 from ..plan import Plan
@@ -116,20 +113,7 @@ def gc_command(app: AppContext, force: bool, no_retention: bool, rate: float, ni
             os.nice(niceness)
         except OSError:  # not permitted here: run at normal priority
             pass
-    session = app.session()
-
-    async def build() -> gc_ops.GcPlan:
-        pool = AgentPool(session.meta, session.credentials, request_timeout=timeout)
-        try:
-            return await gc_ops.plan_gc(session.meta, pool, force=force, retention=not no_retention, timeout=timeout)
-        finally:
-            await pool.close()
-
-    built = asyncio.run(build())
-    # The cold store the cluster requires, reached with this operator's credentials.
-    inventory_cold = session.cluster.cold_storage
-    cold = required_store(session.meta, inventory_cold.credentials_file if inventory_cold else None)
-    plan = gc_ops.as_plan(session.meta, session.credentials, session.cluster.name, built, rate=rate or None, cold=cold)
+    built, plan = gc_ops.gc_plan(app.session(), force=force, retention=not no_retention, rate=rate or None, timeout=timeout)
     if dry_run:
         app.render({**plan.to_dict(), "orphans": gc_ops.orphan_rows(built)})
         return

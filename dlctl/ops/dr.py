@@ -1066,6 +1066,35 @@ def _pinning_for(sessions: dict[str, ClusterSession], sink: str) -> set[str]:
     return out
 
 
+def one_way_source(sink: ClusterSession) -> str:
+    """The source of the one running or paused one-way stream into ``sink`` (a switchover needs
+    exactly one: ``UsageError`` otherwise)."""
+    streams = StreamStore(sink.meta)
+    sources = []
+    for stream_id in streams.list_streams():
+        try:
+            config = streams.get_config(stream_id).value
+            state = streams.get_state(stream_id).value.state
+        except (NotFoundError, ValueError):
+            continue
+        if not config.bidirectional and state in (StreamState.RUNNING, StreamState.PAUSED):
+            sources.append(config.source_cluster)
+    if len(sources) != 1:
+        raise UsageError(f"cluster {sink.cluster.name!r} has {len(sources)} one-way stream(s) into it; switchover needs exactly one")
+    return sources[0]
+
+
+def failed_over_from(session: ClusterSession, returning: str) -> bool:
+    """Does ``session``'s cluster hold a failed-over stream from ``returning`` (is it the current
+    primary a failback returns to)?"""
+    streams = StreamStore(session.meta)
+    for stream_id in streams.list_streams():
+        config = streams.get_config(stream_id).value
+        if config.source_cluster == returning and streams.get_state(stream_id).value.state is StreamState.FAILED_OVER:
+            return True
+    return False
+
+
 def _pause(streams: StreamStore, stream_id: str) -> None:
     current = streams.get_state(stream_id)
     if current.value.state is StreamState.RUNNING:

@@ -5,15 +5,36 @@ and the deletion of stale replicas on every agent. The decisions and their appli
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ..cold.store import ColdStore
+from ..log.pool import AgentPool
 from ..meta.store import MetaStore
 from ..plan import Plan, Step
 from ..retention import offload
 from ..retention.collect import DEFAULT_RATE, GcPlan, apply_log, plan_gc, reclaim
+from .session import ClusterSession
 
-__all__ = ["DEFAULT_RATE", "GcPlan", "as_plan", "orphan_rows", "plan_gc", "report"]  # (the command line needs the first two too)
+__all__ = ["DEFAULT_RATE", "GcPlan", "as_plan", "gc_plan", "orphan_rows", "plan_gc", "report"]  # (the command line needs the first two too)
+
+
+def gc_plan(session: ClusterSession, *, force: bool, retention: bool, rate: float | None, timeout: float) -> tuple[GcPlan, Plan]:
+    """What `dlctl gc` finds (every live agent's replicas listed, within ``timeout`` each) and
+    the plan that applies it; the cold store the cluster requires is reached with the
+    inventory's credentials (this operator's)."""
+
+    async def build() -> GcPlan:
+        pool = AgentPool(session.meta, session.credentials, request_timeout=timeout)
+        try:
+            return await plan_gc(session.meta, pool, force=force, retention=retention, timeout=timeout)
+        finally:
+            await pool.close()
+
+    built = asyncio.run(build())
+    inventory_cold = session.cluster.cold_storage
+    cold = offload.required_store(session.meta, inventory_cold.credentials_file if inventory_cold else None)
+    return built, as_plan(session.meta, session.credentials, session.cluster.name, built, rate=rate, cold=cold)
 
 
 def as_plan(meta: MetaStore, secret: bytes, cluster: str, gc: GcPlan, *, rate: float | None = DEFAULT_RATE, cold: tuple[ColdStore, float | None] | None = None) -> Plan:

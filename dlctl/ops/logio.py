@@ -15,6 +15,7 @@ from ..log.reader import LogReader, ReadRecord
 from ..log.timeindex import iso
 from ..errors import UsageError
 from ..cold.history import read_with_history
+from ..plan import Plan, Step
 from .backup import cold_store_of
 from .session import ClusterSession
 
@@ -72,6 +73,12 @@ async def _read_hot(meta: Any, pool: AgentPool, name: str, start_dlsn: DLSN | No
     async with LogReader(meta, pool, name, start_dlsn=start_dlsn, start_txid=start_txid, start_time=start_time, region=region) as reader:
         while (record := await reader.read_next(idle_timeout)) is not None:
             yield record
+
+
+def append_plan(session: ClusterSession, name: str, *, framing: str, via: str, run: Callable[[], dict[str, Any]]) -> Plan:
+    """`log append`'s plan: ``run`` appends. Fails at once (exit 1) when the log does not exist."""
+    log = session.meta.get_log(name).value
+    return Plan.of("log append", [Step("append", f"{session.cluster.name}/{name}", f"append {framing} records from stdin to log {name} (log id {log.log_id}) through {via}", run=run)])
 
 
 def iter_stdin_records(stream: BinaryIO, length_delimited: bool) -> Iterator[bytes]:

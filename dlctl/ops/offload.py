@@ -4,14 +4,15 @@ cold copy before truncated segments leave it (``dlctl.meta.coldpolicy``); the of
 
 from __future__ import annotations
 
-from ..cold.config import ColdStorageConfig
 from ..errors import ConfigError
 from ..meta import coldpolicy
-from ..meta.store import MetaStore
 from ..plan import Plan, Step
+from .session import ClusterSession
 
 
-def enable_plan(meta: MetaStore, cluster: str, config: ColdStorageConfig | None, retention_seconds: float | None) -> Plan:
+def enable_plan(session: ClusterSession, retention_seconds: float | None) -> Plan:
+    """Require a copy in the inventory's cold store (``[clusters.<c>.cold_storage]``)."""
+    meta, cluster, config = session.meta, session.cluster.name, session.cluster.cold_storage
     if config is None:
         raise ConfigError(f"cluster {cluster!r} has no [clusters.{cluster}.cold_storage] table in the inventory", hint="see README: Cold storage")
     keep = f"{retention_seconds:g} s" if retention_seconds else "for ever"
@@ -29,7 +30,8 @@ def enable_plan(meta: MetaStore, cluster: str, config: ColdStorageConfig | None,
     )
 
 
-def disable_plan(meta: MetaStore, cluster: str) -> Plan:
+def disable_plan(session: ClusterSession) -> Plan:
+    meta, cluster = session.meta, session.cluster.name
     if coldpolicy.load(meta) is None:
         return Plan.of("cold-storage disable", [], notes=[f"cluster {cluster!r} requires no cold copies"])
     return Plan.of(

@@ -602,6 +602,16 @@ async def _lags(source: ClusterSession, checkpoints: dict[str, Checkpoint], regi
     return out
 
 
+def stream_ids(sink: ClusterSession) -> list[str]:
+    """The streams into ``sink``."""
+    return StreamStore(sink.meta).list_streams()
+
+
+def source_of(sink: ClusterSession, stream_id: str) -> str:
+    """The source cluster of stream ``stream_id`` into ``sink`` (NotFoundError: no such stream)."""
+    return StreamStore(sink.meta).get_config(stream_id).value.source_cluster
+
+
 def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id: str) -> dict[str, Any]:
     """Per log: lag (records, bytes, seconds), last applied source position, last contact, last
     error, worker and where it runs, state; loud when a log needs a bootstrap."""

@@ -9,10 +9,24 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from ..log.rereplicator import COMMITTED, Progress, RereplicationPlan, execute, human_size, plan
+from .session import ClusterSession
 
-__all__ = ["Progress", "as_plan", "plan", "run"]  # (the command line plans with the engine's ``plan``)
+__all__ = ["Progress", "agents_in_region", "as_plan", "plan_for", "run"]  # (the command line plans with the engine's ``plan``)
 
 # -- the CLI's entry points ------------------------------------------------------------------------
+
+
+def plan_for(session: ClusterSession, lost: list[str], *, lost_regions: dict[str, str | None]) -> RereplicationPlan:
+    """What re-replicating the replicas of the ``lost`` agents takes (``dlctl.log.rereplicator.plan``)."""
+    return plan(session.meta, lost, lost_regions=lost_regions)
+
+
+def agents_in_region(session: ClusterSession, region: str) -> dict[str, str]:
+    """The agents of ``region`` (node -> region): the inventory's, and those whose availability
+    records say so (agents the inventory does not list)."""
+    lost = {n.id: n.region for n in session.cluster.nodes if n.region == region}
+    lost.update({n: region for n, info in session.meta.available_nodes().items() if info.get("region") == region})
+    return lost
 
 
 def run(session: Any, plan_: RereplicationPlan, *, parallel: int = 4, window: int = 128, only: Collection[str] | None = None, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:

@@ -97,6 +97,10 @@ class ClusterSession:
 
         return asyncio.run(go())
 
+    def connect(self) -> None:
+        """Connect to the cluster's ZooKeeper now (a cluster out of reach fails here, not later)."""
+        self.meta  # noqa: B018 - the property connects
+
     def close(self) -> None:
         if self._client is not None:
             self._client.stop()

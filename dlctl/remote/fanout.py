@@ -8,6 +8,9 @@ Strategies, after cstar:
   * ``stop_on_failure=True``: after the first failure or timeout nothing new starts (what is
     already running finishes); the hosts never started are reported as ``skipped``.
 
+Those rules are one pure function, ``next_to_start(policy, started, in_flight, failed)`` over
+immutable state (unit-tested alone); threads, deadlines and results are the mechanics around it.
+
 Each host's operation gets a ``Deadline`` (``timeout`` seconds from its own start) and should
 pass ``deadline.remaining()`` to the transport calls it makes. If it still runs at the deadline,
 fan-out records the host as timed out right then (the operation's transport is meanwhile killing
@@ -126,6 +129,53 @@ def _default_region(target: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# -- the policy: which hosts may start now (pure) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The scheduling rules of one fan-out, over target indexes: ``groups`` run one after the
+    other (region-serial: one group per region, in order of first appearance; otherwise one
+    group of everything), at most ``max_concurrency`` hosts in flight, and nothing new after
+    a failure when ``stop_on_failure``."""
+
+    groups: tuple[tuple[int, ...], ...]
+    max_concurrency: int
+    stop_on_failure: bool
+
+    @classmethod
+    def of(cls, regions: Sequence[str | None], *, max_concurrency: int, region_serial: bool, stop_on_failure: bool) -> Policy:
+        if region_serial:
+            by_region: dict[str | None, list[int]] = {}
+            for i, r in enumerate(regions):
+                by_region.setdefault(r, []).append(i)
+            groups = tuple(tuple(g) for g in by_region.values())
+        else:
+            groups = (tuple(range(len(regions))),)
+        return cls(groups, max_concurrency, stop_on_failure)
+
+
+def next_to_start(policy: Policy, *, started: frozenset[int], in_flight: frozenset[int], failed: bool) -> list[int]:
+    """The targets to start now, in order: from the first group with a target not started yet,
+    once no target of an earlier group is still in flight (a timed-out host keeps its slot
+    until it really returns), as many as free slots allow; none after a failure when the policy
+    stops on one."""
+    if failed and policy.stop_on_failure:
+        return []
+    for number, group in enumerate(policy.groups):
+        waiting = [i for i in group if i not in started]
+        if not waiting:
+            continue
+        earlier = {i for g in policy.groups[:number] for i in g}
+        if in_flight & earlier:
+            return []
+        return waiting[: max(0, policy.max_concurrency - len(in_flight))]
+    return []
+
+
+# -- the mechanics: threads, deadlines, results ------------------------------------------------------
+
+
 class _Run:
     """A host in flight: its thread, deadline and whether its result was already recorded."""
 
@@ -209,54 +259,42 @@ def fan_out(
         emit(FanoutEvent("started", names[index], regions[index], done, total))
         thread.start()
 
-    # Region-serial: groups in order of first appearance; otherwise one group of everything.
-    groups: list[list[int]] = []
-    if region_serial:
-        by_region: dict[str | None, list[int]] = {}
-        for i, r in enumerate(regions):
-            by_region.setdefault(r, []).append(i)
-        groups = list(by_region.values())
-    else:
-        groups = [list(range(total))]
+    policy = Policy.of(regions, max_concurrency=max_concurrency, region_serial=region_serial, stop_on_failure=stop_on_failure)
+    started: set[int] = set()
 
     try:
-        for group in groups:
-            pending = deque(group)
-            while True:
-                while pending and not stopped and len(running) < max_concurrency:
-                    start(pending.popleft())
-                if stopped:
-                    pending.clear()
-                if not running:
-                    break
-                with cond:
-                    if not finished:
-                        cond.wait(_next_wake(running.values(), cancel_after, straggler_grace))
-                    arrived = list(finished)
-                    finished.clear()
-                for index, res in arrived:
-                    run = running.pop(index, None)
-                    if run is None:
-                        log.info("%s finished after fan-out stopped waiting for it", res.host)
-                    elif run.recorded:
-                        log.info("%s finished %.1fs after it was reported as timed out", res.host, res.duration - timeout)
-                    else:
-                        record(index, res)
-                now = time.monotonic()
-                for run in list(running.values()):
-                    if not run.recorded and now >= run.deadline:
-                        run.recorded = True
-                        record(run.index, _timed_out(names[run.index], regions[run.index], timeout))
-                    if run.recorded and not run.cancelled and now >= run.deadline + min(cancel_after, straggler_grace):
-                        run.cancelled = True
-                        _cancel(cancel, targets[run.index], names[run.index])
-                    if run.recorded and now >= run.deadline + straggler_grace:
-                        # It ignores its deadline and cancel(); stop waiting so one stuck host
-                        # cannot hang the command. Its thread is a daemon and dies with us.
-                        log.warning("%s: operation still running %.0fs after its deadline; no longer waiting for it", names[run.index], straggler_grace)
-                        del running[run.index]
-            if stopped:
-                break
+        while True:
+            for index in next_to_start(policy, started=frozenset(started), in_flight=frozenset(running), failed=stopped):
+                started.add(index)
+                start(index)
+            if not running:
+                break  # nothing in flight and nothing may start: every host done, or stopped
+            with cond:
+                if not finished:
+                    cond.wait(_next_wake(running.values(), cancel_after, straggler_grace))
+                arrived = list(finished)
+                finished.clear()
+            for index, res in arrived:
+                run = running.pop(index, None)
+                if run is None:
+                    log.info("%s finished after fan-out stopped waiting for it", res.host)
+                elif run.recorded:
+                    log.info("%s finished %.1fs after it was reported as timed out", res.host, res.duration - timeout)
+                else:
+                    record(index, res)
+            now = time.monotonic()
+            for run in list(running.values()):
+                if not run.recorded and now >= run.deadline:
+                    run.recorded = True
+                    record(run.index, _timed_out(names[run.index], regions[run.index], timeout))
+                if run.recorded and not run.cancelled and now >= run.deadline + min(cancel_after, straggler_grace):
+                    run.cancelled = True
+                    _cancel(cancel, targets[run.index], names[run.index])
+                if run.recorded and now >= run.deadline + straggler_grace:
+                    # It ignores its deadline and cancel(); stop waiting so one stuck host
+                    # cannot hang the command. Its thread is a daemon and dies with us.
+                    log.warning("%s: operation still running %.0fs after its deadline; no longer waiting for it", names[run.index], straggler_grace)
+                    del running[run.index]
     except BaseException:
         # Ctrl-C (or a failing progress callback): stop every host still in flight, then let
         # the caller report the interruption.

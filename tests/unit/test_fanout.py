@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlctl.errors import DlctlError, ExitCode, PartialFailure, RefusedError
-from dlctl.remote.fanout import Deadline, FanoutEvent, HostResult, HostStatus, fan_out, outcome, run_on_hosts
+from dlctl.remote.fanout import Deadline, FanoutEvent, HostResult, HostStatus, Policy, fan_out, next_to_start, outcome, run_on_hosts
 from dlctl.remote.transport import CommandResult, CommandTimeout, HostUnreachable, Transport
 from harness.procs import wait_until
 
@@ -486,3 +486,35 @@ def test_outcome_all_refused_for_safety_is_exit_4_but_mixed_refusals_are_exit_1(
     with pytest.raises(DlctlError) as info:
         outcome(fan_out(["a", "b"], mixed, timeout=5), action="probe")
     assert info.value.exit_code == ExitCode.FAILED
+
+
+# -- the policy alone (next_to_start): pure decisions over immutable state ----------------------------
+
+
+def _policy(regions: list[str], *, bound: int = 16, serial: bool = False, stop: bool = False) -> Policy:
+    return Policy.of(regions, max_concurrency=bound, region_serial=serial, stop_on_failure=stop)
+
+
+def test_the_policy_fills_free_slots_in_target_order() -> None:
+    p = _policy(["r1"] * 5, bound=2)
+    assert next_to_start(p, started=frozenset(), in_flight=frozenset(), failed=False) == [0, 1]
+    assert next_to_start(p, started=frozenset({0, 1}), in_flight=frozenset({0, 1}), failed=False) == []
+    assert next_to_start(p, started=frozenset({0, 1}), in_flight=frozenset({1}), failed=False) == [2]
+    assert next_to_start(p, started=frozenset(range(5)), in_flight=frozenset(), failed=False) == []
+
+
+def test_the_policy_starts_a_region_only_once_the_one_before_has_nothing_in_flight() -> None:
+    p = _policy(["a", "b", "a", "c", "b"], bound=8, serial=True)
+    assert p.groups == ((0, 2), (1, 4), (3,))  # regions in order of first appearance
+    assert next_to_start(p, started=frozenset(), in_flight=frozenset(), failed=False) == [0, 2]
+    # One host of region a still in flight (a timed-out one keeps its slot): b waits.
+    assert next_to_start(p, started=frozenset({0, 2}), in_flight=frozenset({2}), failed=False) == []
+    assert next_to_start(p, started=frozenset({0, 2}), in_flight=frozenset(), failed=False) == [1, 4]
+    # Without region-serial every region goes at once.
+    assert next_to_start(_policy(["a", "b", "a"]), started=frozenset(), in_flight=frozenset(), failed=False) == [0, 1, 2]
+
+
+def test_the_policy_starts_nothing_after_a_failure_only_when_it_stops_on_one() -> None:
+    args = {"started": frozenset({0}), "in_flight": frozenset(), "failed": True}
+    assert next_to_start(_policy(["r"] * 3, stop=True), **args) == []
+    assert next_to_start(_policy(["r"] * 3, stop=False), **args) == [1, 2]

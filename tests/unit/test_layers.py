@@ -5,7 +5,9 @@ inside a function, absolute or relative — is read from the source with ``ast``
 - the library (everything in ``dlctl`` outside ``ops`` and ``cli``) never imports ``dlctl.ops``
   or ``dlctl.cli``;
 - ``dlctl.ops`` never imports ``dlctl.cli``;
-- the agent never imports ``dlctl.ops`` or ``dlctl.cli``.
+- the agent never imports ``dlctl.ops`` or ``dlctl.cli``;
+- the command line never reads ZooKeeper or builds agent pools itself: no import of kazoo, the
+  metadata or stream stores or the agent pool, no ``.meta`` of a session, no ``with_pool``.
 
 A leak fails here, naming the file, the line and the import."""
 
@@ -61,6 +63,29 @@ def leaks(source: str, module: str, is_package: bool = False) -> list[str]:
         for name, line in imported(source, module, is_package)
         if any(name == b or name.startswith(b + ".") for b in bad)
     ]
+
+
+CLI_MAY_NOT = ("kazoo", "dlctl.log.pool", "dlctl.meta.store", "dlctl.meta.zk", "dlctl.replication.store")
+
+
+def cli_reaches_in(source: str, module: str) -> list[str]:
+    """Where command-line module ``module`` does what only operations may: reach ZooKeeper (the
+    stores, a session's ``.meta``) or the agents (a pool, ``with_pool``)."""
+    out = [f"line {line}: imports {name}" for name, line in imported(source, module) if any(name == b or name.startswith(b + ".") for b in CLI_MAY_NOT)]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ("meta", "with_pool"):
+            out.append(f"line {node.lineno}: .{node.attr}")
+    return out
+
+
+def test_the_command_line_leaves_zookeeper_and_agents_to_operations():
+    found = []
+    for path in sorted(ROOT.glob("dlctl/cli/*.py")):
+        found += [f"{path.relative_to(ROOT)} {leak}" for leak in cli_reaches_in(path.read_text(), module_of(path))]
+    assert not found, "the command line reaches into ZooKeeper or the agents:\n" + "\n".join(found)
+    # The check sees both forms.
+    assert cli_reaches_in("from ..log.pool import AgentPool\n", "dlctl.cli.x") == ["line 1: imports dlctl.log.pool", "line 1: imports dlctl.log.pool.AgentPool"]
+    assert cli_reaches_in("def f(s):\n    return s.meta.list_logs()\n", "dlctl.cli.x") == ["line 2: .meta"]
 
 
 def test_dependencies_point_one_way():
