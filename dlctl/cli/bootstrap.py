@@ -12,7 +12,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Te
 
 from ..errors import RefusedError, UsageError
 from ..ops import bootstrap as ops
-from ..ops.session import ClusterSession
+from ..session import ClusterSession
 from .complete import complete_cluster, complete_stream
 from .context import AppContext, output_option, pass_app, yes_option
 

@@ -27,7 +27,7 @@ from .. import inventory, output
 from ..config import ConfigLocation, locate_config, select_cluster
 from ..errors import RefusedError
 from ..inventory import Inventory
-from ..ops.session import ClusterSession
+from ..session import ClusterSession
 from ..plan import Plan, PlanResult, Step, apply
 
 

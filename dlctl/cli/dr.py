@@ -6,7 +6,7 @@ import click
 
 from ..errors import ConfigError, DlctlError, ExitCode, NotFoundError, UsageError
 from ..ops import dr as ops
-from ..ops.session import ClusterSession
+from ..session import ClusterSession
 from ..output import Table
 from ..plan import Plan
 from .complete import complete_cluster

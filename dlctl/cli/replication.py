@@ -9,7 +9,7 @@ import click
 from ..errors import ConfigError, NotFoundError
 from ..log.dlsn import DLSN
 from ..ops import replication as ops
-from ..ops.session import ClusterSession
+from ..session import ClusterSession
 from ..output import Table
 from ..plan import Plan
 from ..replication.records import COMPRESSIONS

@@ -9,7 +9,7 @@ import click
 from .. import inventory
 from ..config import ConfigLocation
 from ..ops import cluster as cluster_ops
-from ..ops.session import ClusterSession
+from ..session import ClusterSession
 from ..plan import Plan, apply
 from ..sandbox import sandbox
 from .context import AppContext, command_options, mutating, pass_app

@@ -17,7 +17,7 @@ from ..cold.store import ColdStore, open_store
 from ..errors import ConfigError
 from ..meta.records import SegmentRecord, SegmentState
 from ..plan import Plan, Step
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 def cold_store_of(session: ClusterSession) -> ColdStore:

@@ -39,7 +39,7 @@ from ..log.pool import AgentPool
 from ..meta.records import LogConfig
 from ..meta.zk import ZkTls
 from ..names import validate_name
-from .session import ClusterSession
+from ..session import ClusterSession
 
 MB = 1_000_000
 # Every 64th record of a throughput run records its submit->ack time: enough samples for a

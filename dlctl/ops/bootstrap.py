@@ -28,19 +28,20 @@ from ..plan import Plan, Step
 from ..spark import job as J
 from ..spark.engine import EngineOptions, parse_conf
 from ..spark.task import EncodedReader
+from ..session import ClusterSession
 from ..spark.transform import Clock, ContentDigest, EntryCopier
 
 BootstrapResult = J.BootstrapResult
 Progress = J.Progress
 
 
-def plan(source: Any, sink: Any, *, logs: Sequence[str] | None = None, holder: str | None = None) -> J.JobPlan:
+def plan(source: ClusterSession, sink: ClusterSession, *, logs: Sequence[str] | None = None, holder: str | None = None) -> J.JobPlan:
     """What a bootstrap of ``logs`` (glob patterns; all source logs when None) would do."""
     names = J.match_logs(source.meta.list_logs(), logs)
     return J.plan_job(source, sink, names, holder=holder or J.default_holder(source.cluster.name, sink.cluster.name))
 
 
-def measure_rate(source: Any, job: J.JobPlan, sample_bytes: int = 16 * 1024 * 1024, max_seconds: float = 3.0) -> float | None:
+def measure_rate(source: ClusterSession, job: J.JobPlan, sample_bytes: int = 16 * 1024 * 1024, max_seconds: float = 3.0) -> float | None:
     """Bytes per second one copy task manages on the source side (read from the replicas,
     re-encode, digest on both sides), over a sample from the first segments to copy (so small
     segments' per-segment cost counts); None with nothing to copy. Writes to the sink are not
@@ -142,7 +143,6 @@ def _cores() -> int:
 def find_stream(inventory: Any, stream_id: str, sink_hint: str | None = None) -> tuple[str, str, tuple[str, ...]]:
     """(source cluster, sink cluster, logs) of stream ``stream_id``, from its config in the sink
     cluster: ``sink_hint`` if given, else every cluster of the inventory is asked."""
-    from ..ops.session import ClusterSession
     from ..replication.store import StreamStore
 
     names = [sink_hint] if sink_hint else [c for c in inventory.clusters]
@@ -155,7 +155,7 @@ def find_stream(inventory: Any, stream_id: str, sink_hint: str | None = None) ->
     raise NotFoundError(f"stream {stream_id!r} is not registered in {'cluster ' + repr(sink_hint) if sink_hint else 'any cluster of the inventory'}", hint="create it with `dlctl init-replication`, or give --source and --sink")
 
 
-def stream_hook(source: Any, sink: Any, stream_id: str) -> Callable[[dict[str, J.LogResult]], None]:
+def stream_hook(source: ClusterSession, sink: ClusterSession, stream_id: str) -> Callable[[dict[str, J.LogResult]], None]:
     """``before_release`` for a stream: per log, set its checkpoint to the snapshot point (the
     stream continues exactly after the copy) and move the stream's pin at the source there."""
     from ..replication.records import Checkpoint, StreamState
@@ -188,8 +188,8 @@ def stream_hook(source: Any, sink: Any, stream_id: str) -> Callable[[dict[str, J
 
 
 def bootstrap_logs(
-    source_session: Any,
-    sink_session: Any,
+    source_session: ClusterSession,
+    sink_session: ClusterSession,
     logs: Sequence[str] | None,
     *,
     holder: str,

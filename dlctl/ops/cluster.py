@@ -23,7 +23,7 @@ from ..meta import paths
 from ..meta.zk import acl_for
 from ..plan import Plan, Step
 from ..secrets import write_secret_file
-from .session import ClusterSession
+from ..session import ClusterSession
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from ..replication.store import StreamStore
 from . import dr_cold, dr_rebuild, dr_truncated
 from . import replication as repl
 from .logs import _depose, _release, owner_record
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 def _async(session: ClusterSession, fn: Any) -> Any:

@@ -37,7 +37,7 @@ from ..replication.causal import CausalityFilter, SourceClock, merge
 from ..replication.origin import ORIGIN_CLUSTER, Origin, applied_headers
 from ..replication.records import StreamConfig
 from ..replication.worker import open_appender
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from ..replication.rebuild import (
 from ..replication.records import Checkpoint, StreamConfig, StreamState
 from ..replication.store import StreamStore
 from . import source_credentials
-from .session import ClusterSession
+from ..session import ClusterSession
 
 # -- facts ------------------------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ from ..replication import dr, truncation_base
 from ..replication.decision import first_retained
 from ..replication.records import StreamConfig
 from ..replication.store import StreamStore
-from .session import ClusterSession
+from ..session import ClusterSession
 
 PENDING = "dr recover: a bootstrap copy from {first} is pending"
 

@@ -14,7 +14,7 @@ from ..meta.store import MetaStore
 from ..plan import Plan, Step
 from ..retention import offload
 from ..retention.collect import DEFAULT_RATE, GcPlan, apply_log, plan_gc, reclaim
-from .session import ClusterSession
+from ..session import ClusterSession
 
 __all__ = ["DEFAULT_RATE", "GcPlan", "as_plan", "gc_plan", "orphan_rows", "plan_gc", "report"]  # (the command line needs the first two too)
 

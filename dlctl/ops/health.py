@@ -9,6 +9,7 @@ from typing import Any
 
 from ..log import repair
 from ..plan import Plan, Step
+from ..session import ClusterSession
 
 OK, DEGRADED, CRITICAL = 0, 1, 2
 VERDICTS = ("OK", "DEGRADED", "CRITICAL")
@@ -35,17 +36,17 @@ def verdict(found: repair.Survey) -> tuple[int, list[str]]:
     return code, problems
 
 
-def survey(session: Any, logs: Collection[str] | None = None, *, deep: bool = False) -> repair.Survey:
+def survey(session: ClusterSession, logs: Collection[str] | None = None, *, deep: bool = False) -> repair.Survey:
     return session.with_pool(lambda pool: repair.survey(session.meta, pool, logs, deep=deep))
 
 
-def check(session: Any, logs: Collection[str] | None = None, *, deep: bool = False) -> dict[str, Any]:
+def check(session: ClusterSession, logs: Collection[str] | None = None, *, deep: bool = False) -> dict[str, Any]:
     found = survey(session, logs, deep=deep)
     code, problems = verdict(found)
     return {"cluster": session.cluster.name, "status": VERDICTS[code], "code": code, "problems": problems} | found.to_dict()
 
 
-def repair_plan(session: Any, found: repair.Survey) -> Plan:
+def repair_plan(session: ClusterSession, found: repair.Survey) -> Plan:
     """One step per replica to refill; replicas on agents that are down or not answering are
     noted (``dlctl recover node`` or the auditor's grace handles those)."""
     dead = {n for n, state in found.agents.items() if state != "up"}

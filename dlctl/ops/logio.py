@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..cold.history import read_with_history
 from ..plan import Plan, Step
 from .backup import cold_store_of
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 def record_view(record: ReadRecord) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from ..meta.records import LogConfig, SegmentRecord, SegmentState
 from ..names import validate_name
 from ..plan import Plan, Step
 from ..log.repair import AUDITED_STATES, Cause
-from .session import ClusterSession
+from ..session import ClusterSession
 
 LAC_TIMEOUT = 5.0  # seconds `log show` waits for a quorum of an in-progress segment's replicas
 

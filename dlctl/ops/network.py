@@ -21,7 +21,7 @@ from ..replication.network import current_version_vector
 from ..replication.records import StreamConfig
 from ..replication.store import StreamStore
 from .replication import delete_plan
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 def _iso(epoch: float) -> str:

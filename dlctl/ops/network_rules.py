@@ -16,7 +16,7 @@ from ..plan import Step
 from ..replication.history import HistoryStore, NetworkEvent, current_filters, ever_on_cycle, replay
 from ..replication.history import merge as merge_history
 from ..replication.store import StreamStore
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..meta import coldpolicy
 from ..plan import Plan, Step
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 def enable_plan(session: ClusterSession, retention_seconds: float | None) -> Plan:

@@ -17,7 +17,7 @@ from ..placement import PlacementPolicy, choose_ensemble, region_of
 from ..meta.records import LogConfig, SegmentState
 from ..placement_check import CheckReport, LiveSegment, check_policy
 from ..plan import Plan, Step
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 def topology(session: ClusterSession) -> dict[str, dict]:

@@ -11,7 +11,7 @@ from ..log.recovery import fence_log, recover_log
 from ..meta.records import SegmentState
 from ..plan import Plan, Step
 from .logs import owner_of
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 def _in_progress(session: ClusterSession, name: str) -> list[Any]:

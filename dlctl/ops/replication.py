@@ -61,7 +61,7 @@ from ..replication.safetime import stream_safe_time
 from ..replication.store import StreamStore
 from . import network_rules as rules
 from . import source_credentials
-from .session import ClusterSession
+from ..session import ClusterSession
 
 BOOTSTRAP_MODES = ("auto", "never", "always")
 # A new stream's compression when init-replication is not told (issue 23): WAN bandwidth is what

@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from ..log.rereplicator import COMMITTED, Progress, RereplicationPlan, execute, human_size, plan
-from .session import ClusterSession
+from ..session import ClusterSession
 
 __all__ = ["Progress", "agents_in_region", "as_plan", "plan_for", "run"]  # (the command line plans with the engine's ``plan``)
 
@@ -29,7 +29,7 @@ def agents_in_region(session: ClusterSession, region: str) -> dict[str, str]:
     return lost
 
 
-def run(session: Any, plan_: RereplicationPlan, *, parallel: int = 4, window: int = 128, only: Collection[str] | None = None, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+def run(session: ClusterSession, plan_: RereplicationPlan, *, parallel: int = 4, window: int = 128, only: Collection[str] | None = None, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
     """Apply ``plan_`` on the session's cluster (blocking)."""
     from ..log.pool import AgentPool
 
@@ -43,7 +43,7 @@ def run(session: Any, plan_: RereplicationPlan, *, parallel: int = 4, window: in
     return asyncio.run(go())
 
 
-def as_plan(session: Any, plan_: RereplicationPlan, operation: str, *, parallel: int = 4, window: int = 128) -> Any:
+def as_plan(session: ClusterSession, plan_: RereplicationPlan, operation: str, *, parallel: int = 4, window: int = 128) -> Any:
     """The ``Plan`` a dry run prints: one step per segment (sources, targets, entries, bytes).
 
     Each step can also be applied on its own (``plan.apply``); the CLI applies them all at once
@@ -72,7 +72,7 @@ def as_plan(session: Any, plan_: RereplicationPlan, operation: str, *, parallel:
     return Plan.of(operation, steps, notes=notes)
 
 
-def _one(session: Any, plan_: RereplicationPlan, key: str, parallel: int, window: int) -> dict[str, Any]:
+def _one(session: ClusterSession, plan_: RereplicationPlan, key: str, parallel: int, window: int) -> dict[str, Any]:
     from ..errors import PartialFailure
 
     report = run(session, plan_, parallel=parallel, window=window, only={key})

@@ -36,7 +36,7 @@ from ..replication.causal import SourceClock, merge
 from ..replication.clock import ClockStore
 from ..replication.origin import ORIGIN_CLUSTER, Origin, OriginHeaderError
 from .backup import cold_store_of
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 def in_range(copies: list[SegmentManifest], from_txid: int | None, to_txid: int | None) -> list[SegmentManifest]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..meta import roles
 from ..plan import Plan, Step
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 def status(session: ClusterSession) -> list[dict[str, Any]]:

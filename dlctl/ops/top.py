@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import DlctlError
 from ..metrics import rates
 from ..metrics.scrape import Snapshot, addresses, fetch
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 class Top:

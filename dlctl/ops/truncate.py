@@ -55,7 +55,7 @@ from ..meta.truncation import (
 from ..plan import Plan, Step
 from ..replication.truncation_base import describe as describe_clock_base
 from ..replication.truncation_base import prepare as prepare_clock_base
-from .session import ClusterSession
+from ..session import ClusterSession
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, DlctlError, NotFoundError, PartialFailure, RefusedError, UsageError
 from ..log.dlsn import DLSN
@@ -54,6 +54,9 @@ from . import plan as P
 from .engine import EngineOptions, SparkEngine, StageProgress
 from .task import Endpoints, copy_segments, scan_clocks
 from .transform import ClockEffect
+
+if TYPE_CHECKING:  # (imported for types only: executors never load it)
+    from ..session import ClusterSession
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +145,7 @@ def match_logs(available: Sequence[str], patterns: Sequence[str] | None) -> list
     return out
 
 
-def plan_job(source: Any, sink: Any, logs: Sequence[str], *, holder: str) -> JobPlan:
+def plan_job(source: ClusterSession, sink: ClusterSession, logs: Sequence[str], *, holder: str) -> JobPlan:
     """Read both clusters and decide, per log, what the copy does (blocking; changes nothing)."""
     validate_name("pin holder", holder)
     if source.cluster.name == sink.cluster.name:
@@ -185,13 +188,13 @@ def plan_job(source: Any, sink: Any, logs: Sequence[str], *, holder: str) -> Job
     return JobPlan(holder, source.cluster.name, sink.cluster.name, plans)
 
 
-def _clock_steps(session: Any, name: str) -> tuple:
+def _clock_steps(session: ClusterSession, name: str) -> tuple:
     from ..replication.clock import ClockStore
 
     return ClockStore(session.meta).steps(name)
 
 
-def _clock_kinds(session: Any, name: str) -> tuple[tuple, dict[tuple[int, int], int]]:
+def _clock_kinds(session: ClusterSession, name: str) -> tuple[tuple, dict[tuple[int, int], int]]:
     """The source log's derived clock steps, and the records its last truncation recorded
     before its first active entry ((segment, entry) -> records)."""
     from ..replication.clock import ClockStore
@@ -200,7 +203,7 @@ def _clock_kinds(session: Any, name: str) -> tuple[tuple, dict[tuple[int, int], 
     return store.derived_steps(name), store.skipped_records(name)
 
 
-def _logs_replicated_into(session: Any) -> set[str]:
+def _logs_replicated_into(session: ClusterSession) -> set[str]:
     """Logs that some stream replicates *into* ``session``'s cluster (their records carry
     origins from elsewhere, so their clock cannot be derived from record counts alone)."""
     try:
@@ -217,7 +220,7 @@ def _logs_replicated_into(session: Any) -> set[str]:
     return out
 
 
-def _find_progress(sink: Any, holder: str, name: str) -> P.LogProgress | None:
+def _find_progress(sink: ClusterSession, holder: str, name: str) -> P.LogProgress | None:
     try:
         record = sink.meta.get_op(op_id(holder, name)).value
     except NotFoundError:
@@ -230,7 +233,7 @@ def _find_progress(sink: Any, holder: str, name: str) -> P.LogProgress | None:
         return None
 
 
-def _check_sink(sink: Any, lp: LogPlan, source_cluster: str, progress: P.LogProgress | None) -> None:
+def _check_sink(sink: ClusterSession, lp: LogPlan, source_cluster: str, progress: P.LogProgress | None) -> None:
     """What the sink log already holds decides whether the copy may go after it."""
     name = lp.log
     segments = [v.value for v in sink.meta.segments(name)]
@@ -262,7 +265,7 @@ def _check_sink(sink: Any, lp: LogPlan, source_cluster: str, progress: P.LogProg
             lp.notes.append(f"the sink holds the source's records up to {pos}; the source now starts at {first}: what lies between is gone at the source")
 
 
-def _sink_source_position(sink: Any, name: str, seg: SegmentRecord) -> tuple[str, DLSN] | None:
+def _sink_source_position(sink: ClusterSession, name: str, seg: SegmentRecord) -> tuple[str, DLSN] | None:
     """``dl.src`` of the sink log's last data record (where its records came from), if any."""
 
     async def read() -> tuple[str, DLSN] | None:
@@ -406,8 +409,8 @@ def _compact(result: dict[str, Any]) -> dict[str, Any]:
 
 def execute(
     job: JobPlan,
-    source: Any,
-    sink: Any,
+    source: ClusterSession,
+    sink: ClusterSession,
     options: EngineOptions,
     *,
     throttle: float | None = None,
@@ -508,7 +511,7 @@ def _pin(pins: PinStore, job: JobPlan, lp: LogPlan) -> None:
     pins.reset(PinRecord(holder=job.holder, log=lp.log, position=position, sink_cluster=job.sink_cluster))
 
 
-def _recheck_source(source: Any, lp: LogPlan) -> None:
+def _recheck_source(source: ClusterSession, lp: LogPlan) -> None:
     """After the pin: every segment to copy must still be there, unchanged."""
     now = {v.value.seq: v.value for v in source.meta.segments(lp.log)}
     for seg in lp.selection.copy:
@@ -520,7 +523,7 @@ def _recheck_source(source: Any, lp: LogPlan) -> None:
             )
 
 
-def _reserve(sink: Any, lp: LogPlan, record: _Record) -> P.LogProgress:
+def _reserve(sink: ClusterSession, lp: LogPlan, record: _Record) -> P.LogProgress:
     """Create the sink log if needed, and reserve (or keep reserved) its segment numbers."""
     meta = sink.meta
     count = len(lp.selection.copy)
@@ -550,7 +553,7 @@ def _reserve(sink: Any, lp: LogPlan, record: _Record) -> P.LogProgress:
     return fresh
 
 
-def _endpoints(engine: SparkEngine, source: Any, sink: Any, throttle: float | None, options: EngineOptions) -> Endpoints:
+def _endpoints(engine: SparkEngine, source: ClusterSession, sink: ClusterSession, throttle: float | None, options: EngineOptions) -> Endpoints:
     slots = max(1, options.parallelism or 1)
     return Endpoints(
         source_cluster=source.cluster.name,
@@ -618,7 +621,7 @@ def _forward(phase: str, progress: Callable[[Progress], None] | None, reused: in
     return on
 
 
-def _still_verified(sink: Any, prog: P.LogProgress, tasks: list[P.SegmentTask]) -> set[int]:
+def _still_verified(sink: ClusterSession, prog: P.LogProgress, tasks: list[P.SegmentTask]) -> set[int]:
     """Source seqs whose earlier verified copy this run keeps: same task, and every replica
     still answers DIGEST with the recorded digest and entry count."""
     candidates = P.reusable(prog, tasks)
@@ -689,7 +692,7 @@ def _copy(
     return results, needs_clock
 
 
-def _commit(sink: Any, lp: LogPlan, prog: P.LogProgress, tasks: list[P.SegmentTask], job: JobPlan, record: _Record, progress: Callable[[Progress], None] | None) -> None:
+def _commit(sink: ClusterSession, lp: LogPlan, prog: P.LogProgress, tasks: list[P.SegmentTask], job: JobPlan, record: _Record, progress: Callable[[Progress], None] | None) -> None:
     if prog.committed or not tasks:
         prog.committed = True
         record.write(progress=prog.to_dict())
@@ -712,7 +715,7 @@ def _commit(sink: Any, lp: LogPlan, prog: P.LogProgress, tasks: list[P.SegmentTa
     record.write(state="committed", progress=prog.to_dict())
 
 
-def _sweep_orphans(sink: Any, progresses: dict[str, P.LogProgress], tasks: dict[str, list[P.SegmentTask]], *, committed: bool) -> int:
+def _sweep_orphans(sink: ClusterSession, progresses: dict[str, P.LogProgress], tasks: dict[str, list[P.SegmentTask]], *, committed: bool) -> int:
     """Delete sink replicas of reserved numbers that no verified (or committed) copy names.
 
     Only numbers reserved by this job are touched; before the commit they are invisible to

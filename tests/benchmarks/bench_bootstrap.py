@@ -41,7 +41,7 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig
 from dlctl.ops.bootstrap import bootstrap_logs
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 
 MIB = 1024 * 1024
 LOG = "bench"

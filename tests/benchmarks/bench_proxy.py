@@ -62,7 +62,7 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer, ProducerOptions, ProxyRouter
 from dlctl.log.reader import LogReader
 from dlctl.log.writer import LogWriter
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 from dlctl.sandbox import sandbox as sandbox_state
 
 GOAL = 50_000

@@ -62,7 +62,7 @@ from dlctl.meta.records import (
     to_json,
 )
 from dlctl.meta.store import MetaStore
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 from dlctl.ops.truncate import truncate_plan
 from dlctl.plan import apply
 from dlctl.secrets import write_secret_file

@@ -40,7 +40,7 @@ from dlctl.log.writer import LogWriter
 from dlctl.meta.pins import PinRecord, PinStore
 from dlctl.meta.records import LogConfig
 from dlctl.meta.store import MetaStore
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 from dlctl.ops.truncate import truncate_plan
 from dlctl.plan import apply
 from dlctl.replication.clock import ClockStore

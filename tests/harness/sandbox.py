@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dlctl import inventory
 from dlctl.config import ConfigLocation
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 
 
 def dlctl(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:

@@ -26,7 +26,7 @@ from dlctl.log.dlsn import DLSN
 from dlctl.log.pool import AgentPool
 from dlctl.log.reader import LogReader, ReadRecord
 from dlctl.meta.store import MetaStore
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 
 from .agents import DEFAULT_SECRET, AgentNode, harness_credentials
 from .faultproxy import FaultNetwork

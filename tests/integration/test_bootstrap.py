@@ -33,7 +33,7 @@ from dlctl.log.writer import LogWriter
 from dlctl.meta import roles
 from dlctl.meta.pins import PinStore
 from dlctl.meta.records import LogConfig
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 from dlctl.replication.causal import SourceClock
 from dlctl.replication.origin import SOURCE_POSITION, Origin, decode_source_position, encode_source_position
 from dlctl.spark import job as J

@@ -35,7 +35,7 @@ from dlctl.log.errors import AgentUnavailableError
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 from dlctl.replication.origin import decode_source_position
 from dlctl.secrets import write_secret_file
 

@@ -23,7 +23,7 @@ from dlctl import inventory, pki
 from dlctl.config import ConfigLocation
 from dlctl.log.client import AgentClient
 from dlctl.ops.logio import append_records, read_records
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
 

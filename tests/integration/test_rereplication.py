@@ -375,7 +375,7 @@ def test_cli_recover_node_dry_run_then_apply_on_a_sandbox(tmp_path):
 
     from dlctl import inventory
     from dlctl.config import ConfigLocation
-    from dlctl.ops.session import ClusterSession
+    from dlctl.session import ClusterSession
 
     env = {**os.environ, "DLCTL_SANDBOX_DIR": str(tmp_path / "sbx"), "DLCTL_CONFIG": str(tmp_path / "sbx" / "config.toml")}
 

@@ -23,7 +23,7 @@ from harness.procs import wait_until
 from dlctl.log.dlsn import DLSN
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
 

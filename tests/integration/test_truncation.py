@@ -37,7 +37,7 @@ from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
 from dlctl.meta.truncation import TruncationStore, marks_for, read_segments
 from dlctl.ops import gc as gc_ops
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 from dlctl.ops.truncate import apply_truncation, truncate_plan
 from dlctl.plan import apply
 from dlctl.secrets import write_secret_file

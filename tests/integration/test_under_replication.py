@@ -23,7 +23,7 @@ from dlctl.config import ConfigLocation
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import SegmentState
-from dlctl.ops.session import ClusterSession
+from dlctl.session import ClusterSession
 from harness.logcluster import eventually
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]

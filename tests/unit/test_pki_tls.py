@@ -156,7 +156,7 @@ class _Config:
 
 def _session(tmp_path: Path, recorded: dict, *, files: bool):
     from dlctl.inventory import Cluster
-    from dlctl.ops.session import ClusterSession
+    from dlctl.session import ClusterSession
 
     cluster = Cluster(name="east", zookeeper="127.0.0.1:1", secret_file=tmp_path / "east.secret", zk_auth_file=None, tls_dir=tmp_path / "east.tls")
     if files:

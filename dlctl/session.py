@@ -1,4 +1,5 @@
-"""A connection to one cluster: its metadata store, secrets and agent pool, opened lazily."""
+"""A connection to one cluster: its metadata store, secrets and agent pool, opened lazily. The
+library's (operations, the Spark driver and the command line all hold one)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from functools import cached_property
 from types import TracebackType
 from typing import Any
 
-from ..errors import ConfigError
-from ..certdir import CertDir
-from ..inventory import Cluster
-from ..log.auth import Credentials
-from ..log.tls import TlsFiles
-from ..meta.store import MetaStore
-from ..meta.zk import ZkAuth, connect, loopback_only
-from ..secrets import read_secret_file
+from .errors import ConfigError
+from .certdir import CertDir
+from .inventory import Cluster
+from .log.auth import Credentials
+from .log.tls import TlsFiles
+from .meta.store import MetaStore
+from .meta.zk import ZkAuth, connect, loopback_only
+from .secrets import read_secret_file
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class ClusterSession:
     def with_pool(self, fn: Callable[[Any], Awaitable[Any]]) -> Any:
         """Run ``fn(pool)`` (a coroutine function) to completion with a fresh agent pool of this
         cluster, closed afterwards; for synchronous callers."""
-        from ..log.pool import AgentPool
+        from .log.pool import AgentPool
 
         async def go() -> Any:
             pool = AgentPool(self.meta, self.credentials)
