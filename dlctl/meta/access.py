@@ -19,10 +19,10 @@ import time
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 
-from ..errors import ConflictError, NotFoundError, RefusedError
-from . import paths
+from ..errors import NotFoundError, RefusedError
+from . import cas, paths
 from .records import Versioned
 from .store import MetaStore
 
@@ -104,18 +104,8 @@ class AccessStore:
             return current
         new = LogAccess(mode, stream if mode is AccessMode.REPLICA else "", current.value.epoch + 1, reason, time.time())
         path = paths.log_access(self.cluster, name)
-        try:
-            if current.version < 0:
-                self.client.create(path, new.to_json(), acl=self.meta.acl)
-                return Versioned(new, 0)
-            stat = self.client.set(path, new.to_json(), version=current.version)
-        except NodeExistsError:
-            raise ConflictError(f"aborted: {path} was created concurrently", hint="read it again and retry") from None
-        except BadVersionError:
-            raise ConflictError(f"aborted: {path} changed concurrently", hint="nothing was overwritten; read it again and retry") from None
-        except NoNodeError:
-            raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
-        return Versioned(new, stat.version)
+        version = cas.put(self.client, path, new.to_json(), current.version, acl=self.meta.acl, missing=lambda: NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}"))
+        return Versioned(new, version)
 
     def clear(self, name: str) -> None:
         """Remove the record (before deleting the log itself)."""

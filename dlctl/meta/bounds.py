@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 
-from ..errors import ConflictError, NotFoundError
-from . import paths
+from ..errors import NotFoundError
+from . import cas, paths
 from .records import NO_TXID, Versioned
 from .store import MetaStore
 
@@ -69,13 +69,5 @@ class BoundsStore:
     def put(self, name: str, new: WriterBounds, current: Versioned[WriterBounds]) -> Versioned[WriterBounds]:
         """Replace ``current`` with ``new`` by compare-and-set (create when ``current`` is absent)."""
         path = paths.log_bounds(self.cluster, name)
-        try:
-            if current.version < 0:
-                self.client.create(path, new.to_json(), acl=self.meta.acl)
-                return Versioned(new, 0)
-            stat = self.client.set(path, new.to_json(), version=current.version)
-        except (NodeExistsError, BadVersionError):
-            raise ConflictError(f"aborted: {path} changed concurrently", hint="read it again") from None
-        except NoNodeError:
-            raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
-        return Versioned(new, stat.version)
+        version = cas.put(self.client, path, new.to_json(), current.version, acl=self.meta.acl, missing=lambda: NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}"))
+        return Versioned(new, version)

@@ -20,12 +20,12 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from ..errors import ConflictError, NotFoundError
 from ..log.dlsn import DLSN
 from ..names import validate_name
-from . import paths
+from . import cas, paths
 from .records import Versioned
 from .store import MetaStore
 
@@ -121,12 +121,9 @@ class PinStore:
                 sink_cluster=pin.sink_cluster or old.sink_cluster,
             )
             try:
-                stat = self.client.set(path, new.to_json(), version=current.version)
-                return Versioned(new, stat.version)
-            except BadVersionError:
-                continue
-            except NoNodeError:
-                continue
+                return Versioned(new, cas.put(self.client, path, new.to_json(), current.version))
+            except ConflictError:
+                continue  # changed or deleted meanwhile: read again
         raise ConflictError(f"aborted: pin {path} kept changing concurrently", hint="retry")
 
     def reset(self, pin: PinRecord) -> Versioned[PinRecord]:
@@ -141,23 +138,19 @@ class PinStore:
                 return Versioned(fresh, 0)
             except NodeExistsError:
                 raise ConflictError(f"aborted: pin {path} was created concurrently", hint="retry") from None
-        try:
-            stat = self.client.set(path, fresh.to_json(), version=current.version)
-        except BadVersionError:
-            raise ConflictError(f"aborted: pin {path} changed concurrently", hint="retry") from None
-        return Versioned(fresh, stat.version)
+        version = cas.put(self.client, path, fresh.to_json(), current.version, conflict=lambda: ConflictError(f"aborted: pin {path} changed concurrently", hint="retry"))
+        return Versioned(fresh, version)
 
     def mark_needs_bootstrap(self, current: Versioned[PinRecord], reason: str) -> Versioned[PinRecord]:
         """Record that data this pin wanted was deleted anyway (age or disk override), by CAS."""
         path = pin_path(self.cluster, current.value.holder, current.value.log)
         new = replace(current.value, needs_bootstrap=True, reason=reason)
-        try:
-            stat = self.client.set(path, new.to_json(), version=current.version)
-        except BadVersionError:
-            raise ConflictError(f"aborted: pin {path} changed concurrently", hint="read it again and retry") from None
-        except NoNodeError:
-            raise NotFoundError(f"pin {path} was deleted concurrently") from None
-        return Versioned(new, stat.version)
+        version = cas.put(
+            self.client, path, new.to_json(), current.version,
+            conflict=lambda: ConflictError(f"aborted: pin {path} changed concurrently", hint="read it again and retry"),
+            missing=lambda: NotFoundError(f"pin {path} was deleted concurrently"),
+        )
+        return Versioned(new, version)
 
     def delete(self, holder: str, log: str | None = None) -> int:
         """Delete one pin, or every pin of ``holder``; returns how many went. Idempotent."""

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 
 from ..errors import ConflictError
 from ..names import validate_name
 from ..placement import PlacementPolicy
-from . import paths
+from . import cas, paths
 from .records import LogConfig, Versioned
 from .zk import ZkAuth, acl_for
 
@@ -109,17 +109,14 @@ def save(client: KazooClient, cluster: str, policy: ClusterPolicy, version: int,
     """Write ``policy`` if the znode is still at ``version`` (``ABSENT``: create it)."""
     path = placement_path(cluster)
     data = json.dumps(policy.to_dict(), sort_keys=True).encode()
-    try:
-        if version == ABSENT:
-            client.ensure_path(paths.cluster_root(cluster), acl=acl_for(auth))
-            client.create(path, data, acl=acl_for(auth))
-            return Versioned(policy, 0)
-        stat = client.set(path, data, version=version)
-    except (BadVersionError, NodeExistsError):
-        raise ConflictError(
+    if version == ABSENT:
+        client.ensure_path(paths.cluster_root(cluster), acl=acl_for(auth))
+    written = cas.put(
+        client, path, data, version, acl=acl_for(auth),
+        conflict=lambda: ConflictError(
             f"aborted: {path} changed concurrently (expected {'no znode' if version == ABSENT else f'version {version}'})",
             hint="nothing was overwritten; read it again (dlctl placement show) and retry",
-        ) from None
-    except NoNodeError:
-        raise ConflictError(f"aborted: {path} changed concurrently (it was deleted)", hint="nothing was overwritten; retry") from None
-    return Versioned(policy, stat.version)
+        ),
+        missing=lambda: ConflictError(f"aborted: {path} changed concurrently (it was deleted)", hint="nothing was overwritten; retry"),
+    )
+    return Versioned(policy, written)

@@ -18,7 +18,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotE
 
 from ..errors import ConflictError, NotFoundError, RefusedError
 from ..names import validate_name
-from . import paths
+from . import cas, paths
 from .records import (
     LogConfig,
     LogRecord,
@@ -68,9 +68,9 @@ class MetaStore:
             data, stat = self.client.get(path)
             next_id = int(data) + 1
             try:
-                self.client.set(path, str(next_id).encode(), version=stat.version)
+                cas.put(self.client, path, str(next_id).encode(), stat.version)
                 return next_id
-            except BadVersionError:
+            except ConflictError:
                 continue  # another creator took this id; read again
 
     # -- logs -------------------------------------------------------------------------------
@@ -102,11 +102,8 @@ class MetaStore:
         if current.version != version:
             raise self._conflict(paths.log(self.cluster, name), version)
         updated = replace(current.value, config=config)
-        try:
-            stat = self.client.set(paths.log(self.cluster, name), to_json(updated), version=version)
-        except BadVersionError:
-            raise self._conflict(paths.log(self.cluster, name), version) from None
-        return Versioned(updated, stat.version)
+        path = paths.log(self.cluster, name)
+        return Versioned(updated, cas.put(self.client, path, to_json(updated), version, conflict=lambda: self._conflict(path, version)))
 
     def delete_log(self, name: str, version: int | None = None) -> None:
         """Delete a log's metadata. Refused while it has an owner (a live writer)."""
@@ -190,13 +187,11 @@ class MetaStore:
 
     def update_segment(self, name: str, current: Versioned[SegmentRecord], new: SegmentRecord) -> Versioned[SegmentRecord]:
         path = paths.segment(self.cluster, name, current.value.seq)
-        try:
-            stat = self.client.set(path, to_json(new), version=current.version)
-        except BadVersionError:
-            raise self._conflict(path, current.version) from None
-        except NoNodeError:
-            raise NotFoundError(f"segment {current.value.seq} of log {name!r} no longer exists") from None
-        return Versioned(new, stat.version)
+        version = cas.put(
+            self.client, path, to_json(new), current.version, conflict=lambda: self._conflict(path, current.version),
+            missing=lambda: NotFoundError(f"segment {current.value.seq} of log {name!r} no longer exists"),
+        )
+        return Versioned(new, version)
 
     def delete_segment(self, name: str, current: Versioned[SegmentRecord]) -> None:
         if current.value.state is SegmentState.INPROGRESS:
@@ -355,13 +350,11 @@ class MetaStore:
         import json
 
         path = self._op_path(op_id)
-        try:
-            stat = self.client.set(path, json.dumps(record, sort_keys=True).encode(), version=current.version)
-        except BadVersionError:
-            raise self._conflict(path, current.version) from None
-        except NoNodeError:
-            raise NotFoundError(f"operation {op_id!r} no longer exists") from None
-        return Versioned(record, stat.version)
+        version = cas.put(
+            self.client, path, json.dumps(record, sort_keys=True).encode(), current.version, conflict=lambda: self._conflict(path, current.version),
+            missing=lambda: NotFoundError(f"operation {op_id!r} no longer exists"),
+        )
+        return Versioned(record, version)
 
     def delete_op(self, op_id: str, current: Versioned[dict]) -> None:
         path = self._op_path(op_id)
@@ -384,13 +377,11 @@ class MetaStore:
             raise ValueError("reserve at least one segment number")
         path = paths.log(self.cluster, name)
         updated = replace(log.value, max_segment_seq=log.value.max_segment_seq + count)
-        try:
-            stat = self.client.set(path, to_json(updated), version=log.version)
-        except BadVersionError:
-            raise self._conflict(path, log.version) from None
-        except NoNodeError:
-            raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
-        return Versioned(updated, stat.version)
+        version = cas.put(
+            self.client, path, to_json(updated), log.version, conflict=lambda: self._conflict(path, log.version),
+            missing=lambda: NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}"),
+        )
+        return Versioned(updated, version)
 
     def commit_segments(self, name: str, log: Versioned[LogRecord], segments: list[SegmentRecord]) -> Versioned[LogRecord]:
         """Make copied segments visible, in order, in one ZooKeeper transaction, or change nothing.

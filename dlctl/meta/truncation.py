@@ -34,7 +34,6 @@ from typing import Any
 
 from kazoo.exceptions import (
     BadVersionError,
-    NodeExistsError,
     NoNodeError,
     NotEmptyError,
     RolledBackError,
@@ -43,7 +42,7 @@ from kazoo.exceptions import (
 
 from ..errors import ConflictError, NotFoundError, RefusedError
 from ..log.dlsn import DLSN
-from . import paths
+from . import cas, paths
 from .pins import PinRecord
 from .records import (
     NO_TXID,
@@ -143,17 +142,15 @@ class TruncationStore:
                 reason=reason,
                 by=by,
             )
+            gone = NotFoundError("gone")
             try:
-                if current is None:
-                    self.client.create(path, new.to_json(), acl=self.meta.acl)
-                    return Versioned(new, 0), True
-                stat = self.client.set(path, new.to_json(), version=current.version)
-                return Versioned(new, stat.version), True
-            except NoNodeError:
+                version = cas.put(self.client, path, new.to_json(), current.version if current is not None else cas.ABSENT, acl=self.meta.acl, missing=lambda: gone)
+                return Versioned(new, version), True
+            except NotFoundError:
                 if not self.client.exists(paths.log(self.meta.cluster, name)):
                     raise NotFoundError(f"log {name!r} does not exist in cluster {self.meta.cluster!r}") from None
                 continue  # the record was deleted under us (log deleted and re-created?): look again
-            except (NodeExistsError, BadVersionError):
+            except ConflictError:
                 continue  # another truncation moved it meanwhile: compare with theirs
         raise ConflictError(f"aborted: {path} kept changing concurrently", hint="nothing was moved backwards; retry")
 

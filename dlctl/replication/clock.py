@@ -44,11 +44,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 
 from ..errors import ConflictError, NotFoundError
 from ..log.dlsn import DLSN, INITIAL
-from ..meta import paths
+from ..meta import cas, paths
 from ..meta.records import Versioned
 from ..meta.store import MetaStore
 from ..names import validate_name
@@ -213,16 +213,14 @@ class ClockStore:
         """Write the clock znode by compare-and-set on ``version`` (-1: create it); False when
         it changed meanwhile (read again and retry)."""
         path = paths.log_clock(self.cluster, name)
+        missing = NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}")
         try:
-            if version < 0:
-                self.client.create(path, body, acl=self.meta.acl)
-            else:
-                self.client.set(path, body, version=version)
+            cas.put(self.client, path, body, version, acl=self.meta.acl, missing=lambda: missing)
             return True
-        except (NodeExistsError, BadVersionError):
+        except NotFoundError:
+            raise
+        except ConflictError:
             return False
-        except NoNodeError:
-            raise NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}") from None
 
     def truncation_base(self, name: str) -> TruncationBase | None:
         """(T, the version vector before T) recorded by the last truncation, or None."""

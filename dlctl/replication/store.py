@@ -19,7 +19,7 @@ from kazoo.exceptions import (
 )
 
 from ..errors import ConflictError, NotFoundError
-from ..meta import paths
+from ..meta import cas, paths
 from ..meta.records import Versioned
 from ..meta.store import MetaStore
 from .records import Checkpoint, StreamConfig, StreamState, StreamStatus
@@ -68,11 +68,7 @@ class StreamStore:
 
     def update_config(self, current: Versioned[StreamConfig], new: StreamConfig) -> Versioned[StreamConfig]:
         path = paths.stream_config(self.cluster, new.stream_id)
-        try:
-            stat = self.client.set(path, new.to_json(), version=current.version)
-        except BadVersionError:
-            raise self._conflict(path) from None
-        return Versioned(new, stat.version)
+        return Versioned(new, cas.put(self.client, path, new.to_json(), current.version, conflict=lambda: self._conflict(path)))
 
     def get_state(self, stream_id: str) -> Versioned[StreamStatus]:
         path = paths.stream_state(self.cluster, stream_id)
@@ -94,11 +90,7 @@ class StreamStore:
                 hint="set up the reverse direction with `dlctl failback`, or delete the stream",
             )
         new = StreamStatus(state, time.time(), reason, current.value.epoch + 1, dict(details if details is not None else current.value.details))
-        try:
-            stat = self.client.set(path, new.to_json(), version=current.version)
-        except BadVersionError:
-            raise self._conflict(path) from None
-        return Versioned(new, stat.version)
+        return Versioned(new, cas.put(self.client, path, new.to_json(), current.version, conflict=lambda: self._conflict(path)))
 
     def delete(self, stream_id: str) -> bool:
         """Remove the stream and everything under it (idempotent). Live worker claims vanish
@@ -161,13 +153,11 @@ class StreamStore:
     def update_checkpoint(self, stream_id: str, current: Versioned[Checkpoint], new: Checkpoint) -> Versioned[Checkpoint]:
         path = paths.stream_checkpoint(self.cluster, stream_id, new.log)
         new = replace(new, updated=time.time())
-        try:
-            stat = self.client.set(path, new.to_json(), version=current.version)
-        except BadVersionError:
-            raise self._conflict(path) from None
-        except NoNodeError:
-            raise NotFoundError(f"checkpoint {path} was deleted (the stream was deleted)") from None
-        return Versioned(new, stat.version)
+        version = cas.put(
+            self.client, path, new.to_json(), current.version, conflict=lambda: self._conflict(path),
+            missing=lambda: NotFoundError(f"checkpoint {path} was deleted (the stream was deleted)"),
+        )
+        return Versioned(new, version)
 
     def delete_checkpoint(self, stream_id: str, log: str) -> None:
         try:
