@@ -126,6 +126,12 @@ class LogReader:
     grown while it waits on entries in flight, shrunk while entries wait for it; unless
     ``ReadAhead(adaptive=False)``). ``speculative_timeout`` tunes when a slow replica
     gets company; ``long_poll_timeout`` is how long one long poll may wait at an agent.
+    ``poll_depth``: caught up with an in-progress segment, how many entries ahead it long-polls
+    (DistributedLog's read-ahead with long-poll reads): besides one poll per replica for the
+    next entry, one replica gets polls for the ``poll_depth - 1`` entries after it, so each new
+    entry travels to the reader as soon as the agent learns it is committed instead of waiting
+    for the next poll to reach the agent and a read after it (two more trips). 1: one poll per
+    replica. Worth it across a WAN (replication streams); on a LAN a poll is cheap anyway.
     Use ``async with LogReader(...) as reader`` or ``await reader.open()`` / ``await reader.close()``.
     """
 
@@ -144,6 +150,7 @@ class LogReader:
         speculative_timeout: AdaptiveTimeout | None = None,
         suspect_seconds: float = 5.0,
         long_poll_timeout: float = 5.0,
+        poll_depth: int = 1,
         seen: Callable[[], Seen | None] | None = None,
         wire: WireStats | None = None,
     ) -> None:
@@ -156,6 +163,9 @@ class LogReader:
             raise UsageError("give the reader one start: a DLSN, a txid or a time")
         if long_poll_timeout <= 0:
             raise ValueError(f"long_poll_timeout must be > 0 (got {long_poll_timeout})")
+        if not 1 <= poll_depth <= 256:
+            raise ValueError(f"poll_depth must be in 1..256 (got {poll_depth})")
+        self.poll_depth = poll_depth
         self.meta, self.pool, self.name = meta, pool, name
         self._start_dlsn, self._start_txid, self._start_time = start_dlsn, start_txid, start_time
         self.read_ahead = read_ahead or ReadAhead()
@@ -189,7 +199,7 @@ class LogReader:
         self._buffer: deque[_Fetch] = deque()
         self._in_flight = 0
         self._size_estimate = 0
-        self._polls: dict[str, asyncio.Task[tuple[int, bytes | None]]] = {}
+        self._polls: dict[tuple[str, int], asyncio.Task[tuple[int, bytes | None]]] = {}  # (node, previous LAC) -> poll
         self._poll_backoff: dict[str, tuple[float, float]] = {}  # node -> (retry at, last delay)
         self._polled: dict[int, bytes] = {}  # entry id -> entry carried by a long poll
         self._poll_timer: asyncio.Handle | None = None  # wakes the fetcher to retry a failed poll
@@ -591,11 +601,17 @@ class LogReader:
     # -- LAC: long polls ------------------------------------------------------------------------
 
     def _arm_polls(self, seg: SegmentRecord) -> None:
-        """One outstanding long poll per replica that may learn LAC > the known LAC first."""
+        """One outstanding long poll per replica that may learn LAC > the known LAC first, and
+        with ``poll_depth`` > 1 polls for the entries after it at one replica holding each."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        for node in poll_targets(seg, self._lac):
-            if node in self._polls:
+        wanted = [(node, self._lac) for node in poll_targets(seg, self._lac)]
+        for ahead in range(self._lac + 1, self._lac + self.poll_depth):
+            holders = seg.write_set(ahead + 1)
+            if holders:
+                wanted.append((holders[0], ahead))
+        for node, previous in wanted:
+            if (node, previous) in self._polls:
                 continue
             retry_at = self._poll_backoff.get(node, (0.0, 0.0))[0]
             if retry_at > now:
@@ -607,9 +623,8 @@ class LogReader:
                     self._poll_timer = loop.call_at(retry_at, self._wake.set)
                     self._poll_timer_at = retry_at
                 continue
-            previous = self._lac
             task = asyncio.ensure_future(self._long_poll(node, seg.seq, previous))
-            self._polls[node] = task
+            self._polls[(node, previous)] = task
             self.stats.long_polls += 1
             task.add_done_callback(lambda t, node=node, seq=seg.seq, previous=previous: self._poll_done(t, node, seq, previous))
 
@@ -618,8 +633,8 @@ class LogReader:
         return await client.long_poll(self.log_id, seq, previous, self.long_poll_timeout, seen=self._seen(), wire=self._wire)
 
     def _poll_done(self, task: asyncio.Task[tuple[int, bytes | None]], node: str, seq: int, previous: int) -> None:
-        if self._polls.get(node) is task:
-            del self._polls[node]
+        if self._polls.get((node, previous)) is task:
+            del self._polls[(node, previous)]
         if task.cancelled() or self._closed or seq != self._fetch_seq:
             return
         loop = asyncio.get_running_loop()
@@ -636,12 +651,12 @@ class LogReader:
         else:
             self._poll_backoff.pop(node, None)
             lac, data = task.result()
+            nxt = previous + 1
+            # Keep the carried entry only if the fetcher has yet to request it and it lies
+            # within the polled window (the buffer stays bounded), never past LAC (nxt <= lac).
+            if data is not None and self._next_entry <= nxt < self._next_entry + self.poll_depth and nxt <= lac:
+                self._polled[nxt] = data
             if lac > self._lac:
-                nxt = previous + 1
-                # Keep the carried entry only if it is the very one the fetcher wants next: the
-                # buffer stays bounded, and an entry past LAC can never be kept (nxt <= lac).
-                if data is not None and nxt == self._next_entry and nxt <= lac:
-                    self._polled[nxt] = data
                 self._lac = lac
             elif lac <= previous and loop.time() - self._last_safety_refresh >= self.long_poll_timeout:
                 # A poll ran out with nothing new: re-read the metadata in case a watch was lost

@@ -2,15 +2,16 @@
 ``MetadataUpdateLoop``).
 
 ``put`` writes a znode only if it is still at the version read (or creates it when it was
-absent). The ZooKeeper client retries a request whose connection dropped; when the first try
-had in fact been applied, the retry meets the write itself — ``BadVersion`` (a set) or
-``NodeExists`` (a create) — and a caller would take its own success for someone else's change.
-``put`` recognises that case: after such an error it reads the znode back, and when it holds
-exactly the bytes written at exactly the next version, the write is done. Anything else is a
-real conflict (``conflict()``, nothing overwritten).
+absent), and maps what ZooKeeper answers — someone else wrote first, the znode (or its parent)
+is gone — to the errors operators see, in one place. A conflict is always a conflict: even a
+znode now holding exactly the bytes we meant to write at the next version may be another
+writer's (two creators allocating the same next id write the same bytes), so it is never taken
+for our own success. (A write whose answer a dropped connection lost surfaces as the client's
+``ConnectionLoss``, its outcome unknown; it is not guessed from the content either.)
 
-``update`` is the loop around it: read, let ``change`` derive the new value from a copy of the
-current one (None: nothing to do), ``put``, and on a conflict read again and retry.
+``update`` is the loop around it: read, let ``change`` derive the new value from the current
+one (None: nothing to do), ``put``, and on a conflict read again and derive again — so a change
+someone made meanwhile is built upon, never overwritten.
 """
 
 from __future__ import annotations
@@ -55,12 +56,6 @@ def put(
             return 0
         return int(client.set(path, data, version=version).version)
     except (BadVersionError, NodeExistsError):
-        try:
-            now, stat = client.get(path)
-        except NoNodeError:
-            raise conflict() from None
-        if now == data and stat.version == version + 1:
-            return int(stat.version)  # our own write, whose answer was lost and retried
         raise conflict() from None
     except NoNodeError:
         raise (missing or conflict)() from None

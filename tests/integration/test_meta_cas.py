@@ -1,8 +1,8 @@
 """The one compare-and-set primitive of the metadata (``dlctl.meta.cas``) against a real
 ZooKeeper: create when absent, write only at the version read, a conflict when someone else
-wrote first, and — the case a retried request meets — a write that was applied but whose answer
-was lost counts as done (and only that case: other bytes, or a later version, stay a conflict).
-The update loop re-reads and retries after a conflict."""
+wrote first — even when they wrote the very bytes we meant to (two allocators of the same next
+id), which must never pass for our own success. The update loop re-reads and retries after a
+conflict, building on the other writer's change."""
 
 from __future__ import annotations
 
@@ -29,26 +29,18 @@ def test_put_creates_writes_at_the_version_read_and_refuses_what_moved(zk):
         cas.put(client, "/missing", b"x", 3, missing=lambda: NotFoundError("gone"))
 
 
-def test_a_write_applied_whose_answer_was_lost_counts_as_done_and_nothing_else_does(zk):
+def test_another_writers_identical_bytes_are_a_conflict_never_our_success(zk):
     client = zk.client()
-    path = "/doc"
-    client.create(path, b"v0")
-    # The first try of a set reached the server (the znode moved to version 1 with our bytes)
-    # and the connection dropped before the answer: the client's retry sends it again.
-    client.set(path, b"ours", version=0)
-    assert cas.put(client, path, b"ours", 0) == 1
-    # Someone else's bytes at that version: a real conflict.
-    client.set(path, b"theirs", version=1)
+    path = "/counter"
+    client.create(path, b"2")
+    # Two allocators read version 0 ("2") and both write "3": the second must not get id 3 too.
+    assert cas.put(client, path, b"3", 0) == 1
     with pytest.raises(ConflictError):
-        cas.put(client, path, b"mine", 1)
-    # Our bytes, but a version later than ours would have made: someone wrote since.
-    client.set(path, b"same", version=2)
-    client.set(path, b"same", version=3)
+        cas.put(client, path, b"3", 0)
+    # The same for two creators of one znode with the same bytes.
+    assert cas.put(client, "/made", b"same", cas.ABSENT) == 0
     with pytest.raises(ConflictError):
-        cas.put(client, path, b"same", 2)
-    # A create whose answer was lost: the znode holds our bytes at version 0.
-    client.create("/made", b"ours")
-    assert cas.put(client, "/made", b"ours", cas.ABSENT) == 0
+        cas.put(client, "/made", b"same", cas.ABSENT)
 
 
 def test_the_update_loop_reads_again_after_a_conflict(zk):

@@ -29,6 +29,7 @@ from dlctl.meta.store import MetaStore
 from dlctl.replication.source import RoutedAgentPool
 from harness.agents import AgentNode, harness_credentials
 from harness.faultproxy import FaultNetwork
+from harness.logcluster import eventually
 from harness.procs import ProcessRegistry
 from harness.zk import ZkNamespace, close_client, make_client
 
@@ -293,9 +294,12 @@ def test_truncated_segments_are_skipped_and_partially_truncated_ones_start_at_mi
 # -- LAC ------------------------------------------------------------------------------------------
 
 
-def test_reader_never_observes_an_entry_beyond_lac(cluster, zkc):
+@pytest.mark.parametrize("depth", [1, 8])  # one long poll per replica, or polls 8 entries ahead
+def test_reader_never_observes_an_entry_beyond_lac(cluster, zkc, depth):
+    name = f"beyond-lac-{depth}"
+
     async def main():
-        meta, pool, feeder = await setup(zkc, "beyond-lac")
+        meta, pool, feeder = await setup(zkc, name)
         await feeder.new_segment()
         for _ in range(5):
             await feeder.append(2)  # entries 0-4; entry 4 carries LAC 3
@@ -305,7 +309,7 @@ def test_reader_never_observes_an_entry_beyond_lac(cluster, zkc):
         seg = feeder.seg.value.seq
         phantom_id = await feeder.add([Record(txid=999, payload=b"phantom")], only=("n1",))
         try:
-            async with LogReader(meta, pool, "beyond-lac", region="r1", long_poll_timeout=10) as reader:
+            async with LogReader(meta, pool, name, region="r1", long_poll_timeout=10, poll_depth=depth) as reader:
                 got = await read_all(reader, 8)  # entries 0-3
                 assert [(r.dlsn, r.txid) for r in got] == confirmed[:8]
                 got += await read_all(reader, 2)  # entry 4: confirmed by n1's LAC
@@ -638,17 +642,19 @@ def test_an_in_progress_segment_no_replica_answers_for_is_not_taken_for_an_empty
 # -- tailing --------------------------------------------------------------------------------------
 
 
-def test_tailing_reader_gets_appends_promptly_and_follows_a_segment_roll_without_gaps(cluster, zkc):
+@pytest.mark.parametrize("depth", [1, 8])
+def test_tailing_reader_gets_appends_promptly_and_follows_a_segment_roll_without_gaps(cluster, zkc, depth):
     long_poll = 10.0  # far above every bound below: delivery must come from the long poll
+    name = f"tail-{depth}"
 
     async def main():
-        meta, pool, feeder = await setup(zkc, "tail")
+        meta, pool, feeder = await setup(zkc, name)
         await feeder.new_segment()
         await feeder.append(2)
         await feeder.flush()
         received: list[tuple[ReadRecord, float]] = []
         try:
-            async with LogReader(meta, pool, "tail", long_poll_timeout=long_poll) as reader:
+            async with LogReader(meta, pool, name, long_poll_timeout=long_poll, poll_depth=depth) as reader:
 
                 changed = asyncio.Condition()
 
@@ -696,6 +702,47 @@ def test_tailing_reader_gets_appends_promptly_and_follows_a_segment_roll_without
                 assert reader.stats.entries_from_polls >= 1  # entries rode on the long polls
         finally:
             await pool.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("depth", [1, 8])
+def test_polls_ahead_bring_a_burst_of_new_entries_without_a_read_each(cluster, zkc, fault_network: FaultNetwork, depth):
+    """Caught up across a slow link (50 ms each way to every replica), a reader polling 8 entries
+    ahead gets the entries of a burst carried by the polls already waiting for them at the
+    agents; with one poll per replica only the first comes that way and the others need a read
+    each, a round trip more (the control)."""
+    name = f"ahead-{depth}"
+    proxies = {n: fault_network.proxy((a.host, a.port), node=n, name=f"wan->{n}") for n, a in cluster.agents.items()}
+    for proxy in proxies.values():
+        proxy.delay = 0.05
+
+    async def main():
+        meta, direct, feeder = await setup(zkc, name)
+        await feeder.new_segment()
+        await feeder.append(1)
+        await feeder.flush()
+        pool = RoutedAgentPool(meta, harness_credentials(), addresses={n: "%s:%d" % p.address for n, p in proxies.items()})
+        await pool.refresh()
+        try:
+            async with LogReader(meta, pool, name, long_poll_timeout=10, poll_depth=depth) as reader:
+                await read_all(reader, 1)
+                await eventually(lambda: len(reader._polls) >= 3 + depth - 1, 5, "the polls to be armed")
+                fetched, from_polls = reader.stats.entries_fetched, reader.stats.entries_from_polls
+                for _ in range(5):
+                    await feeder.append(1)  # each carries the LAC of the one before
+                await feeder.flush()
+                got = await read_all(reader, 5)
+                assert [(r.dlsn, r.txid) for r in got] == feeder.expected[1:]
+                carried = reader.stats.entries_from_polls - from_polls
+                read = reader.stats.entries_fetched - fetched - carried
+                if depth == 1:
+                    assert read >= 2, (carried, read)  # the control: reads after the first
+                else:
+                    assert carried >= 4 and read <= 1, ("entries of the burst were read instead of carried", carried, read)
+        finally:
+            await pool.close()
+            await direct.close()
 
     run(main())
 
@@ -808,18 +855,21 @@ def test_read_ahead_follows_the_consumer_wide_for_a_fast_one_narrow_for_a_slow_o
     run(main())
 
 
-def test_striped_ensemble_reads_each_entry_from_its_write_set_and_tails(cluster, zkc):
+@pytest.mark.parametrize("depth", [1, 8])
+def test_striped_ensemble_reads_each_entry_from_its_write_set_and_tails(cluster, zkc, depth):
+    name = f"striped-{depth}"
+
     async def main():
         meta = MetaStore(zkc, CLUSTER)
         pool = AgentPool(meta, harness_credentials())
         await pool.refresh()
-        feeder = await Feeder(meta, pool, "striped", w=2).create()  # E=3, W=2: no node has every entry
+        feeder = await Feeder(meta, pool, name, w=2).create()  # E=3, W=2: no node has every entry
         await feeder.new_segment()
         for _ in range(6):
             await feeder.append(2)
         await feeder.flush()
         try:
-            async with LogReader(meta, pool, "striped", region="r1", long_poll_timeout=10) as reader:
+            async with LogReader(meta, pool, name, region="r1", long_poll_timeout=10, poll_depth=depth) as reader:
                 got = await read_all(reader, 12)
                 for _ in range(6):
                     await feeder.append(1)
