@@ -77,6 +77,7 @@
     handshake_timeout = 10     # seconds from accept to a verified AUTH
     max_in_flight = 256        # requests per connection being handled at once
     max_in_flight_bytes = 67108864     # their bytes, or e.g. "64MiB"
+    max_long_polls = 4096      # long polls waiting per connection (counted apart from the above)
     max_response_bytes = 16777216      # answers per connection the client has not taken yet, or
                                # e.g. "16MiB": past it the agent stops reading that connection
     idle_timeout = 600         # seconds without a byte received or a request in flight

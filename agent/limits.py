@@ -29,6 +29,10 @@ class ServerLimits:
     # request of its whole body (up to MAX_BATCH_BYTES) until every entry of it is durable.
     max_in_flight: int = 256
     max_in_flight_bytes: int = 64 * 1024 * 1024
+    # Long polls waiting for a LAC count apart (a reader polling entries ahead keeps many
+    # waiting: they hold no more than a future, and must not hold reads back): at most this many
+    # per connection.
+    max_long_polls: int = 4096
     # Answers per connection not yet taken by the client (queued here or in the transport): at
     # this many bytes the connection is not read from until they drain. One answer may pass
     # it (a READ_RANGE answers up to 8 MiB beyond a first entry of up to 16 MiB).
@@ -45,7 +49,7 @@ class ServerLimits:
     def __post_init__(self) -> None:
         for name in (
             "max_connections", "max_connections_per_peer", "max_unauthenticated", "max_unauthenticated_per_peer",
-            "max_in_flight", "max_in_flight_bytes", "max_response_bytes",
+            "max_in_flight", "max_in_flight_bytes", "max_response_bytes", "max_long_polls",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

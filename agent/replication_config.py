@@ -7,6 +7,8 @@
     checkpoint_seconds = 0.5       # how often a worker checkpoints while records flow
     pin_seconds = 5                # how often a worker refreshes its retention pin at the source
     source_filtering = true        # causal streams: records the sink holds stay at the source
+    poll_depth = 1                 # caught up, long polls kept waiting this many entries ahead at
+                                   # the source (8: a new entry crosses the link once; see README)
     upkeep_seconds = 10            # how often new matching source logs join, settings propagate
     sources_dir = "sources"        # where `dlctl init-replication` installs sources' credentials
                                    # (relative to this file's directory; see below)
@@ -48,7 +50,7 @@ from dlctl.meta.zk import ZK_TLS_KEYS, parse_tls
 from dlctl.names import validate_name
 from dlctl.replication.source import SourceSettings
 
-_KEYS = {"enabled", "poll_seconds", "claim_grace_seconds", "checkpoint_seconds", "pin_seconds", "source_filtering", "upkeep_seconds", "sources_dir", "sources"}
+_KEYS = {"enabled", "poll_seconds", "claim_grace_seconds", "checkpoint_seconds", "pin_seconds", "source_filtering", "poll_depth", "upkeep_seconds", "sources_dir", "sources"}
 SOURCE_FILE = "source.toml"  # in <sources_dir>/<cluster>/: written last by init-replication
 _TLS_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
 _ZK_TLS_PREFIX = "zookeeper_tls_"
@@ -63,6 +65,7 @@ class ReplicationSettings:
     checkpoint_seconds: float = 0.5
     pin_seconds: float = 5.0
     source_filtering: bool = True
+    poll_depth: int = 1
     upkeep_seconds: float = 10.0  # dlctl.replication.upkeep
     sources: dict[str, SourceSettings] = field(default_factory=dict)
     sources_dir: Path | None = None  # None: no installed sources (only the tables above)
@@ -110,6 +113,10 @@ def parse_replication(raw: Any, path: Path) -> ReplicationSettings:
             raise ConfigError(f"{path}: [replication] key '{key}' must be seconds in {low:g}..{high:g}, got {value!r}")
         return float(value)
 
+    depth = raw.get("poll_depth", 1)
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 256:
+        raise ConfigError(f"{path}: [replication] key 'poll_depth' must be an integer in 1..256, got {depth!r}")
+
     sources_raw = raw.get("sources", {})
     if not isinstance(sources_raw, dict):
         raise ConfigError(f"{path}: [replication] key 'sources' must be a table of tables ([replication.sources.NAME])")
@@ -126,6 +133,7 @@ def parse_replication(raw: Any, path: Path) -> ReplicationSettings:
         checkpoint_seconds=seconds("checkpoint_seconds", 0.5, 0.01, 600),
         pin_seconds=seconds("pin_seconds", 5.0, 0.05, 3600),
         source_filtering=source_filtering,
+        poll_depth=depth,
         upkeep_seconds=seconds("upkeep_seconds", 10.0, 0.1, 86400),
         sources=sources,
         sources_dir=(path.parent / sources_dir).resolve(),

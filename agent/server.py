@@ -441,6 +441,7 @@ class _Conn(asyncio.Protocol):
         self.tasks: set[asyncio.Task[None]] = set()
         self.in_flight = 0
         self.in_flight_bytes = 0
+        self.long_polls = 0  # of in_flight: long polls waiting (counted apart, see ServerLimits)
         self.write_paused = False
         self.read_paused = False
         self._out = p.OutQueue()
@@ -648,7 +649,8 @@ class _Conn(asyncio.Protocol):
         return (
             self.write_paused
             or self.hold.count > 0
-            or self.in_flight >= self.limits.max_in_flight
+            or self.in_flight - self.long_polls >= self.limits.max_in_flight
+            or self.long_polls >= self.limits.max_long_polls
             or self.in_flight_bytes >= self.limits.max_in_flight_bytes
             or self._out_bytes >= self.limits.max_response_bytes
         )
@@ -739,6 +741,7 @@ class _Conn(asyncio.Protocol):
         elif op is p.Op.READ_LAC:
             self._run_sync(op, rid, server.read_lac, args, started)
         elif op is p.Op.LONG_POLL:
+            self.long_polls += 1
             self._spawn(self._long_poll(rid, started, *args, compress=bool(flags & p.FLAG_COMPRESS)), 0, name="long-poll")
         elif op is p.Op.FENCE:
             self._spawn(self._run_async(op, rid, server.fence(*args), started), 0)
@@ -967,6 +970,8 @@ class _Conn(asyncio.Protocol):
                 if not self.eof or self.closing:
                     raise
                 result = await server.long_poll(log_id, seg, previous, 0, room=self.room)  # hurried by a half-close
+            finally:
+                self.long_polls -= 1  # answered (or given up): it counts as any request from here
             if seen is not None:
                 lac, entry = p.decode_long_poll_result(result)
                 if entry is not None:

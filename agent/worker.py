@@ -268,6 +268,7 @@ class ReplicationService:
                         pin_interval=self.settings.pin_seconds,
                         region=settings.region or self.region,
                         source_filtering=self.settings.source_filtering,
+                        poll_depth=self.settings.poll_depth,
                     ),
                     observer=self.metrics.worker_observer(),
                 )

@@ -64,6 +64,10 @@ from .timeindex import iso, locate_time, to_ms
 
 log = logging.getLogger(__name__)
 
+# How long an entry already readable waits for the long poll on its way with it before it is
+# read instead (the poll's replica is slow or gone).
+POLL_GRACE = 0.2
+
 __all__ = ["EntryReadError", "LogReader", "ReadAhead", "ReadRecord", "ReaderClosedError", "ReaderStats", "TruncationSkip"]
 
 
@@ -128,10 +132,14 @@ class LogReader:
     gets company; ``long_poll_timeout`` is how long one long poll may wait at an agent.
     ``poll_depth``: caught up with an in-progress segment, how many entries ahead it long-polls
     (DistributedLog's read-ahead with long-poll reads): besides one poll per replica for the
-    next entry, one replica gets polls for the ``poll_depth - 1`` entries after it, so each new
-    entry travels to the reader as soon as the agent learns it is committed instead of waiting
-    for the next poll to reach the agent and a read after it (two more trips). 1: one poll per
-    replica. Worth it across a WAN (replication streams); on a LAN a poll is cheap anyway.
+    next entry, one replica gets polls for the entries after it, so each new entry travels to
+    the reader as soon as the agent learns it is committed instead of waiting for the next poll
+    to reach the agent and a read after it (two more trips). ``poll_depth`` is where it starts;
+    when an answer shows more entries committed since the poll left than half the polls
+    ahead, it doubles (to 16 times that, at most 256): the polls must cover what the writer
+    commits in one round trip. An entry a poll is on its way with is not read as well, unless
+    the poll is still missing ``POLL_GRACE`` after the entry became readable (its replica is
+    slow: read it elsewhere). 1: one poll per replica, as on a LAN, where a poll is cheap.
     Use ``async with LogReader(...) as reader`` or ``await reader.open()`` / ``await reader.close()``.
     """
 
@@ -166,6 +174,8 @@ class LogReader:
         if not 1 <= poll_depth <= 256:
             raise ValueError(f"poll_depth must be in 1..256 (got {poll_depth})")
         self.poll_depth = poll_depth
+        self._poll_ahead = poll_depth  # grows with what one round trip brings (see above)
+        self._poll_ahead_max = min(poll_depth * 16, 256) if poll_depth > 1 else 1
         self.meta, self.pool, self.name = meta, pool, name
         self._start_dlsn, self._start_txid, self._start_time = start_dlsn, start_txid, start_time
         self.read_ahead = read_ahead or ReadAhead()
@@ -202,6 +212,8 @@ class LogReader:
         self._polls: dict[tuple[str, int], asyncio.Task[tuple[int, bytes | None]]] = {}  # (node, previous LAC) -> poll
         self._poll_backoff: dict[str, tuple[float, float]] = {}  # node -> (retry at, last delay)
         self._polled: dict[int, bytes] = {}  # entry id -> entry carried by a long poll
+        self._carrying: dict[int, int] = {}  # entry id -> polls outstanding that will carry it
+        self._readable_at: dict[int, float] = {}  # entry id -> when LAC showed it readable (awaited from a poll)
         self._poll_timer: asyncio.Handle | None = None  # wakes the fetcher to retry a failed poll
         self._poll_timer_at = 0.0  # when it fires (loop time)
         self._retry_paused = False  # an entry failed; fetch again when the consumer asks
@@ -488,6 +500,10 @@ class LogReader:
                 return  # the next segment does not exist yet: a metadata watch wakes us
             end = readable_end(seg, self._lac)
             if self._next_entry <= end:
+                if self._awaiting_poll(self._next_entry):
+                    if seg.state is SegmentState.INPROGRESS:
+                        self._arm_polls(seg)  # keep the polls ahead rolling meanwhile
+                    return
                 if self.window is not None and len(self._buffer) >= self.window.size:
                     return
                 if not self.read_ahead.allows(len(self._buffer), self.stats.buffered_bytes, self._in_flight, self._size_estimate):
@@ -499,6 +515,19 @@ class LogReader:
                 self._arm_polls(seg)
                 return
             self._move_to(seg.seq + 1, 0)  # closed and every entry requested
+
+    def _awaiting_poll(self, entry_id: int) -> bool:
+        """Is ``entry_id`` better left to the poll on its way with it (not in hand yet, and not
+        overdue: then it is read like any entry)?"""
+        if self.poll_depth == 1 or entry_id in self._polled or not self._carrying.get(entry_id):
+            return False
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        since = self._readable_at.get(entry_id)
+        if since is None:  # first seen readable now: look again when the grace is over
+            since = self._readable_at[entry_id] = now
+            loop.call_at(since + POLL_GRACE, self._wake.set)
+        return now - since < POLL_GRACE
 
     def _current_segment(self) -> SegmentRecord | None:
         origin: DLSN | None = None  # where unread entries were truncated away under us
@@ -538,11 +567,13 @@ class LogReader:
             self._cancel_polls()
             self._lac = -1
             self._polled.clear()
+            self._readable_at.clear()
             self._poll_backoff.clear()
         self._fetch_seq, self._next_entry = seq, entry_id
 
     def _request(self, seg: SegmentRecord, entry_id: int) -> None:
         loop = asyncio.get_running_loop()
+        self._readable_at.pop(entry_id, None)
         data = self._polled.pop(entry_id, None)
         if data is not None:
             future: asyncio.Future[Entry] = loop.create_future()
@@ -606,7 +637,7 @@ class LogReader:
         loop = asyncio.get_running_loop()
         now = loop.time()
         wanted = [(node, self._lac) for node in poll_targets(seg, self._lac)]
-        for ahead in range(self._lac + 1, self._lac + self.poll_depth):
+        for ahead in range(self._lac + 1, self._lac + self._poll_ahead):
             holders = seg.write_set(ahead + 1)
             if holders:
                 wanted.append((holders[0], ahead))
@@ -625,6 +656,7 @@ class LogReader:
                 continue
             task = asyncio.ensure_future(self._long_poll(node, seg.seq, previous))
             self._polls[(node, previous)] = task
+            self._carrying[previous + 1] = self._carrying.get(previous + 1, 0) + 1
             self.stats.long_polls += 1
             task.add_done_callback(lambda t, node=node, seq=seg.seq, previous=previous: self._poll_done(t, node, seq, previous))
 
@@ -635,6 +667,7 @@ class LogReader:
     def _poll_done(self, task: asyncio.Task[tuple[int, bytes | None]], node: str, seq: int, previous: int) -> None:
         if self._polls.get((node, previous)) is task:
             del self._polls[(node, previous)]
+            self._carried_off(previous + 1)
         if task.cancelled() or self._closed or seq != self._fetch_seq:
             return
         loop = asyncio.get_running_loop()
@@ -654,8 +687,11 @@ class LogReader:
             nxt = previous + 1
             # Keep the carried entry only if the fetcher has yet to request it and it lies
             # within the polled window (the buffer stays bounded), never past LAC (nxt <= lac).
-            if data is not None and self._next_entry <= nxt < self._next_entry + self.poll_depth and nxt <= lac:
+            if data is not None and self._next_entry <= nxt < self._next_entry + self._poll_ahead and nxt <= lac:
                 self._polled[nxt] = data
+            if lac - previous > self._poll_ahead // 2 and self._poll_ahead < self._poll_ahead_max:
+                # More was committed while the poll travelled than the polls ahead cover.
+                self._poll_ahead = min(self._poll_ahead * 2, self._poll_ahead_max)
             if lac > self._lac:
                 self._lac = lac
             elif lac <= previous and loop.time() - self._last_safety_refresh >= self.long_poll_timeout:
@@ -665,7 +701,15 @@ class LogReader:
                 self._metadata_changed()
         self._wake.set()
 
+    def _carried_off(self, entry_id: int) -> None:
+        left = self._carrying.get(entry_id, 0) - 1
+        if left > 0:
+            self._carrying[entry_id] = left
+        else:
+            self._carrying.pop(entry_id, None)  # (its readable_at stays: a new poll does not reset the grace)
+
     def _cancel_polls(self) -> None:
+        self._carrying.clear()
         polls, self._polls = list(self._polls.values()), {}
         for task in polls:
             task.cancel()

@@ -148,10 +148,11 @@ class WorkerOptions:
     # Across a WAN every replica is a round trip away: ask a second one only when the first is
     # clearly slower than that, not on every read.
     speculative_floor: float = 0.25
-    # Caught up, keep long polls outstanding for this many entries ahead at the source: a new
-    # entry then crosses the WAN once, pushed by the poll already waiting for it, instead of
-    # waiting for a poll to travel there and a read after it (``LogReader(poll_depth=)``).
-    poll_depth: int = 8
+    # Caught up, keep long polls outstanding this many entries ahead at the source (growing with
+    # the link): a new entry then crosses the WAN once, pushed by the poll already waiting for
+    # it, instead of waiting for a poll to travel there and a read after it
+    # (``LogReader(poll_depth=)``). 1 (the default until issue 27 closes): one poll per replica.
+    poll_depth: int = 1
     causal_poll: float = 1.0  # a stream waiting for the causal past re-checks this often
     # Causal streams: send the sink's version vector with every read, so the source leaves the
     # records the sink holds behind (``dlctl.replication.seen``).
@@ -321,7 +322,7 @@ class StreamWorker:
             await self._cvv_task  # the first reads already leave behind what the sink holds
         self._reader = reader = LogReader(
             self.source_meta, self.source_pool, self.log_name, start_dlsn=cp.next, region=self.options.region, seen=seen, wire=self._wire,
-            read_ahead=ReadAhead(self.options.read_ahead_entries, self.options.read_ahead_bytes),
+            read_ahead=ReadAhead(self.options.read_ahead_entries, self.options.read_ahead_bytes, adaptive=False),
             speculative_timeout=AdaptiveTimeout(floor=self.options.speculative_floor, ceiling=max(1.0, 2 * self.options.speculative_floor)),
             poll_depth=self.options.poll_depth,
         )

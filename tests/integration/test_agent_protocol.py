@@ -869,7 +869,8 @@ def test_connection_and_in_flight_limits(tmp_path: Path, secret: bytes) -> None:
         await store.open()
         tls = _harness_tls()
         server = AgentServer(
-            store, secret, "127.0.0.1", 0, tls=tls.agent_tls(tmp_path / "tls", "127.0.0.1"), limits=ServerLimits(max_connections=2, max_in_flight=2)
+            store, secret, "127.0.0.1", 0, tls=tls.agent_tls(tmp_path / "tls", "127.0.0.1"),
+            limits=ServerLimits(max_connections=2, max_in_flight=2, max_long_polls=3),
         )
         await server.start()
         host, port = server.address
@@ -879,10 +880,17 @@ def test_connection_and_in_flight_limits(tmp_path: Path, secret: bytes) -> None:
             await b.connect()
             with pytest.raises(AgentUnavailableError, match="too many connections"):
                 await c.connect()
-            # Two long polls fill the connection's in-flight budget: the agent stops reading it,
-            # so a third request waits for a slot instead of piling up in memory.
+            # Long polls waiting count apart from the in-flight budget: two of them (the budget)
+            # leave a read through at once (a reader polling ahead must not hold its reads back).
             polls = [asyncio.ensure_future(a.long_poll(1, 1, 5, timeout=0.5)) for _ in range(2)]
             await asyncio.sleep(0)  # let the polls go out first
+            await a.stat()
+            assert not any(poll.done() for poll in polls), "the read waited for the long polls"
+            await asyncio.gather(*polls)
+            # Three long polls fill their own budget: the agent stops reading the connection,
+            # so a further request waits for a slot instead of piling up in memory.
+            polls = [asyncio.ensure_future(a.long_poll(1, 1, 5, timeout=0.5)) for _ in range(3)]
+            await asyncio.sleep(0)
             start = time.monotonic()
             stat = await a.stat()
             assert time.monotonic() - start >= 0.4
