@@ -33,7 +33,7 @@ from ..log.records import CorruptRecords, decode_records
 from ..meta.records import SegmentRecord
 from ..names import validate_name
 from ..replication.causal import SourceClock, merge
-from ..replication.origin import ORIGIN_CLUSTER, Origin, OriginHeaderError
+from ..replication.origin import Origin, OriginHeaderError
 from .segobject import CorruptObject
 
 Steps = Sequence[tuple[DLSN, Mapping[str, int]]]
@@ -122,7 +122,7 @@ def stamp_segment(location: str, seq: int, before: Mapping[str, int], steps: Ste
             if record.control:
                 continue
             try:
-                origin = Origin.from_headers(record.headers) if ORIGIN_CLUSTER in record.headers else None
+                origin = Origin.from_headers(record.headers)
             except OriginHeaderError as exc:
                 raise CorruptObject(f"segment {seq} entry {entry_id}: {exc}") from None
             clock.stamp(origin, DLSN(seq, entry_id, slot))

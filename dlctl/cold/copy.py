@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import NotFoundError
 from ..log import format as fmt
 from ..log.speculative import ReplicaReader
 from ..meta.records import SegmentRecord
@@ -68,15 +69,21 @@ async def read_segment(pool: Any, log_id: int, seg: SegmentRecord, on_progress: 
 def copy_clock(meta: MetaStore, store: ColdStore, name: str, log_id: int, seg: SegmentRecord, entries: list[fmt.Entry]) -> CopyClock | None:
     """The clock around ``seg``'s records (``dlctl.cold.clock``), or None when not known."""
     clocks = ClockStore(meta)
-    steps, derived = clocks.steps(name), clocks.derived_steps(name)
+    steps = clocks.steps(name)
     previous = None
-    if seg.seq > 1 and store.exists(manifest_key(name, log_id, seg.seq - 1)):
-        previous = load_manifest(store, name, log_id, seg.seq - 1).clock
-    truncation = TruncationStore(meta).get(name)
-    before = vector_before(
-        seg, segments=[v.value for v in meta.segments(name)], steps=steps, derived=derived, previous=previous,
-        truncation_point=truncation.value.point if truncation is not None else None,
-    )
+    if seg.seq > 1:
+        try:
+            previous = load_manifest(store, name, log_id, seg.seq - 1).clock
+        except NotFoundError:
+            pass  # no copy of the segment before
+    if previous is not None:  # the usual case (copies go in order): no more metadata to read
+        before = vector_before(seg, segments=(), steps=steps, derived=(), previous=previous, truncation_point=None)
+    else:
+        truncation = TruncationStore(meta).get(name)
+        before = vector_before(
+            seg, segments=[v.value for v in meta.segments(name)], steps=steps, derived=clocks.derived_steps(name), previous=None,
+            truncation_point=truncation.value.point if truncation is not None else None,
+        )
     if before is None:
         return None
     after = stamp_segment(meta.cluster, seg.seq, before, steps, ((e.entry_id, e.payload) for e in entries))

@@ -21,12 +21,10 @@ from ..errors import NotFoundError, RefusedError
 from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
 from ..log.reader import LogReader, ReadRecord
-from ..log.records import decode_records
-from ..log.recovery import append_time
 from ..meta.store import MetaStore
 from ..meta.truncation import TruncationStore
 from .catalog import check_contiguous, manifests
-from .copies import checked_entries
+from .copies import copy_records
 from .manifest import SegmentManifest
 from .store import ColdStore
 
@@ -64,18 +62,10 @@ def copies_before(store: ColdStore, name: str, log_id: int, start: DLSN) -> list
 def cold_records(store: ColdStore, copies: list[SegmentManifest], stop: DLSN) -> Iterator[ReadRecord]:
     """The data records of ``copies`` before ``stop``, in order, each copy checked whole first."""
     for manifest in copies:
-        seg = manifest.segment
-        entries = checked_entries(store, manifest)
-        for entry in entries:
-            records = list(decode_records(entry.payload))
-            when = append_time(records)
-            for slot, record in enumerate(records):
-                if record.control:
-                    continue
-                dlsn = DLSN(seg.seq, entry.entry_id, slot)
-                if dlsn >= stop:
-                    return
-                yield ReadRecord(dlsn, record.txid, record.payload, record.key, record.headers, when)
+        for dlsn, record, when in copy_records(store, manifest):
+            if dlsn >= stop:
+                return
+            yield ReadRecord(dlsn, record.txid, record.payload, record.key, record.headers, when)
 
 
 async def read_with_history(

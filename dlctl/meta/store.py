@@ -64,14 +64,17 @@ class MetaStore:
             self.client.create(path, b"0", acl=self.acl)
         except NodeExistsError:
             pass
-        while True:
+
+        def read() -> Versioned[int]:
             data, stat = self.client.get(path)
-            next_id = int(data) + 1
-            try:
-                cas.put(self.client, path, str(next_id).encode(), stat.version)
-                return next_id
-            except ConflictError:
-                continue  # another creator took this id; read again
+            return Versioned(int(data), stat.version)
+
+        def write(next_id: int, version: int) -> Versioned[int]:
+            return Versioned(next_id, cas.put(self.client, path, str(next_id).encode(), version))
+
+        # Another creator taking the id means reading again; only a stream of them could make it
+        # give up, far beyond any real contention.
+        return cas.update(read, lambda last: last + 1, write, what=path, attempts=1000).value
 
     # -- logs -------------------------------------------------------------------------------
 

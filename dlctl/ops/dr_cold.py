@@ -34,7 +34,7 @@ from ..log.pool import AgentPool
 from ..meta.access import replication_role
 from ..replication import dr
 from ..replication.causal import CausalityFilter, SourceClock, merge
-from ..replication.origin import ORIGIN_CLUSTER, Origin, applied_headers
+from ..replication.origin import Origin, applied_headers
 from ..replication.records import StreamConfig
 from ..replication.worker import open_appender
 from ..session import ClusterSession
@@ -82,7 +82,7 @@ async def replay(target: ClusterSession, pool: AgentPool, source: str, config: S
     not hold, as stream ``config`` from ``source`` would have (see the module doc)."""
     x = target.cluster.name
     causal = CausalityFilter(x, await dr.held_vv(target.meta, pool, name, x), unfiltered=True)
-    clock = SourceClock(source, found.copies[0].clock.before if found.copies[0].clock else {})
+    clock = SourceClock(source)  # (each copy's ``before`` is merged below, the first's too)
     appender = await open_appender(
         target.meta, pool, name, owner_id=f"dr-cold-{config.stream_id}", region=None, ownership_wait=30.0,
         shared=config.bidirectional, role=replication_role(config.stream_id),
@@ -92,12 +92,12 @@ async def replay(target: ClusterSession, pool: AgentPool, source: str, config: S
     origin_name = source.encode()
     try:
         for manifest in found.copies:
-            if manifest.clock is not None:  # a raise of P's clock at this segment's start
+            if manifest.clock is not None:  # (always: ``cover`` checked) P's clock before this segment
                 clock.vv = merge(clock.vv, manifest.clock.before)
             # Each copy checked whole (SHA-256, then entry by entry) before any of its records goes.
             records = await loop.run_in_executor(None, lambda m=manifest: list(cold_records(found.store, [m], first)))
             for record in records:
-                origin = Origin.from_headers(record.headers) if ORIGIN_CLUSTER in record.headers else None
+                origin = Origin.from_headers(record.headers)
                 vt = clock.stamp(origin, record.dlsn)
                 if not causal.admit(origin.cluster if origin is not None else source, vt):
                     skipped += 1  # X holds it (kept, or replayed by a run cut short)

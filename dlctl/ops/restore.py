@@ -22,19 +22,19 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cold.catalog import check_contiguous, incarnations, manifests
-from ..cold.copies import checked_entries
+from ..cold.copies import copy_records
 from ..cold.manifest import SegmentManifest
 from ..cold.segobject import CorruptObject
 from ..cold.store import ColdStore
 from ..errors import ConflictError, NotFoundError, RefusedError
 from ..log.dlsn import DLSN, INITIAL
-from ..log.records import Record, decode_records
+from ..log.records import Record
 from ..meta.records import LogConfig
 from ..names import validate_name
 from ..plan import Plan, Step
 from ..replication.causal import SourceClock, merge
 from ..replication.clock import ClockStore
-from ..replication.origin import ORIGIN_CLUSTER, Origin, OriginHeaderError
+from ..replication.origin import Origin, OriginHeaderError
 from .backup import cold_store_of
 from ..session import ClusterSession
 
@@ -44,17 +44,13 @@ def in_range(copies: list[SegmentManifest], from_txid: int | None, to_txid: int 
     open), by their segment records' txid ranges."""
     if from_txid is None and to_txid is None:
         return copies
-    low, high = from_txid if from_txid is not None else -1, to_txid if to_txid is not None else 2**63
+    low, high = _txid_bounds(from_txid, to_txid)
     return [m for m in copies if m.segment.records and m.segment.first_txid <= high and m.segment.last_txid >= low]
 
 
-def read_copy(store: ColdStore, manifest: SegmentManifest) -> list[tuple[DLSN, Record]]:
-    """The data records of one copy with their original positions, after checking it whole
-    (``CorruptObject`` otherwise)."""
-    records: list[tuple[DLSN, Record]] = []
-    seq = manifest.segment.seq
-    for entry in checked_entries(store, manifest):
-        records += [(DLSN(seq, entry.entry_id, slot), r) for slot, r in enumerate(decode_records(entry.payload)) if not r.control]
+def read_copy(store: ColdStore, manifest: SegmentManifest) -> list[Record]:
+    """The data records of one copy, after checking it whole (``CorruptObject`` otherwise)."""
+    records = [record for _, record, _ in copy_records(store, manifest)]
     if len(records) != manifest.segment.records:
         raise CorruptObject(f"{store.describe()}: {manifest.object}: {len(records)} records, its segment record says {manifest.segment.records}")
     return records
@@ -94,7 +90,7 @@ def restore_plan(
     steps = [  # checked first: a damaged copy leaves nothing behind, not even the new log
         Step(
             "verify-copies", f"{store.describe()}/{name}", f"check the {len(copies)} copies of {name} (log id {log_id}, {span}) against their manifests",
-            run=lambda: {"segments": len(copies), "records": sum(sum(keep(r) for _, r in read_copy(store, m)) for m in copies)},
+            run=lambda: {"segments": len(copies), "records": sum(sum(map(keep, read_copy(store, m))) for m in copies)},
         )
     ]
     if not exists:
@@ -116,10 +112,14 @@ def _all(record: Record) -> bool:
     return True
 
 
+def _txid_bounds(from_txid: int | None, to_txid: int | None) -> tuple[int, int]:
+    return (from_txid if from_txid is not None else -1, to_txid if to_txid is not None else 2**63)
+
+
 def _txid_filter(from_txid: int | None, to_txid: int | None) -> Callable[[Record], bool]:
     if from_txid is None and to_txid is None:
         return _all
-    low, high = from_txid if from_txid is not None else -1, to_txid if to_txid is not None else 2**63
+    low, high = _txid_bounds(from_txid, to_txid)
     return lambda record: low <= record.txid <= high
 
 
@@ -129,8 +129,8 @@ class _Clocks:
 
     def __init__(self, location: str, first: SegmentManifest) -> None:
         self.known = first.clock is not None and first.clock.location == location
-        self.original = SourceClock(location, first.clock.before if self.known and first.clock else {})
-        self.restored = SourceClock(location, {})
+        self.original = SourceClock(location)  # (``enter`` merges each copy's ``before``, the first's too)
+        self.restored = SourceClock(location)
         self.written = 0  # clock steps written
 
     def enter(self, manifest: SegmentManifest) -> None:
@@ -140,7 +140,7 @@ class _Clocks:
 
     def stamp(self, manifest: SegmentManifest, record: Record, kept: bool) -> None:
         try:
-            origin = Origin.from_headers(record.headers) if ORIGIN_CLUSTER in record.headers else None
+            origin = Origin.from_headers(record.headers)
         except OriginHeaderError as exc:
             raise CorruptObject(f"{manifest.object}: record txid {record.txid}: {exc}") from None
         self.original.stamp(origin)
@@ -172,7 +172,7 @@ async def _append(
         for manifest in copies:
             clocks.enter(manifest)
             # Checked again: the store may have changed since the plan's check.
-            for _, record in await loop.run_in_executor(None, read_copy, store, manifest):
+            for record in await loop.run_in_executor(None, read_copy, store, manifest):
                 kept = keep(record)
                 vv = clocks.step_needed() if kept else None
                 if vv is not None:

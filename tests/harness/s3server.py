@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,3 +45,15 @@ def start_s3_server(procs: ProcessRegistry, base: Path) -> S3Server:
     with os.fdopen(fd, "w") as f:
         f.write(f'access_key_id = "{ACCESS_KEY}"\nsecret_access_key = "{SECRET_KEY}"\n')
     return S3Server(f"http://127.0.0.1:{port}", creds)
+
+
+def s3_with_bucket(tmp_path_factory, bucket: str) -> Iterator[S3Server]:
+    """Body of a module-scoped fixture: ``yield from s3_with_bucket(tmp_path_factory, BUCKET)``
+    — a server of the module's own with ``bucket`` created, stopped afterwards."""
+    registry = ProcessRegistry(tmp_path_factory.mktemp("s3-procs"))
+    try:
+        server = start_s3_server(registry, tmp_path_factory.mktemp("s3"))
+        server.create_bucket(bucket)
+        yield server
+    finally:
+        registry.close()

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 from harness.coldcopies import segment_payloads
-from harness.procs import ProcessRegistry, free_port
-from harness.s3server import start_s3_server
+from harness.procs import free_port
+from harness.s3server import s3_with_bucket
 from harness.sandbox import dlctl, sandbox_up, session_for
 
 from dlctl.cold.history import read_with_history
@@ -49,13 +49,7 @@ def sandbox(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    registry = ProcessRegistry(tmp_path_factory.mktemp("s3-procs"))
-    try:
-        server = start_s3_server(registry, tmp_path_factory.mktemp("s3"))
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        registry.close()
+    yield from s3_with_bucket(tmp_path_factory, BUCKET)
 
 
 class Target:

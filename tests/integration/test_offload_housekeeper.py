@@ -26,8 +26,7 @@ from dlctl.meta.truncation import TruncationStore
 from harness.coldcopies import segment_payloads
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import LogEnv, agent_cluster, eventually, healed_env, run
-from harness.procs import ProcessRegistry
-from harness.s3server import start_s3_server
+from harness.s3server import s3_with_bucket
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
 
@@ -37,13 +36,7 @@ BUCKET = "offload"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    registry = ProcessRegistry(tmp_path_factory.mktemp("s3-procs"))
-    try:
-        server = start_s3_server(registry, tmp_path_factory.mktemp("s3"))
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        registry.close()
+    yield from s3_with_bucket(tmp_path_factory, BUCKET)
 
 
 @pytest.fixture(scope="module")
