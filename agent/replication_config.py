@@ -7,8 +7,9 @@
     checkpoint_seconds = 0.5       # how often a worker checkpoints while records flow
     pin_seconds = 5                # how often a worker refreshes its retention pin at the source
     source_filtering = true        # causal streams: records the sink holds stay at the source
-    poll_depth = 1                 # caught up, long polls kept waiting this many entries ahead at
-                                   # the source (8: a new entry crosses the link once; see README)
+    poll_depth = 8                 # caught up, long polls kept waiting this many entries ahead at
+                                   # the source: a new entry crosses the link once (1: one poll
+                                   # per source replica, a poll and a read per entry; see README)
     upkeep_seconds = 10            # how often new matching source logs join, settings propagate
     sources_dir = "sources"        # where `dlctl init-replication` installs sources' credentials
                                    # (relative to this file's directory; see below)
@@ -65,7 +66,7 @@ class ReplicationSettings:
     checkpoint_seconds: float = 0.5
     pin_seconds: float = 5.0
     source_filtering: bool = True
-    poll_depth: int = 1
+    poll_depth: int = 8
     upkeep_seconds: float = 10.0  # dlctl.replication.upkeep
     sources: dict[str, SourceSettings] = field(default_factory=dict)
     sources_dir: Path | None = None  # None: no installed sources (only the tables above)
@@ -113,7 +114,7 @@ def parse_replication(raw: Any, path: Path) -> ReplicationSettings:
             raise ConfigError(f"{path}: [replication] key '{key}' must be seconds in {low:g}..{high:g}, got {value!r}")
         return float(value)
 
-    depth = raw.get("poll_depth", 1)
+    depth = raw.get("poll_depth", ReplicationSettings.poll_depth)
     if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 256:
         raise ConfigError(f"{path}: [replication] key 'poll_depth' must be an integer in 1..256, got {depth!r}")
 

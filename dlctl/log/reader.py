@@ -216,6 +216,7 @@ class LogReader:
         self._readable_at: dict[int, float] = {}  # entry id -> when LAC showed it readable (awaited from a poll)
         self._poll_timer: asyncio.Handle | None = None  # wakes the fetcher to retry a failed poll
         self._poll_timer_at = 0.0  # when it fires (loop time)
+        self._grace_timer: asyncio.TimerHandle | None = None  # wakes the fetcher when a poll's grace is over
         self._retry_paused = False  # an entry failed; fetch again when the consumer asks
         self._wake = asyncio.Event()
         self._arrived = asyncio.Event()
@@ -304,8 +305,9 @@ class LogReader:
         tasks += [f.future for f in self._buffer]
         self._polls.clear()
         self._drop_buffer()
-        if self._poll_timer is not None:
-            self._poll_timer.cancel()
+        for timer in (self._poll_timer, self._grace_timer):
+            if timer is not None:
+                timer.cancel()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -500,9 +502,10 @@ class LogReader:
                 return  # the next segment does not exist yet: a metadata watch wakes us
             end = readable_end(seg, self._lac)
             if self._next_entry <= end:
-                if self._awaiting_poll(self._next_entry):
-                    if seg.state is SegmentState.INPROGRESS:
-                        self._arm_polls(seg)  # keep the polls ahead rolling meanwhile
+                # (A closed segment's last entries are readable by its metadata, not by a LAC
+                # that a poll could bring: the writer's close publishes none. Read them now.)
+                if seg.state is SegmentState.INPROGRESS and self._awaiting_poll(self._next_entry):
+                    self._arm_polls(seg)  # keep the polls ahead rolling meanwhile
                     return
                 if self.window is not None and len(self._buffer) >= self.window.size:
                     return
@@ -523,11 +526,16 @@ class LogReader:
             return False
         loop = asyncio.get_running_loop()
         now = loop.time()
-        since = self._readable_at.get(entry_id)
-        if since is None:  # first seen readable now: look again when the grace is over
-            since = self._readable_at[entry_id] = now
-            loop.call_at(since + POLL_GRACE, self._wake.set)
-        return now - since < POLL_GRACE
+        since = self._readable_at.setdefault(entry_id, now)
+        if now - since >= POLL_GRACE:
+            return False
+        # Look again when the grace is over. Armed at every look, not once: the loop may run a
+        # timer up to its clock resolution early, and a wake-up that finds the grace a hair short
+        # must not leave the entry waiting for some other event (a poll timing out, seconds later).
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+        self._grace_timer = loop.call_at(since + POLL_GRACE, self._wake.set)
+        return True
 
     def _current_segment(self) -> SegmentRecord | None:
         origin: DLSN | None = None  # where unread entries were truncated away under us

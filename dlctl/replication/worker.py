@@ -151,8 +151,8 @@ class WorkerOptions:
     # Caught up, keep long polls outstanding this many entries ahead at the source (growing with
     # the link): a new entry then crosses the WAN once, pushed by the poll already waiting for
     # it, instead of waiting for a poll to travel there and a read after it
-    # (``LogReader(poll_depth=)``). 1 (the default until issue 27 closes): one poll per replica.
-    poll_depth: int = 1
+    # (``LogReader(poll_depth=)``). 1: one poll per replica, a poll and a read per new entry.
+    poll_depth: int = 8
     causal_poll: float = 1.0  # a stream waiting for the causal past re-checks this often
     # Causal streams: send the sink's version vector with every read, so the source leaves the
     # records the sink holds behind (``dlctl.replication.seen``).
@@ -396,6 +396,11 @@ class StreamWorker:
                     count += 1
                     if count & 255 == 0:
                         await appender.wait_writable()
+                        # Let the loop run: while the reader has entries in hand, read_next and
+                        # submit never suspend, and the sink writer's sends and acks (and the
+                        # reader's next requests) would wait until the reader ran dry — reading
+                        # and appending in turns instead of overlapped.
+                        await asyncio.sleep(0)
                 if group_left:
                     group_left -= 1
                     if not group_left:  # the request's last record: submit what was admitted of it

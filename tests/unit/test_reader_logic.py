@@ -9,6 +9,7 @@ import random
 import pytest
 
 from dlctl.log.dlsn import DLSN
+from dlctl.log.reader import POLL_GRACE, LogReader
 from dlctl.log.readpolicy import (
     AdaptiveTimeout,
     ReadAhead,
@@ -329,3 +330,71 @@ def test_a_slow_consumer_shrinks_the_window_to_its_minimum_and_one_keeping_pace_
     with pytest.raises(ValueError):
         ReadAheadWindow(1, minimum=2)
 
+
+
+# -- polls ahead: when an entry waits for the poll on its way with it (dlctl.log.reader) ---------
+
+
+class _Clock:
+    """The event loop's clock, moved by hand (the fetcher's grace is loop time)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.now = loop.time()
+        loop.time = lambda: self.now  # type: ignore[method-assign]
+
+
+def _poll_ahead_reader() -> LogReader:
+    reader = LogReader(None, None, "x", poll_depth=8)  # type: ignore[arg-type]  # the fetcher's decisions only
+    reader._carrying[5] = 1  # a poll is on its way with entry 5
+    return reader
+
+
+def test_an_entry_a_poll_carries_waits_the_grace_and_a_wake_up_is_armed_at_every_look():
+    """A wake-up that comes a hair early (the loop runs timers up to its clock resolution early)
+    must arm another: an entry left waiting with no timer waits for some unrelated event — a
+    poll timing out, seconds later (seen as a 5 s stall at the end of a replication run)."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        clock = _Clock(loop)
+        reader = _poll_ahead_reader()
+        start = clock.now
+        assert reader._awaiting_poll(5)
+        first = reader._grace_timer
+        assert first is not None and first.when() == pytest.approx(start + POLL_GRACE)
+        clock.now = start + POLL_GRACE - 0.0005  # the timer fired early
+        assert reader._awaiting_poll(5)
+        again = reader._grace_timer
+        assert again is not None and again is not first and not again.cancelled()
+        assert again.when() >= start + POLL_GRACE - 1e-9
+        clock.now = start + POLL_GRACE
+        assert not reader._awaiting_poll(5)  # overdue: read it like any entry
+        again.cancel()
+
+    asyncio.run(main())
+
+
+def test_the_last_entries_of_a_closed_segment_are_requested_at_once_not_left_to_polls():
+    """A writer's close publishes no LAC, so no poll will bring a closed segment's last entries:
+    the fetcher requests them as soon as the metadata shows the close, even with polls out."""
+
+    async def main() -> None:
+        _Clock(asyncio.get_running_loop())
+        reader = _poll_ahead_reader()
+        requested: list[int] = []
+        reader._request = lambda segment, entry_id: requested.append(entry_id)  # type: ignore[method-assign]
+        reader._fetch_seq, reader._next_entry, reader._lac = 1, 5, 4
+        reader._segments = {1: seg(1, "inprogress", nodes=("a1", "b1", "c1"))}
+        reader._arm_polls = lambda segment: None  # type: ignore[method-assign]
+        reader._pump()
+        assert requested == []  # in progress and readable only up to 4: entry 5 is the polls'
+        reader._lac = 5
+        reader._pump()
+        assert requested == []  # readable now, and a poll is on its way with it: the grace
+        reader._segments = {1: seg(1, "completed", last_entry=6)}
+        reader._pump()
+        assert requested == [5, 6]
+        if reader._grace_timer is not None:
+            reader._grace_timer.cancel()
+
+    asyncio.run(main())

@@ -244,7 +244,7 @@ def test_replication_table_of_the_agent_config(tmp_path: Path):
     )
     assert settings_.poll_seconds == 0.5 and settings_.sources["east"].secret_file == (tmp_path / "east.secret").resolve()
     assert parse_replication({}, tmp_path / "a.toml").enabled is True
-    assert parse_replication({}, tmp_path / "a.toml").poll_depth == 1
+    assert parse_replication({}, tmp_path / "a.toml").poll_depth == 8
     assert parse_replication({"poll_depth": 8}, tmp_path / "a.toml").poll_depth == 8
     for bad, message in [
         ({"pole_seconds": 1}, "unknown key"),
