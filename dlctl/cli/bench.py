@@ -1,8 +1,10 @@
-"""``dlctl bench write|read``: throughput and latency of a log, with issue 4's targets beside them.
+"""``dlctl bench write|read|replication``: throughput and latency of a log, with issue 4's
+targets beside them, and the replication lag between two clusters (issue 27).
 
-Figures are data (stdout; ``-o json``); progress goes to stderr. Both verbs write to the log
+Figures are data (stdout; ``-o json``); progress goes to stderr. Every verb writes to a log
 (they are mutating: ``--dry-run`` prints what they would do). ``--create`` makes the log when
-it is missing, and ``--delete-after`` deletes it at the end — only a log this run created.
+it is missing; ``write``/``read`` delete it at the end with ``--delete-after``, ``replication``
+removes what it created (its stream, the log on both sides) unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from typing import Any
 
 import click
 
-from ..errors import NotFoundError
+from ..errors import DlctlError, NotFoundError
 from ..meta.records import LogConfig
-from ..ops import bench
+from ..ops import bench, bench_replication
+from ..ops.bench_lag import MIN_RECORD_SIZE, LagSpec
 from ..plan import Plan, Step, apply
-from .complete import complete_log
+from ..session import ClusterSession
+from .complete import complete_cluster, complete_log
 from .context import AppContext, output_option, pass_app, yes_option
 
 log = logging.getLogger("dlctl.bench")
@@ -27,7 +31,8 @@ log = logging.getLogger("dlctl.bench")
 
 @click.group("bench")
 def bench_group() -> None:
-    """Measure write and read throughput and latency of a log (issue 4's targets shown)."""
+    """Measure write and read throughput and latency of a log (issue 4's targets shown), and
+    replication lag between two clusters."""
 
 
 def _log_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -78,11 +83,7 @@ def _plan(
             f"log {name!r} does not exist in cluster {session.cluster.name!r}",
             hint="create it with `dlctl log create`, or pass --create",
         )
-    try:
-        # Rolling as `dlctl log create` does by default: a benchmark log is an ordinary log.
-        config = LogConfig(*quorums, 256 * 1024 * 1024, 3600.0)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    config = _log_config(quorums)
     target = f"{session.cluster.name}/{name}"
     steps: list[Step] = []
     notes: list[str] = []
@@ -246,6 +247,114 @@ def bench_read(
     steps.append(Step("bench-read", target, f"read {name} from its start {runs} time(s){tailing}", run=run))
     plan, state = _plan(app, "read", name, create, (ensemble_size, write_quorum, ack_quorum), delete_after, steps)
     _run(app, plan, state, name, dry_run, "bench-read")
+
+
+def _cluster_session(app: AppContext, name: str) -> ClusterSession:
+    """A session to cluster ``name`` of the inventory, closed with the command."""
+    if name == app.cluster:
+        return app.session()
+    session = ClusterSession(app.inventory().cluster(name))
+    click.get_current_context().call_on_close(session.close)
+    return session
+
+
+@bench_group.command("replication")
+@click.option("--source", required=True, metavar="CLUSTER", shell_complete=complete_cluster, help="Cluster the records are written to.")
+@click.option("--sink", required=True, metavar="CLUSTER", shell_complete=complete_cluster, help="Cluster they are replicated to.")
+@click.option("--log", "name", default=bench_replication.DEFAULT_LOG, show_default=True, metavar="NAME", help="Log to measure: one SOURCE replicates to SINK already, or (--create) a new one.")
+@click.option("--create", is_flag=True, help="Set LOG up when it does not exist: the log in SOURCE and a stream for it alone (as init-replication does); removed at the end.")
+@click.option("--keep", is_flag=True, help="Leave what --create set up in place (the stream and the log on both sides).")
+@click.option("--rate", type=click.IntRange(1), default=1000, show_default=True, help="Records/s written to SOURCE.")
+@click.option("--seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="How long the lag is measured (after the warm-up).")
+@click.option("--warmup", type=click.FloatRange(min=0.0), default=1.0, show_default=True, help="Seconds written before lags count.")
+@click.option("--record-size", type=click.IntRange(MIN_RECORD_SIZE), default=100, show_default=True, help="Payload bytes per record.")
+@click.option("--deliver-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True, help="Seconds the sink may stay silent: for the first record (the stream starting), and after the last one was written.")
+@click.option("-e", "--ensemble-size", type=click.IntRange(1), default=3, show_default=True, help="E, for --create.")
+@click.option("-w", "--write-quorum", type=click.IntRange(1), default=3, show_default=True, help="W, for --create.")
+@click.option("-a", "--ack-quorum", type=click.IntRange(1), default=2, show_default=True, help="A, for --create.")
+@click.option(
+    "--install-credentials/--no-install-credentials", default=True, show_default=True,
+    help="For --create, as init-replication: deliver SOURCE's credentials over SSH to the SINK agents the inventory lists.",
+)
+@click.option("--dry-run", is_flag=True, help="Print what would be done and do nothing.")
+@yes_option
+@output_option
+@pass_app
+def bench_replication_command(
+    app: AppContext, source: str, sink: str, name: str, create: bool, keep: bool, rate: int, seconds: float, warmup: float, record_size: int,
+    deliver_timeout: float, ensemble_size: int, write_quorum: int, ack_quorum: int, install_credentials: bool, dry_run: bool,
+) -> None:
+    """Replication lag from SOURCE to SINK: what a record acknowledged in SOURCE takes to be
+    readable in SINK (the RPO operators watch), next to the same reader tailing SOURCE.
+
+    \b
+    A writer (a child process) appends --rate records/s to LOG in SOURCE for --warmup +
+    --seconds; each record's acknowledgement time is noted. A tailing reader in SINK and one in
+    SOURCE note when each record becomes visible to them. Per record after the warm-up:
+      lag      = visible in SINK   - acknowledged in SOURCE
+      baseline = visible in SOURCE - acknowledged in SOURCE
+    printed as p50/p90/p99/max in ms with lag - baseline and the machine's conditions. First one
+    record must reach SINK within --deliver-timeout (the stream starting), so that is not timed.
+
+    \b
+    All times are this host's clock: no clock skew between the clusters enters, but this
+    host's network distance to each cluster does. A record becomes readable in SOURCE when the
+    writer here tells SOURCE's agents it was acknowledged (the LAC it sends next), so both
+    figures include this host's round trip to SOURCE; the lag's reader is answered from SINK,
+    the baseline's from SOURCE. So lag - baseline = the stream's own delay (the worker's read
+    in SOURCE, the SOURCE -> SINK transfer, SINK's append and acknowledgement) + this host's
+    one-way distance from SINK - its distance from SOURCE. For the link's figure run it on a
+    host about as far from both clusters, or correct by the difference.
+
+    \b
+    LOG: a log SOURCE replicates to SINK already is measured as it is (this run's records stay
+    in it, tagged so readers here skip any others; its writer in SOURCE is taken over). With
+    --create a missing LOG is set up — the log in SOURCE, then a stream for it alone, as
+    `init-replication --source SOURCE --sink SINK --logs LOG` (it creates the SINK log) — and
+    removed at the end (stream and pins, then the log on both sides), also after a failure or
+    Ctrl-C, unless --keep. Refused when a stream SOURCE -> SINK exists already, or a stream out
+    of SOURCE or SINK has a pattern matching LOG: the new log would join it.
+
+    \b
+    Exit codes: 0 measured; 1 failed (no agent in a cluster, the stream delivered nothing
+    within --deliver-timeout, records written never reached SINK — the figures are printed
+    first); 2 usage (unknown cluster, bad options); 3 failed and what it created could not all
+    be removed (named); 4 refused (a stream would take the new log in, SINK has the log
+    already; not confirmed); 130 interrupted.
+    """
+    spec = bench_replication.ReplicationBenchSpec(
+        log=name, create=create, keep=keep, log_config=_log_config((ensemble_size, write_quorum, ack_quorum)),
+        lag=LagSpec(rate=rate, seconds=seconds, warmup=warmup, record_size=record_size, deliver_timeout=deliver_timeout),
+        install_credentials=install_credentials,
+    )
+    source_session, sink_session = _cluster_session(app, source), _cluster_session(app, sink)
+    peers = [_cluster_session(app, c) for c in app.inventory().clusters if c not in (source, sink)] if create else []
+    built = bench_replication.build(source_session, sink_session, spec, peers)
+    if dry_run:
+        app.render(built.plan)
+        return
+    app.confirm(built.plan)
+    with _progress(app) as progress:
+
+        def on_step(index: int, step: Step) -> None:
+            log.info("bench replication: %s", step.description)
+            progress("steps", index, len(built.plan.steps))
+
+        figures = bench_replication.run(built, progress, on_step)
+    app.render(figures)
+    if figures["records_missing_at_sink"]:
+        raise DlctlError(
+            f"{figures['records_missing_at_sink']} of {figures['records_written']} records written to {source}/{name} never reached {sink} (nothing for {deliver_timeout:g}s)",
+            hint=f"see `dlctl replication status --sink {sink} {figures['stream']}`" + ("" if keep or not figures["created"] else "; the stream was removed: re-run with --keep to look at it"),
+        )
+
+
+def _log_config(quorums: tuple[int, int, int]) -> LogConfig:
+    try:
+        # Rolling as `dlctl log create` does by default: a benchmark log is an ordinary log.
+        return LogConfig(*quorums, 256 * 1024 * 1024, 3600.0)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 __all__ = ["bench_group"]

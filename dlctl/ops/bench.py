@@ -58,7 +58,7 @@ TARGET_MB_PER_S_1KIB = 50.0
 TARGET_TAIL_P99_MS = 20.0
 TARGET_TAIL_RATE = 10_000
 TARGET_CONFIG = (3, 3, 2)
-_STAMP = struct.Struct(">qI")  # a tailing record's send time (ns since the epoch), sequence number
+STAMP = struct.Struct(">qI")  # a tailing record's send time (ns since the epoch), sequence number
 _PACE_TICK = 0.0005  # the paced writer's nominal sleep between bursts
 
 Progress = Callable[[str, int, int | None], None]  # (phase, done, total or None)
@@ -71,10 +71,16 @@ def _noop(_phase: str, _done: int, _total: int | None) -> None:
 # -- figures -----------------------------------------------------------------------------------
 
 
-def percentiles(samples: Sequence[float], scale: float = 1000.0) -> dict[str, Any]:
-    """Nearest-rank p50/p99/p999 (and max) of ``samples`` seconds, in ms (``scale``)."""
+def _quantile_key(q: float) -> str:
+    return "p" + f"{q * 100:g}".replace(".", "")  # 0.5 -> p50, 0.9 -> p90, 0.999 -> p999
+
+
+def percentiles(samples: Sequence[float], scale: float = 1000.0, quantiles: Sequence[float] = (0.50, 0.99, 0.999)) -> dict[str, Any]:
+    """Nearest-rank percentiles (p50/p99/p999 unless ``quantiles`` says otherwise) and max of
+    ``samples`` seconds, in ms (``scale``)."""
+    keys = [_quantile_key(q) for q in quantiles]
     if not samples:
-        return {"samples": 0, "p50": None, "p99": None, "p999": None, "max": None}
+        return {"samples": 0, **{k: None for k in keys}, "max": None}
     ordered = sorted(samples)
     n = len(ordered)
 
@@ -83,7 +89,7 @@ def percentiles(samples: Sequence[float], scale: float = 1000.0) -> dict[str, An
         index = max(0, min(n - 1, -(-int(q * n * 1000) // 1000) - 1))
         return round(ordered[index] * scale, 3)
 
-    return {"samples": n, "p50": rank(0.50), "p99": rank(0.99), "p999": rank(0.999), "max": round(ordered[-1] * scale, 3)}
+    return {"samples": n, **{k: rank(q) for k, q in zip(keys, quantiles)}, "max": round(ordered[-1] * scale, 3)}
 
 
 def _median(values: Sequence[float]) -> float:
@@ -358,9 +364,15 @@ async def _catch_up(session: ClusterSession, name: str, expected: int, idle: flo
     }
 
 
-async def _paced_writer(cluster: Cluster, name: str, record_size: int, rate: int, seconds: float, send: Callable[[dict], None], go: Callable[[], Any]) -> dict[str, Any]:
+async def _paced_writer(
+    cluster: Cluster, name: str, record_size: int, rate: int, seconds: float, send: Callable[[dict], None], go: Callable[[], Any],
+    *, tag: bytes = b"", ack_times: bool = False,
+) -> dict[str, Any]:
     """Own the log, say ready (with the last txid), wait for ``go``, append at ``rate`` records/s
-    for ``seconds``; each payload starts with its send time (ns) and a sequence number."""
+    for ``seconds``; each payload starts with its send time (ns) and a sequence number, then
+    ``tag`` (so that readers can tell this run's records from others in the log).
+    ``ack_times``: the done event carries every record's acknowledgement time (``time.time_ns``,
+    by sequence number; None: not acknowledged), for lags measured from the acknowledgement."""
     from ..log.writer import LogWriter
 
     loop = asyncio.get_running_loop()
@@ -371,11 +383,19 @@ async def _paced_writer(cluster: Cluster, name: str, record_size: int, rate: int
             try:
                 send({"event": "ready", "last_txid": writer.last_txid})
                 await loop.run_in_executor(None, go)
-                pad = os.urandom(max(0, record_size - _STAMP.size))
-                pack = _STAMP.pack
+                pad = tag + os.urandom(max(0, record_size - STAMP.size - len(tag)))
+                pack = STAMP.pack
                 sent = 0
                 lagged = 0.0
                 acks: list[float] = []
+                acked_at: dict[int, int] = {}
+
+                def stamp_ack(seq: int) -> Callable[[asyncio.Future], None]:
+                    def done(fut: asyncio.Future) -> None:
+                        if not fut.cancelled() and fut.exception() is None:
+                            acked_at[seq] = time.time_ns()
+
+                    return done
 
                 def acked(started: float) -> Callable[[asyncio.Future], None]:
                     def done(fut: asyncio.Future) -> None:
@@ -394,6 +414,8 @@ async def _paced_writer(cluster: Cluster, name: str, record_size: int, rate: int
                     while sent < due:
                         await writer.wait_writable()
                         fut = writer.submit(pack(time.time_ns(), sent) + pad)
+                        if ack_times:
+                            fut.add_done_callback(stamp_ack(sent))
                         if sent % _ACK_SAMPLE_EVERY == 0:
                             # Submit->ack, to tell the writer's and agents' share of the
                             # end-to-end latency from the LAC's way to the reader.
@@ -406,7 +428,7 @@ async def _paced_writer(cluster: Cluster, name: str, record_size: int, rate: int
                 await writer.close()
         finally:
             await pool.close()
-    return {
+    done = {
         "event": "done",
         "sent": sent,
         "seconds": round(elapsed, 4),
@@ -414,6 +436,9 @@ async def _paced_writer(cluster: Cluster, name: str, record_size: int, rate: int
         "max_lag_seconds": round(lagged, 4),
         "ack_latency_ms": percentiles(acks),
     }
+    if ack_times:
+        done["acked_ns"] = [acked_at.get(seq) for seq in range(sent)]
+    return done
 
 
 def _paced_writer_main() -> int:
@@ -445,18 +470,21 @@ def _paced_writer_main() -> int:
             raise DlctlError("paced writer: the reader went away before it started")
 
     try:
-        send(asyncio.run(_paced_writer(cluster, params["log"], params["record_size"], params["rate"], params["seconds"], send, go)))
+        send(asyncio.run(_paced_writer(
+            cluster, params["log"], params["record_size"], params["rate"], params["seconds"], send, go,
+            tag=bytes.fromhex(params.get("tag", "")), ack_times=params.get("ack_times", False),
+        )))
     except Exception as exc:  # noqa: BLE001 - the parent must hear why, not wait for ever
         send({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
         return 1
     return 0
 
 
-class _WriterProcess:
+class PacedWriterProcess:
     """The paced writer as a child process (``python -m dlctl.ops.bench paced-writer``), always
     reaped: ``close`` ends it by its pid if it has not ended by itself."""
 
-    def __init__(self, session: ClusterSession, name: str, record_size: int, rate: int, seconds: float) -> None:
+    def __init__(self, session: ClusterSession, name: str, record_size: int, rate: int, seconds: float, *, tag: bytes = b"", ack_times: bool = False) -> None:
         import json
         import subprocess
         import sys
@@ -475,6 +503,8 @@ class _WriterProcess:
             "record_size": record_size,
             "rate": rate,
             "seconds": seconds,
+            "tag": tag.hex(),
+            "ack_times": ack_times,
         }
         self._json = json
         self.proc = subprocess.Popen(
@@ -546,7 +576,7 @@ class _WriterProcess:
 async def _tail_latency(session: ClusterSession, name: str, record_size: int, rate: int, seconds: float, warmup: float, on_progress: Progress) -> dict[str, Any]:
     from ..log.reader import LogReader
 
-    writer = _WriterProcess(session, name, record_size, rate, seconds + warmup)
+    writer = PacedWriterProcess(session, name, record_size, rate, seconds + warmup)
     pool = AgentPool(session.meta, session.credentials)
     latencies: list[float] = []
     received = out_of_order = 0
@@ -556,7 +586,7 @@ async def _tail_latency(session: ClusterSession, name: str, record_size: int, ra
             writer.go()
             measure_from = time.time_ns() + int(warmup * 1e9)
             expected_max = int((seconds + warmup) * rate) + 1
-            unpack = _STAMP.unpack_from
+            unpack = STAMP.unpack_from
             done: dict | None = None
             while done is None or received < done["sent"]:
                 # Waiting longer once the writer has finished: what is missing then must come
@@ -669,5 +699,5 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["paced-writer"]:
-        sys.exit("usage: python -m dlctl.ops.bench paced-writer  (used by `dlctl bench read`)")
+        sys.exit("usage: python -m dlctl.ops.bench paced-writer  (used by `dlctl bench read` and `dlctl bench replication`)")
     sys.exit(_paced_writer_main())
