@@ -1,11 +1,14 @@
 /*
- * dlctl._speedups: the per-record loops of the bootstrap copy, in C.
+ * dlctl._speedups: the per-record loops of the bootstrap copy and of replication streams, in C.
  *
- * dlctl.spark.transform holds the reference implementation in Python and the meaning of both
- * functions; this module does exactly the same work with no Python object per record. It is
- * optional: transform.py uses it when it imports and falls back to the Python loops otherwise
+ * dlctl.spark.transform holds the reference implementation in Python and the meaning of the
+ * copy's functions; this module does exactly the same work with no Python object per record. It
+ * is optional: transform.py uses it when it imports and falls back to the Python loops otherwise
  * (a node without a compiler, executors of a real Spark cluster that receive dlctl as a zip).
  * tests/unit/test_speedups.py checks the two give the same bytes, numbers and errors.
+ * stream_local is a stream worker's loop for entries of local records (dlctl.replication.fastpath);
+ * without it the worker takes its general per-record path, whose bytes
+ * tests/unit/test_stream_fastpath.py compares it with.
  *
  * Input is untrusted as far as structure goes (the entry CRC passed, but a hostile or buggy
  * writer can still put any bytes in a payload): every offset is checked against the end of
@@ -331,6 +334,29 @@ fail:
     return NULL;
 }
 
+/* The origin headers every replicated local record gets, after the header count: ``head``
+ * (dl.origin.cluster whole, then dl.origin.dlsn's name), the DLSN (``seq_prefix`` and the slot's
+ * ``nd`` digits), dl.vt (``vt_name``, then ``before`` + the counter's ``ns`` digits + ``after``).
+ * Returns where they end. */
+static unsigned char *put_origin(unsigned char *w, const Py_buffer *head, const Py_buffer *seq_prefix, const char *digits, int nd,
+                                 const Py_buffer *vt_name, const Py_buffer *before, const char *stamp_digits, int ns, const Py_buffer *after) {
+    memcpy(w, head->buf, (size_t)head->len);
+    w += head->len;
+    put32(w, (uint32_t)(seq_prefix->len + nd));
+    w += 4;
+    memcpy(w, seq_prefix->buf, (size_t)seq_prefix->len);
+    memcpy(w + seq_prefix->len, digits, (size_t)nd);
+    w += seq_prefix->len + nd;
+    memcpy(w, vt_name->buf, (size_t)vt_name->len);
+    w += vt_name->len;
+    put32(w, (uint32_t)(before->len + ns + after->len));
+    w += 4;
+    memcpy(w, before->buf, (size_t)before->len);
+    memcpy(w + before->len, stamp_digits, (size_t)ns);
+    memcpy(w + before->len + ns, after->buf, (size_t)after->len);
+    return w + before->len + ns + after->len;
+}
+
 /* -- copy_local ---------------------------------------------------------------------------- */
 
 static int is_totals(uint32_t size, Py_ssize_t key_len) {
@@ -439,22 +465,8 @@ static PyObject *copy_local(PyObject *self, PyObject *args) {
             w[0] = 0;
             w[1] = 4; /* four headers */
             w += 2;
-            memcpy(w, head.buf, (size_t)head.len); /* dl.origin.cluster, then dl.origin.dlsn's name */
-            w += head.len;
-            put32(w, (uint32_t)n);
-            w += 4;
-            unsigned char *dlsn = w;
-            memcpy(w, seq_prefix.buf, (size_t)seq_prefix.len);
-            memcpy(w + seq_prefix.len, digits, (size_t)nd);
-            w += n;
-            memcpy(w, vt_name.buf, (size_t)vt_name.len);
-            w += vt_name.len;
-            put32(w, (uint32_t)stamp);
-            w += 4;
-            memcpy(w, before.buf, (size_t)before.len);
-            memcpy(w + before.len, stamp_digits, (size_t)ns);
-            memcpy(w + before.len + ns, after.buf, (size_t)after.len);
-            w += stamp;
+            unsigned char *dlsn = w + head.len + 4;
+            w = put_origin(w, &head, &seq_prefix, digits, nd, &vt_name, &before, stamp_digits, ns, &after);
             memcpy(w, src_name.buf, (size_t)src_name.len);
             w += src_name.len;
             put32(w, (uint32_t)(n + src_prefix.len));
@@ -507,6 +519,121 @@ done:
     return result;
 }
 
+/* -- stream_local ------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(stream_local_doc,
+             "stream_local(buf, start, end, slot, seq_prefix, head, vt_name, before, after, counter, txid, limit)\n"
+             "    -> None | (out, records, counter, next_pos, next_slot, last_slot, payload_bytes)\n\n"
+             "The record loop of a replication stream (dlctl.replication.fastpath) over the records of a\n"
+             "source entry payload buf[start:end], the first of them at slot ``slot``: every data record\n"
+             "written at the source itself (no headers) becomes the record the stream appends at its sink —\n"
+             "the same key and payload, txid ``txid``, ``txid + 1``, ..., and the headers dl.origin.cluster\n"
+             "and dl.origin.dlsn (``head``: both names and the cluster's value; the DLSN is ``seq_prefix``\n"
+             "and the slot) and dl.vt (``vt_name``; ``before`` + the source's own counter, ``counter + 1``,\n"
+             "... + ``after``), in that order. Control records are left out (the sink's writer writes its\n"
+             "own). Stops before the record that would take ``out`` past ``limit`` bytes (never before the\n"
+             "first); ``next_pos``/``next_slot``: where to go on; ``last_slot``: the last data record's (-1:\n"
+             "none). None when a data record has headers (the\n"
+             "caller takes the general path for what is left of the entry); ValueError on a broken layout.");
+
+static PyObject *stream_local(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t start, end, slot, limit;
+    long long counter, txid;
+    Py_buffer seq_prefix, head, vt_name, before, after;
+    if (!PyArg_ParseTuple(args, "Onnny*y*y*y*y*LLn", &obj, &start, &end, &slot, &seq_prefix, &head, &vt_name, &before, &after, &counter, &txid, &limit))
+        return NULL;
+    PyObject *result = NULL, *out = NULL;
+    Py_buffer view;
+    view.obj = NULL;
+    if (get_range(obj, &view, &start, &end) < 0) {
+        view.obj = NULL;
+        goto done;
+    }
+    const unsigned char *buf = view.buf;
+    /* What the three headers add to a record, less the slot's digits and the counter's. */
+    Py_ssize_t added_fixed = head.len + 4 + seq_prefix.len + vt_name.len + 4 + before.len + after.len;
+    char digits[MAX_DIGITS + 1];
+
+    /* Pass 1: check the records, find where this call stops and the size of what it writes. */
+    Py_ssize_t length = 0, pos = start, stop_at = start, s = slot;
+    long long c = counter;
+    while (pos < end) {
+        Py_ssize_t stop, key_end;
+        if (check_record(buf, pos, end, start, &stop, &key_end) < 0)
+            goto done;
+        if (!(buf[pos + 4] & FLAG_CONTROL)) {
+            if (buf[key_end] || buf[key_end + 1]) {
+                result = Py_None; /* headers: the general path */
+                Py_INCREF(result);
+                goto done;
+            }
+            Py_ssize_t grown = length + (stop - pos) + added_fixed + snprintf(digits, sizeof digits, "%zd", s) + snprintf(digits, sizeof digits, "%lld", c + 1);
+            if (grown > limit && length > 0)
+                break;
+            length = grown;
+            c++;
+        }
+        s++;
+        pos = stop;
+        stop_at = pos;
+    }
+
+    /* Pass 2: write. */
+    out = PyBytes_FromStringAndSize(NULL, length);
+    if (out == NULL)
+        goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    long long records = 0, payload_bytes = 0;
+    Py_ssize_t last_slot = -1;
+    pos = start;
+    s = slot;
+    while (pos < stop_at) {
+        uint32_t size = be32(buf + pos);
+        Py_ssize_t stop = pos + 4 + (Py_ssize_t)size;
+        Py_ssize_t key_end = pos + FIXED_SIZE + be16(buf + pos + 13);
+        if (!(buf[pos + 4] & FLAG_CONTROL)) {
+            counter++;
+            int nd = snprintf(digits, sizeof digits, "%zd", s);
+            char stamp_digits[MAX_DIGITS + 1];
+            int ns = snprintf(stamp_digits, sizeof stamp_digits, "%lld", counter);
+            put32(w, size + (uint32_t)(added_fixed + nd + ns));
+            w[4] = buf[pos + 4]; /* flags */
+            uint64_t t = (uint64_t)(txid + records);
+            for (int i = 0; i < 8; i++)
+                w[5 + i] = (unsigned char)(t >> (56 - 8 * i));
+            memcpy(w + 13, buf + pos + 13, (size_t)(key_end - pos - 13)); /* key length, key */
+            w += key_end - pos;
+            w[0] = 0;
+            w[1] = 3; /* three headers */
+            w += 2;
+            w = put_origin(w, &head, &seq_prefix, digits, nd, &vt_name, &before, stamp_digits, ns, &after);
+            memcpy(w, buf + key_end + 2, (size_t)(stop - key_end - 2)); /* the payload */
+            w += stop - key_end - 2;
+            payload_bytes += stop - key_end - 2;
+            last_slot = s;
+            records++;
+        }
+        s++;
+        pos = stop;
+    }
+    if (w != (unsigned char *)PyBytes_AS_STRING(out) + length) {
+        PyErr_SetString(PyExc_SystemError, "stream_local: sink records size mismatch");
+        goto done;
+    }
+    result = Py_BuildValue("OLLnnnL", out, records, counter, stop_at, s, last_slot, payload_bytes);
+done:
+    Py_XDECREF(out);
+    if (view.obj != NULL)
+        PyBuffer_Release(&view);
+    PyBuffer_Release(&seq_prefix);
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&vt_name);
+    PyBuffer_Release(&before);
+    PyBuffer_Release(&after);
+    return result;
+}
+
 /* -- crc32c (for tests: the same values as the crc32c package) ------------------------------- */
 
 static PyObject *py_crc32c(PyObject *self, PyObject *args) {
@@ -522,11 +649,12 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"canonical_summary", canonical_summary, METH_VARARGS, canonical_summary_doc},
     {"copy_local", copy_local, METH_VARARGS, copy_local_doc},
+    {"stream_local", stream_local, METH_VARARGS, stream_local_doc},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0): CRC-32C of data, continuing value."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dlctl._speedups", "The bootstrap copy's per-record loops in C (see _speedups.c).", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dlctl._speedups", "The per-record loops of the bootstrap copy and of replication streams in C (see _speedups.c).", -1, methods};
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     crc_init();

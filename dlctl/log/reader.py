@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 # read instead (the poll's replica is slow or gone).
 POLL_GRACE = 0.2
 
-__all__ = ["EntryReadError", "LogReader", "ReadAhead", "ReadRecord", "ReaderClosedError", "ReaderStats", "TruncationSkip"]
+__all__ = ["EntryReadError", "LogReader", "ReadAhead", "ReadRecord", "ReaderClosedError", "ReaderStats", "TruncationSkip", "WholeEntry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +90,16 @@ class ReadRecord:
     key: bytes = b""
     headers: Mapping[str, bytes] = field(default_factory=dict)
     append_ms: int | None = None  # when its entry was appended (ms since the epoch; None: unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class WholeEntry:
+    """An entry handed out whole (``LogReader.take_entry``): its records' layout is
+    ``dlctl.log.records``; their DLSNs are (seq, entry_id, slot)."""
+
+    seq: int
+    entry_id: int
+    payload: bytes
 
 
 class ReaderClosedError(DlctlError):
@@ -417,17 +427,90 @@ class LogReader:
             return ReadRecord(dlsn, record.txid, record.payload, record.key, record.headers, self._append_ms)
         return None
 
-    def _load(self, fetched: _Fetch) -> None:
-        entry = fetched.future.result()
+    # -- whole entries --------------------------------------------------------------------------
+
+    def take_entry(self) -> WholeEntry | None:
+        """The next entry whole, if the consumer is between entries and it has arrived: for a
+        consumer that handles an entry's records in one go (a stream worker's C loop,
+        ``dlctl.replication.fastpath``). Never waits. None: go on with ``read_next`` (an entry's
+        records are being handed out, the next entry is still on its way or failed, or the start
+        position lies inside it). The consumer then says how far it got: ``entry_done`` (all of
+        it) or ``records_from`` (the rest one by one through ``read_next``)."""
+        if self._records_pending() or self._min_txid is not None:
+            return None
+        if self._failure is not None or self._closed or not self._opened or not self._buffer:
+            return None
+        head = self._buffer[0]
+        if head.dropped or not head.future.done() or head.future.cancelled() or head.future.exception() is not None:
+            return None  # (read_next waits for it, or retries it and says why it failed)
+        if self._skip_before is not None:
+            if self._skip_before > DLSN(head.seq, head.entry_id, 0):
+                return None  # the start lies inside it: read_next skips the records before
+            self._skip_before = None
+        self._pop_head(waited=False)
+        self._records, self._slot = [], 0
+        self._record_at = (head.seq, head.entry_id)
+        here = DLSN(head.seq, head.entry_id, 0)
+        if self.position < here:
+            self.position = here
+        return WholeEntry(head.seq, head.entry_id, head.future.result().payload)
+
+    async def wait_entry(self, timeout: float | None) -> bool:
+        """For ``take_entry``'s consumer: wait up to ``timeout`` seconds (None: for ever) until
+        the next entry has arrived, or there is something for ``read_next`` to hand out or raise
+        (records pending, a failed entry, a retry to start, the reader stopped). False when the
+        time ran out first."""
+        if self._records_pending():
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._buffer:
+            if self._failure is not None or self._closed or self._retry_paused:
+                return True
+            self._arrived.clear()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._arrived.wait()
+            except TimeoutError:
+                return False
+        head = self._buffer[0]
+        if not head.future.done():
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            await asyncio.wait((head.future,), timeout=remaining)
+        return head.future.done()
+
+    def _records_pending(self) -> bool:
+        """Are records of the current entry still to be handed out? (Its last records are
+        control records as a rule — the writer's totals — which are never handed out.)"""
+        records, slot = self._records, self._slot
+        return any(not records[i].control for i in range(slot, len(records)))
+
+    def entry_done(self, entry: WholeEntry, slots: int) -> None:
+        """Every record of ``entry`` was handled (``slots``: how many it has, control records
+        included): the next record is the next entry's first."""
+        self.position = DLSN(entry.seq, entry.entry_id, slots)
+
+    def records_from(self, entry: WholeEntry, slot: int) -> None:
+        """Hand out the records of ``entry`` from ``slot`` on through ``read_next`` (those before
+        it were handled)."""
+        self._records = self._decode(entry.payload, entry.seq, entry.entry_id)
+        self._record_at = (entry.seq, entry.entry_id)
+        self._append_ms = append_time(self._records)
+        self._slot = slot
+        self.position = DLSN(entry.seq, entry.entry_id, slot)
+
+    def _decode(self, payload: bytes, seq: int, entry_id: int) -> list[Record]:
         try:
-            self._records = list(decode_records(entry.payload))
+            return list(decode_records(payload))
         except CorruptRecords as exc:
             # The CRC matched, so the writer wrote this: no other replica can do better, and
             # skipping the entry would be a silent gap. The reader stops here for good.
-            self._failure = CorruptRecords(
-                f"entry {fetched.entry_id} of segment {fetched.seq} of log {self.name!r} does not parse as records: {exc}"
-            )
+            self._failure = CorruptRecords(f"entry {entry_id} of segment {seq} of log {self.name!r} does not parse as records: {exc}")
             raise self._failure from None
+
+    def _load(self, fetched: _Fetch) -> None:
+        entry = fetched.future.result()
+        self._records = self._decode(entry.payload, fetched.seq, fetched.entry_id)
         self._record_at = (fetched.seq, fetched.entry_id)
         self._append_ms = append_time(self._records)
         self._slot = 0
@@ -457,17 +540,20 @@ class LogReader:
         self._check_usable()
         if head.dropped:  # the buffer was reset while we waited
             return await self._next_entry_from_buffer(deadline)
-        self._buffer.popleft()
-        self._buffered_bytes_sub(head)
-        if self.window is not None:
-            self.window.taken(waited=waited, ready=sum(1 for f in self._buffer if f.future.done()))
-        self._wake.set()  # room for the fetcher
+        self._pop_head(waited)
         exc = head.future.exception()
         if exc is not None:
             # Start over at this entry: the next read_next retries it.
             self._reset_fetch(head.seq, head.entry_id)
             raise exc
         return head
+
+    def _pop_head(self, waited: bool) -> None:
+        head = self._buffer.popleft()
+        self._buffered_bytes_sub(head)
+        if self.window is not None:
+            self.window.taken(waited=waited, ready=sum(1 for f in self._buffer if f.future.done()))
+        self._wake.set()  # room for the fetcher
 
     def _check_usable(self) -> None:
         if self._failure is not None:

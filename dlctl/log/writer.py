@@ -134,13 +134,15 @@ class WriterOptions:
 
 
 class _Batch:
-    """Records cut (or being cut) into one entry; their futures resolve when it is acknowledged."""
+    """Records cut (or being cut) into one entry; their futures resolve when it is acknowledged.
+    One slot per record: None for a record submitted without a future of its own (all but the
+    last of ``submit_encoded``'s)."""
 
     __slots__ = ("parts", "futures", "size", "first_txid", "last_txid", "control")
 
     def __init__(self, first_txid: int, control: bool = False) -> None:
         self.parts: list[bytes] = []
-        self.futures: list[asyncio.Future[DLSN]] = []
+        self.futures: list[asyncio.Future[DLSN] | None] = []
         self.size = 0
         self.first_txid = first_txid
         self.last_txid = first_txid
@@ -422,6 +424,11 @@ class LogWriter:
     def pending_bytes(self) -> int:
         return self._pending_bytes
 
+    @property
+    def next_txid(self) -> int:
+        """The txid ``submit`` assigns next (and ``submit_encoded`` expects)."""
+        return self._last_txid + 1
+
     # -- appending -------------------------------------------------------------------------------
 
     def submit(
@@ -467,20 +474,49 @@ class LogWriter:
             parts = (_PLAIN.pack(_PLAIN_BODY + len(payload), 0, txid, 0, 0), payload)
         if size > _MAX_RECORD:
             raise ValueError(f"record of {size} bytes exceeds the {_MAX_RECORD}-byte maximum of one entry")
-        self._last_txid = txid
+        return self._queue_records(parts, size, 1, txid, txid)
+
+    def submit_encoded(self, encoded: bytes, count: int, first_txid: int) -> asyncio.Future[DLSN]:
+        """Queue ``count`` records already encoded (``dlctl.log.records``' layout, no control
+        record) whose txids are ``first_txid`` (``next_txid``), ``first_txid + 1``, ...: a
+        replication stream's records, built in one C loop (``dlctl.replication.fastpath``). They
+        land in one entry (the batch is cut before them when they would not fit with it); the
+        future gets the DLSN of the last when they are acknowledged. The caller vouches for the
+        layout: records are not parsed here."""
+        if self._error is not None:
+            raise self._error
+        if self._closing:
+            raise WriterClosedError(f"writer of log {self.name!r} is closed", hint="open a new writer to append")
+        if count < 1 or not encoded:
+            raise ValueError("submit_encoded needs at least one record")
+        if first_txid != self._last_txid + 1:
+            raise TxidOrderError(f"encoded records of log {self.name!r} start at txid {first_txid}, the writer is at {self._last_txid}")
+        last_txid = first_txid + count - 1
+        if last_txid > _TXID_MAX:
+            raise ValueError(f"txid {last_txid} exceeds the int64 range")
+        if len(encoded) > self.options.batch_bytes:
+            raise ValueError(f"{len(encoded)} bytes of encoded records exceed one entry's {self.options.batch_bytes}")
+        return self._queue_records((encoded,), len(encoded), count, first_txid, last_txid)
+
+    def _queue_records(self, parts: tuple[bytes, ...], size: int, count: int, first_txid: int, last_txid: int) -> asyncio.Future[DLSN]:
+        """Add ``count`` encoded records (``size`` bytes in ``parts``) to the batch being cut,
+        cutting it first when they would not fit; the future is the last record's."""
+        self._last_txid = last_txid
         fut: asyncio.Future[DLSN] = self._loop.create_future()
         batch = self._batch
         if batch is not None and batch.size + size > self.options.batch_bytes:
             self._cut()
             batch = None
         if batch is None:
-            batch = self._batch = _Batch(txid)
+            batch = self._batch = _Batch(first_txid)
             self._arm_batch_timer()
         batch.parts.extend(parts)
+        if count > 1:
+            batch.futures.extend([None] * (count - 1))
         batch.futures.append(fut)
         batch.size += size
-        batch.last_txid = txid
-        self._submitted += 1
+        batch.last_txid = last_txid
+        self._submitted += count
         self._pending_bytes += size
         if self._pending_bytes > self.options.max_pending_bytes:
             self._writable.clear()
@@ -745,7 +781,7 @@ class LogWriter:
                 seg.last_time = entry.append_ms
                 eid = entry.entry_id
                 for slot, fut in enumerate(futures):
-                    if not fut.done():
+                    if fut is not None and not fut.done():
                         fut.set_result(DLSN(seq, eid, slot))
                 seg.records += len(futures)
                 self._acked += len(futures)
@@ -1191,7 +1227,7 @@ class LogWriter:
             seg.notify()
         for batch in batches:
             for fut in batch.futures:
-                if not fut.done():
+                if fut is not None and not fut.done():
                     fut.set_exception(error)
                     fut.exception()  # a caller that dropped the future must not get "never retrieved" noise
         flushes, self._flushes = self._flushes, []

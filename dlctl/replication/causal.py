@@ -105,6 +105,26 @@ class SourceClock:
         self.vv = vt
         return settle(vt, self.settled) if self.settled else vt
 
+    def local_template(self, before: Any) -> tuple[bytes, bytes] | None:
+        """For a loop that stamps local records itself (``dlctl.replication.fastpath``): (head,
+        tail) such that the encoded timestamp ``stamp(None)`` gives a local record read before
+        position ``before`` is ``head + b"%d" % n + tail``, n the own counter it reaches — or
+        None when stamping there is more than counting: a clock step applies before ``before``,
+        or settled components are left out. The loop hands the counter back (``advance_local``)."""
+        if self.settled or (self._steps and self._steps[0][0] < before):
+            return None
+        lower = [f"{loc}={n}" for loc, n in sorted(self.vv.items()) if n > 0 and loc < self.location]
+        upper = [f"{loc}={n}" for loc, n in sorted(self.vv.items()) if n > 0 and loc > self.location]
+        return ",".join([*lower, f"{self.location}="]).encode(), "".join("," + part for part in upper).encode()
+
+    def advance_local(self, counter: int) -> None:
+        """Local records were stamped up to own counter ``counter`` (``local_template``)."""
+        self.vv = {**self.vv, self.location: counter}
+
+    @property
+    def local_counter(self) -> int:
+        return self.vv.get(self.location, 0)
+
 
 class CausalityFilter:
     """The sink side: which replicated records are new to location ``here``.

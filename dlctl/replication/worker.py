@@ -56,10 +56,11 @@ from ..log.dlsn import DLSN
 from ..log.errors import AgentError
 from ..log.idempotence import PRODUCER_HEADER, producer_mark
 from ..log.pool import AgentPool
-from ..log.reader import LogReader, ReadAhead
+from ..log.reader import LogReader, ReadAhead, WholeEntry
 from ..log.readpolicy import AdaptiveTimeout
 from ..log.records import Record
 from ..log.speculative import EntryReadError
+from ..log.writer import LogWriter
 from ..meta.pins import PinRecord, PinStore
 from ..meta.records import Versioned
 from ..meta.store import MetaStore
@@ -68,6 +69,7 @@ from ..ratelimit import TokenBucket
 from .causal import CausalityFilter, SourceClock, describe_missing, merge
 from .clock import ClockStore
 from .decision import first_retained
+from . import fastpath
 from .origin import ORIGIN_CLUSTER, Origin, applied_headers
 from .filters import RecordFilter
 from .network import causal_gate, current_version_vector
@@ -153,6 +155,9 @@ class WorkerOptions:
     # it, instead of waiting for a poll to travel there and a read after it
     # (``LogReader(poll_depth=)``). 1: one poll per replica, a poll and a read per new entry.
     poll_depth: int = 8
+    # Entries of local records applied whole by a C loop (dlctl.replication.fastpath) where it
+    # applies; False: every record through the per-record path (the two give the same bytes).
+    whole_entries: bool = True
     causal_poll: float = 1.0  # a stream waiting for the causal past re-checks this often
     # Causal streams: send the sink's version vector with every read, so the source leaves the
     # records the sink holds behind (``dlctl.replication.seen``).
@@ -253,6 +258,7 @@ class StreamWorker:
         self._settled: settle.SettledFloors | None = None  # the sink's settled retired locations, read as they come
         self._filtering = False  # reads carry the sink's version vector (source-side filtering)
         self._split_warned = False  # said once that a source request was too large to keep whole
+        self.stats_whole_records = 0  # records applied by the C loop over whole entries (fastpath)
         self._lag: tuple[int, int] | None = None  # (records, bytes) after the checkpoint, last measured
         self._safe = SafeTime()  # from the measures of the source's end (floor: the checkpoint's, at the run's start)
         # The source's answers to this run's reads (compressed when the stream says zstd and the
@@ -346,7 +352,45 @@ class StreamWorker:
         group: list[Record] = []
         group_left = 0  # records of the current source request still to read
         group_entry: tuple[int, int] | None = None  # its (segment, entry) at the source
+
+        async def checkpoint_when_due(now: float, between_requests: bool = True) -> None:
+            """Checkpoints: snapshot now (only between source requests), write once what was
+            submitted up to here is acknowledged."""
+            nonlocal candidate, last_future, next_checkpoint, sink_dlsn
+            if candidate is None and now >= next_checkpoint and progress.last is not None and between_requests:
+                candidate = (last_future, self._snapshot(progress, clock, causal))
+            if candidate is not None and (candidate[0] is None or candidate[0].done()):
+                future, snapshot = candidate
+                if future is not None:
+                    sink_dlsn = future.result()  # raises the appender's failure: the run ends
+                await self._write_checkpoint(replace(snapshot, sink_dlsn=sink_dlsn))
+                candidate = None
+                last_future = None if last_future is future else last_future
+                next_checkpoint = time.monotonic() + self.options.checkpoint_interval
+                await self._maybe_pin()
+                self._maybe_measure_end()
+                self._maybe_refresh_sink_view()
+
+        # Whole entries of local records in C (dlctl.replication.fastpath): a one-way stream
+        # without a filter, into the library writer (the producer of an active-active sink
+        # takes records one by one).
+        whole = self._whole_entries(appender, causal, carried)
         while not self.stop.is_set() or group_left:
+            if whole is not None and not group_left:
+                entry = reader.take_entry()
+                if entry is None and not await reader.wait_entry(self.options.idle_read_timeout):
+                    now = time.monotonic()
+                    await self._idle(now, reader)  # (a read that waited in vain)
+                    await checkpoint_when_due(now)
+                    continue
+                entry = entry or reader.take_entry()
+                if entry is not None and (already is None or DLSN(entry.seq, entry.entry_id, 0) > already):
+                    assert isinstance(appender, LogWriter)
+                    last_future = await self._apply_whole(entry, whole, reader, appender, clock, progress, throttle) or last_future
+                    await checkpoint_when_due(time.monotonic())
+                    continue
+                if entry is not None:
+                    reader.records_from(entry, 0)  # (records the sink holds: the per-record path skips them)
             try:
                 record = await reader.read_next(self.options.idle_read_timeout)
                 read_errors = 0
@@ -406,21 +450,7 @@ class StreamWorker:
                     if not group_left:  # the request's last record: submit what was admitted of it
                         last_future = self._submit_group(appender, group) or last_future
                         group = []
-            # Checkpoints: snapshot now (between source requests), write once what was
-            # submitted up to here is acknowledged.
-            if candidate is None and now >= next_checkpoint and progress.last is not None and not group_left:
-                candidate = (last_future, self._snapshot(progress, clock, causal))
-            if candidate is not None and (candidate[0] is None or candidate[0].done()):
-                future, snapshot = candidate
-                if future is not None:
-                    sink_dlsn = future.result()  # raises the appender's failure: the run ends
-                await self._write_checkpoint(replace(snapshot, sink_dlsn=sink_dlsn))
-                candidate = None
-                last_future = None if last_future is future else last_future
-                next_checkpoint = time.monotonic() + self.options.checkpoint_interval
-                await self._maybe_pin()
-                self._maybe_measure_end()
-                self._maybe_refresh_sink_view()
+            await checkpoint_when_due(now, between_requests=not group_left)
         # Stopping: apply what was submitted, then a final checkpoint.
         if progress.last is not None:
             snapshot = self._snapshot(progress, clock, causal)
@@ -453,6 +483,42 @@ class StreamWorker:
                 await self._write_checkpoint(replace(cp, waiting_for=wanted))
             await self._maybe_pin()
             await self._wait_stop(self.options.causal_poll)
+
+    def _whole_entries(self, appender: SinkAppender, causal: CausalityFilter | None, carried: RecordFilter | None) -> fastpath.LocalEntries | None:
+        """The C loop over whole entries, where it applies: a one-way stream without a filter,
+        appending through the library writer (``dlctl.replication.fastpath``)."""
+        if not self.options.whole_entries or causal is not None or carried is not None or not isinstance(appender, LogWriter) or not fastpath.available():
+            return None
+        return fastpath.LocalEntries(self.source, appender.options.batch_bytes)
+
+    async def _apply_whole(
+        self, entry: WholeEntry, whole: fastpath.LocalEntries, reader: LogReader, appender: LogWriter, clock: SourceClock, progress: _Progress, throttle: TokenBucket,
+    ) -> asyncio.Future[DLSN] | None:
+        """Apply ``entry`` in pieces of one sink entry each; from the first record the C loop
+        leaves (headers, a clock step), the reader hands the rest out one by one. Returns the
+        future of the last record submitted, if any."""
+        last_future: asyncio.Future[DLSN] | None = None
+        pos = slot = 0
+        while pos < len(entry.payload):
+            piece = whole.piece(entry, pos, slot, clock, appender.next_txid)
+            if piece is None:
+                reader.records_from(entry, slot)
+                return last_future
+            pos, slot = piece.next_pos, piece.next_slot
+            if piece.count:
+                await throttle.take(piece.payload_bytes)
+                last_future = appender.submit_encoded(piece.encoded, piece.count, piece.first_txid)
+                progress.last = piece.last
+                progress.processed += piece.count
+                progress.applied += piece.count
+                progress.applied_bytes += piece.payload_bytes
+                progress.last_applied_at = time.time()
+                self.stats_whole_records += piece.count
+        reader.entry_done(entry, slot)
+        self._last_contact = time.time()
+        await appender.wait_writable()
+        await asyncio.sleep(0)  # let the loop run (see the per-record path)
+        return last_future
 
     def _submit_group(self, appender: SinkAppender, group: list[Record]) -> asyncio.Future[DLSN] | None:
         """Submit the admitted records of one source request as one sink request (one entry),
