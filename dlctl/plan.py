@@ -8,6 +8,7 @@ cannot drift apart.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any
@@ -62,10 +63,13 @@ class Plan:
     steps: tuple[Step, ...]
     # What the operator should know before confirming (data at risk, decisions taken and why).
     notes: tuple[str, ...] = ()
+    # Run by ``apply`` when it ends, however it ends: releases what the steps share (e.g. the one
+    # Spark context of an init-replication's bootstrap copies). Not part of the printed plan.
+    cleanup: tuple[Callable[[], None], ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @classmethod
-    def of(cls, operation: str, steps: Iterable[Step], notes: Iterable[str] = ()) -> Plan:
-        return cls(operation, tuple(steps), tuple(notes))
+    def of(cls, operation: str, steps: Iterable[Step], notes: Iterable[str] = (), cleanup: Iterable[Callable[[], None]] = ()) -> Plan:
+        return cls(operation, tuple(steps), tuple(notes), tuple(cleanup))
 
     @property
     def empty(self) -> bool:
@@ -141,7 +145,19 @@ class PlanFailed(DlctlError):
 
 
 def apply(plan: Plan, on_step: Callable[[int, Step], None] | None = None) -> PlanResult:
-    """Run the plan's steps in order; stop at the first failure and raise ``PlanFailed``."""
+    """Run the plan's steps in order; stop at the first failure and raise ``PlanFailed``.
+    The plan's ``cleanup`` runs at the end either way."""
+    try:
+        return _apply(plan, on_step)
+    finally:
+        for release in plan.cleanup:
+            try:
+                release()
+            except Exception:  # noqa: BLE001 - a failed release must not hide the steps' outcome
+                logging.getLogger(__name__).warning("%s: releasing %r failed", plan.operation, release, exc_info=True)
+
+
+def _apply(plan: Plan, on_step: Callable[[int, Step], None] | None) -> PlanResult:
     result = PlanResult(plan.operation, [])
     for index, step in enumerate(plan.steps):
         if on_step is not None:

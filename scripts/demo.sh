@@ -50,8 +50,10 @@ $EAST log read orders --limit 1 2>&1
 $EAST cluster status
 
 step "west joins late: init-replication sees that east no longer holds the whole log and bootstraps it (Spark), then streams"
-$DLCTL init-replication --source east --sink west --logs orders --dry-run
-$DLCTL --yes init-replication --source east --sink west --logs orders
+# A copy this small would run in-process by default (below --bootstrap-local-below, 1 GiB):
+# the demo puts it on Spark, as a copy of a real log would be.
+$DLCTL init-replication --source east --sink west --logs orders --bootstrap-local-below 0 --dry-run
+$DLCTL --yes init-replication --source east --sink west --logs orders --bootstrap-local-below 0
 seq 20001 21000 | sed 's/^/order-/' | $EAST --yes log append orders
 $WEST replication wait-drain east-to-west --timeout 120
 east=$($EAST log read orders 2>/dev/null | wc -l)

@@ -30,6 +30,25 @@ def parse_rate(text: str | None) -> float | None:
     return float(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
+def parse_size(text: str, option: str = "--local-below") -> int:
+    """A size in bytes, with an optional K/M/G/T suffix (powers of 1024); 0 is allowed."""
+    match = _SIZE.fullmatch(text.strip())
+    if not match or text.strip().lower().endswith("/s"):
+        raise UsageError(f"{option} {text!r}: expected a size, e.g. 0, 512M or 2GiB")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _mib(n: int) -> str:
+    return f"{n // 1024**3}GiB" if n % 1024**3 == 0 else f"{n // 1024**2}MiB"
+
+
+LOCAL_BELOW_DEFAULT = _mib(ops.DEFAULT_LOCAL_BELOW)
+LOCAL_BELOW_HELP = (
+    "Copies of less than SIZE bytes (e.g. 512M, 2GiB) run in this process on a thread pool instead of on Spark, whose start costs "
+    "seconds; same verification, same resumable job records. 0: always Spark. An explicit --spark-master always means Spark."
+)
+
+
 def _patterns(values: tuple[str, ...]) -> list[str] | None:
     out = [p.strip() for v in values for p in v.split(",") if p.strip()]
     return out or None
@@ -75,6 +94,7 @@ def _progress(app: AppContext) -> Iterator[Any]:
 @click.option("--parallelism", type=click.IntRange(1, 1024), default=None, help="Segments copied at the same time (local[N]); default: every core.")
 @click.option("--throttle", metavar="BYTES/S", help="Cap the job's copy rate, e.g. 50M (split evenly over the tasks running at once).")
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="A Spark setting passed through (repeatable). Secrets are refused here: use spark-defaults.conf.")
+@click.option("--local-below", "local_below", metavar="SIZE", default=LOCAL_BELOW_DEFAULT, show_default=True, help=LOCAL_BELOW_HELP)
 @click.option("--dry-run", is_flag=True, help="Print per log: source range, bytes, segments, estimated time at a rate measured now, snapshot point. Change nothing.")
 @yes_option
 @output_option
@@ -89,6 +109,7 @@ def bootstrap_command(
     parallelism: int | None,
     throttle: str | None,
     conf: tuple[str, ...],
+    local_below: str,
     dry_run: bool,
 ) -> None:
     """Copy logs in bulk from a source cluster to a sink cluster with a Spark job, when streaming
@@ -101,6 +122,10 @@ def bootstrap_command(
     sink's segment list committed, in one atomic update. An interrupted or failed job leaves
     nothing visible at the sink; running it again resumes (verified copies are kept).
 
+    A copy of less than --local-below bytes runs in this process instead (the same tasks on a
+    thread pool): for a small copy, starting Spark would cost more than the copy. The result
+    names the engine that ran it.
+
     Local mode runs here. With --spark-master the cluster secrets travel to executors as a Spark
     broadcast, refused unless spark.authenticate, spark.network.crypto.enabled and
     spark.io.encryption.enabled are true (pass them with --conf; the authentication secret goes
@@ -110,6 +135,7 @@ def bootstrap_command(
     inventory = app.inventory()
     patterns = _patterns(logs)
     rate = parse_rate(throttle)
+    threshold = parse_size(local_below)
     holder = None
     if stream_id is not None:
         src, dst, stream_logs = ops.find_stream(inventory, stream_id, sink_name or app.cluster_option)
@@ -120,7 +146,10 @@ def bootstrap_command(
         holder = f"bootstrap-{stream_id}"
     if not source_name or not sink_name:
         raise UsageError("name the clusters: --source CLUSTER --sink CLUSTER (or --stream ID)")
-    with ClusterSession(inventory.cluster(source_name)) as source, ClusterSession(inventory.cluster(sink_name)) as sink:
+    shared = ops.engines(spark_master=spark_master, parallelism=parallelism, conf=list(conf), verbose=max(0, app.verbosity), local_below=threshold)
+    with shared, ClusterSession(inventory.cluster(source_name)) as source, ClusterSession(inventory.cluster(sink_name)) as sink:
+        if not dry_run and shared.needs_spark(0):
+            shared.prestart()  # Spark whatever the size: it starts while the plan is made
         job = ops.plan(source, sink, logs=patterns, holder=holder)
         if dry_run:
             measured = ops.measure_rate(source, job)
@@ -135,13 +164,10 @@ def bootstrap_command(
             result = ops.bootstrap_logs(
                 source, sink, patterns,
                 holder=job.holder,
-                spark_master=spark_master,
-                parallelism=parallelism,
                 throttle=rate,
                 progress=update,
-                conf=list(conf),
-                verbose=max(0, app.verbosity),
                 before_release=hook,
                 job=job,
+                shared=shared,
             )
     app.render(result.to_dict())

@@ -13,6 +13,7 @@ from ..session import ClusterSession
 from ..output import Table
 from ..plan import Plan
 from ..replication.records import COMPRESSIONS
+from .bootstrap import LOCAL_BELOW_DEFAULT, parse_size
 from .complete import complete_cluster, complete_stream
 from .context import (
     AppContext,
@@ -63,13 +64,14 @@ sink_option = click.option("--sink", metavar="CLUSTER", default=None, shell_comp
     "--install-credentials/--no-install-credentials", default=True, show_default=True,
     help="Deliver SOURCE's credentials (secret, ZooKeeper credentials, a client certificate of its CA) over SSH to every SINK agent the inventory lists (and back with --bidirectional), into <home>/sources/SOURCE/. Without: each agent must declare the source in its agent.toml.",
 )
+@click.option("--bootstrap-local-below", "local_below", metavar="SIZE", default=LOCAL_BELOW_DEFAULT, show_default=True, help="Bootstrap copies of less than SIZE bytes (e.g. 512M, 2GiB) run in this process instead of on Spark, whose start costs seconds; the others share one Spark context, started in the background at the beginning. 0: always Spark.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (each log's decision and why) and change nothing.")
 @yes_option
 @output_option
 @pass_app
 def init_replication_command(
     app: AppContext, source: str, sink: str, patterns: tuple[str, ...], bidirectional: bool, causal: bool, start_from: str | None,
-    filters: tuple[str, ...], bootstrap: str, throttle: int, pin_max_age: float, compression: str | None, install_credentials: bool, dry_run: bool,
+    filters: tuple[str, ...], bootstrap: str, throttle: int, pin_max_age: float, compression: str | None, install_credentials: bool, local_below: str, dry_run: bool,
 ) -> None:
     """Set up replication of logs from SOURCE to SINK (and back with --bidirectional).
 
@@ -88,7 +90,7 @@ def init_replication_command(
         patterns=patterns or ("*",), bidirectional=bidirectional, causal=causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age,
         start_from=_start_from(start_from) if start_from else None, filters=filters,
         peers=[_session(app, name) for name in app.inventory().clusters if name not in (source, sink)], compression=compression,
-        install_credentials=install_credentials,
+        install_credentials=install_credentials, bootstrap_local_below=parse_size(local_below, "--bootstrap-local-below"),
     )
     if dry_run:
         app.render(built.plan)

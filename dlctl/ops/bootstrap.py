@@ -3,8 +3,10 @@
 ``plan`` reads both clusters (what each log's copy covers, the snapshot point, what stands in
 the way at the sink), ``as_plan`` turns that into the ``Plan`` that ``--dry-run`` prints (per
 log: source range, bytes, segments, an estimate of the time at a rate measured on the source,
-the snapshot point), and ``bootstrap_logs`` is the library entry point that ``dlctl bootstrap``
-and ``init-replication`` call. The engine is ``dlctl.spark``.
+the snapshot point), and ``bootstrap_logs`` is the library entry point that ``dlctl bootstrap``,
+``init-replication`` and ``dr recover`` call. The engine is ``dlctl.spark``: Spark, or in-process
+for a copy below ``local_below`` bytes. An operation that copies several logs opens one
+``engines(...)`` and passes it to every ``bootstrap_logs``: they share one Spark context.
 
 With a stream (``--stream ID``, or ``stream_hook`` for callers), after the commit and before
 the bootstrap's pin is released, each log's stream checkpoint is set to the snapshot point and
@@ -26,7 +28,9 @@ from ..log.pool import AgentPool
 from ..meta.pins import PinRecord, PinStore
 from ..plan import Plan, Step
 from ..spark import job as J
+from ..spark import plan as SP
 from ..spark.engine import EngineOptions, parse_conf
+from ..spark.engines import DEFAULT_LOCAL_BELOW, Engines
 from ..spark.task import EncodedReader
 from ..session import ClusterSession
 from ..spark.transform import Clock, ContentDigest, EntryCopier
@@ -184,6 +188,43 @@ def stream_hook(source: ClusterSession, sink: ClusterSession, stream_id: str) ->
     return hook
 
 
+# -- engines -----------------------------------------------------------------------------------------
+
+
+def engines(
+    *,
+    spark_master: str | None = None,
+    parallelism: int | None = None,
+    conf: dict[str, str] | Sequence[str] | None = None,
+    verbose: int = 0,
+    local_below: int = DEFAULT_LOCAL_BELOW,
+) -> Engines:
+    """The engines of one operation (close it at the end: ``with engines(...) as e``): copies
+    below ``local_below`` bytes run in-process, the others share one Spark context (an explicit
+    ``spark_master`` means Spark for every copy)."""
+    if parallelism is not None and parallelism < 1:
+        raise UsageError("--parallelism must be at least 1")
+    if local_below < 0:
+        raise UsageError("--local-below must be a size of at least 0 bytes")
+    spark_conf = parse_conf(conf) if conf is not None and not isinstance(conf, dict) else dict(conf or {})
+    return Engines(EngineOptions(master=spark_master, parallelism=parallelism, conf=spark_conf, verbose=verbose), local_below=local_below)
+
+
+def copy_bytes(source: ClusterSession, name: str) -> int:
+    """Bytes a bootstrap of ``name`` would copy from ``source`` now (its metadata only): what
+    decides, before the copy's own plan, whether it will need Spark."""
+    log = source.meta.get_log(name).value
+    return SP.select([v.value for v in source.meta.segments(name)], log.max_segment_seq).bytes
+
+
+def prestart_for(shared: Engines, source: ClusterSession, names: Sequence[str]) -> list[str]:
+    """Start Spark in the background if a copy of one of ``names`` will need it; those logs."""
+    big = [name for name in names if shared.needs_spark(copy_bytes(source, name))]
+    if big:
+        shared.prestart()
+    return big
+
+
 # -- the library entry point ------------------------------------------------------------------------
 
 
@@ -201,6 +242,8 @@ def bootstrap_logs(
     verbose: int = 0,
     before_release: Callable[[dict[str, J.LogResult]], None] | None = None,
     job: J.JobPlan | None = None,
+    local_below: int = DEFAULT_LOCAL_BELOW,
+    shared: Engines | None = None,
 ) -> J.BootstrapResult:
     """Copy ``logs`` (names or glob patterns; None: every source log) from the source cluster to
     the sink cluster and commit them atomically per log; returns, per log, the snapshot point
@@ -209,16 +252,23 @@ def bootstrap_logs(
 
     ``holder`` names the source pins and the job (``bootstrap-<stream>`` for a stream); running
     again with the same holder resumes an interrupted job. ``before_release(results)`` runs after
-    the commit and before the pins are released (``stream_hook`` sets a stream's checkpoints)."""
-    if parallelism is not None and parallelism < 1:
-        raise UsageError("--parallelism must be at least 1")
+    the commit and before the pins are released (``stream_hook`` sets a stream's checkpoints).
+
+    The copy runs in-process below ``local_below`` bytes, else on Spark. ``shared``: the
+    operation's engines (``engines(...)``), which then decide that, and which the caller
+    closes; without, this call opens its own from the engine arguments and closes them."""
     if throttle is not None and throttle <= 0:
         raise UsageError("--throttle must be a positive number of bytes per second")
-    spark_conf = parse_conf(conf) if conf is not None and not isinstance(conf, dict) else dict(conf or {})
-    if job is None:
-        job = plan(source_session, sink_session, logs=logs, holder=holder)
-    options = EngineOptions(master=spark_master, parallelism=parallelism, conf=spark_conf, verbose=verbose)
-    return J.execute(job, source_session, sink_session, options, throttle=throttle, progress=progress, before_release=before_release)
+    own = shared is None
+    if shared is None:
+        shared = engines(spark_master=spark_master, parallelism=parallelism, conf=conf, verbose=verbose, local_below=local_below)
+    try:
+        if job is None:
+            job = plan(source_session, sink_session, logs=logs, holder=holder)
+        return J.execute(job, source_session, sink_session, shared, throttle=throttle, progress=progress, before_release=before_release)
+    finally:
+        if own:
+            shared.close()
 
 
-__all__ = ["BootstrapResult", "Progress", "as_plan", "bootstrap_logs", "find_stream", "measure_rate", "plan", "stream_hook"]
+__all__ = ["DEFAULT_LOCAL_BELOW", "BootstrapResult", "Progress", "as_plan", "bootstrap_logs", "copy_bytes", "engines", "find_stream", "measure_rate", "plan", "prestart_for", "stream_hook"]

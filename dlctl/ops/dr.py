@@ -878,9 +878,16 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
         copies = [i for i in items if i.mode == "bootstrap"]
         out: dict[str, Any] = {}
         streams = StreamStore(target.meta)
-        for item in copies:
-            config = next(c for c, _ in incoming if c.stream_id == item.stream)
-            out[f"{item.stream}/{item.log}"] = dr_truncated.bootstrap(target, peers[config.source_cluster], item)
+        sources = {i.stream: peers[next(c for c, _ in incoming if c.stream_id == i.stream).source_cluster] for i in copies}
+        from .bootstrap import engines, prestart_for
+
+        # One Spark context for every copy that needs it (small ones run in-process), its start
+        # begun now, while the first copy is still being planned; stopped however this ends.
+        with engines() as shared:
+            for stream_id, source in sources.items():
+                prestart_for(shared, source, [i.log for i in copies if i.stream == stream_id])
+            for item in copies:
+                out[f"{item.stream}/{item.log}"] = dr_truncated.bootstrap(target, sources[item.stream], item, shared)
         # Every stream carrying a copied log filters from what X holds now, then runs.
         copied = {i.log for i in copies}
         for c, _ in incoming:

@@ -44,7 +44,7 @@ with the commit), so a re-run never copies it twice; an interrupted copy resumes
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFoundError, RefusedError
 from ..log.dlsn import DLSN, INITIAL
@@ -53,6 +53,9 @@ from ..replication.decision import first_retained
 from ..replication.records import StreamConfig
 from ..replication.store import StreamStore
 from ..session import ClusterSession
+
+if TYPE_CHECKING:  # types only: the copy engines are imported when a copy runs
+    from ..spark.engines import Engines
 
 PENDING = "dr recover: a bootstrap copy from {first} is pending"
 
@@ -199,8 +202,9 @@ def decide(
     return Incoming(config.stream_id, name, mode, first, vv, gap)
 
 
-def bootstrap(target: ClusterSession, source: ClusterSession, item: Incoming) -> dict[str, Any]:
-    """Copy P's retained completed segments of ``item.log`` into X's (empty) log on Spark, with
+def bootstrap(target: ClusterSession, source: ClusterSession, item: Incoming, shared: Engines | None = None) -> dict[str, Any]:
+    """Copy P's retained completed segments of ``item.log`` into X's (empty) log (on Spark, or
+    in-process when small; ``shared``: the recovery's engines, one Spark context for its copies), with
     P's clock at the first copied position; ``stream_hook`` sets the stream's checkpoint to the
     snapshot point (and clears ``needs_bootstrap``) before the copy's pin goes. A log whose
     checkpoint no longer needs the copy was copied by an earlier run: skipped."""
@@ -214,9 +218,12 @@ def bootstrap(target: ClusterSession, source: ClusterSession, item: Incoming) ->
     job = plan(source, target, logs=[item.log], holder=holder)
     for lp in job.logs:
         lp.start_vv = dict(item.vv)
-    result = bootstrap_logs(source, target, [item.log], holder=holder, before_release=stream_hook(source, target, item.stream), job=job)
+    result = bootstrap_logs(source, target, [item.log], holder=holder, before_release=stream_hook(source, target, item.stream), job=job, shared=shared)
     res = result.logs[item.log]
-    return {"snapshot": str(res.snapshot), "records": res.records, "segments": res.segments, "bytes_copied": result.bytes_copied, "seconds": round(result.seconds, 3)}
+    return {
+        "snapshot": str(res.snapshot), "records": res.records, "segments": res.segments, "bytes_copied": result.bytes_copied, "seconds": round(result.seconds, 3),
+        "engine": result.engine, "spark_starts": result.spark_starts,
+    }
 
 
 def set_sink_vv(target: ClusterSession, stream_id: str, name: str) -> dict[str, int]:

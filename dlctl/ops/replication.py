@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     ConflictError,
@@ -62,6 +62,9 @@ from ..replication.store import StreamStore
 from . import network_rules as rules
 from . import source_credentials
 from ..session import ClusterSession
+
+if TYPE_CHECKING:  # types only: the copy engines are imported when a copy runs
+    from ..spark.engines import Engines
 
 BOOTSTRAP_MODES = ("auto", "never", "always")
 # A new stream's compression when init-replication is not told (issue 23): WAN bandwidth is what
@@ -237,9 +240,11 @@ def _direction(
     patterns: tuple[str, ...] = (),
     compression: str | None = None,
     view: rules.NetworkView,
+    copies: Engines | None = None,
 ) -> tuple[list[Step], list[LogDecision]]:
     """``source_join``/``sink_join``: per log, the deleted past the source/sink joins without
-    (``--start-from now`` on a causal stream; the sink's is recorded by this direction's steps)."""
+    (``--start-from now`` on a causal stream; the sink's is recorded by this direction's steps).
+    ``copies``: the operation's bootstrap engines (``bootstrap.engines``), shared by its copies."""
     src, snk = source.cluster.name, sink.cluster.name
     rules.check_connection(view, src, snk, record_filter, causal=bidirectional)  # the network's rules before the stream's
     stream_id = default_stream_id(src, snk)
@@ -310,7 +315,7 @@ def _direction(
             steps.append(rules.history_step(source, sink, NetworkEvent("filter", src, snk, stream_id, config.bidirectional, config.logs, filter=config.filter)))
     for d in decisions:
         if d.decision is Decision.BOOTSTRAP:
-            steps.append(_bootstrap_step(source, sink, stream_id, d))
+            steps.append(_bootstrap_step(source, sink, stream_id, d, copies))
             continue
         pin = PinRecord(holder=stream_id, log=d.log, position=d.start, sink_cluster=snk, max_age_seconds=pin_max_age)
         steps.append(Step("pin", f"{src}/{d.log}", f"pin {src}/{d.log} from {d.start} for {stream_id}", run=lambda pin=pin: pins.set(pin) and None))
@@ -354,19 +359,42 @@ def _mark_replica(access: AccessStore, name: str, stream_id: str) -> str:
         return "the log does not exist (yet)"
 
 
-def _bootstrap_step(source: ClusterSession, sink: ClusterSession, stream_id: str, decision: LogDecision) -> Step:
-    """THE call site of the bootstrap copy (``dlctl.ops.bootstrap``): a Spark job copies what the
-    source retains into the sink log and commits it atomically; before it lets its extra pin go,
-    ``stream_hook`` sets the stream's checkpoint to the snapshot point and moves the stream's pin
-    there, so the stream continues exactly after the copy. Re-running resumes the job."""
+def _bootstrap_step(source: ClusterSession, sink: ClusterSession, stream_id: str, decision: LogDecision, copies: Engines | None) -> Step:
+    """THE call site of the bootstrap copy (``dlctl.ops.bootstrap``): a copy job (on Spark, or
+    in-process for a small log) copies what the source retains into the sink log and commits it
+    atomically; before it lets its extra pin go, ``stream_hook`` sets the stream's checkpoint to
+    the snapshot point and moves the stream's pin there, so the stream continues exactly after
+    the copy. Re-running resumes the job. ``copies``: the engines every copy of this run shares
+    (one Spark context however many logs); the plan's cleanup stops it."""
 
     def run() -> Any:
         from .bootstrap import bootstrap_logs, stream_hook
 
-        result = bootstrap_logs(source, sink, [decision.log], holder=f"bootstrap-{stream_id}", before_release=stream_hook(source, sink, stream_id))
-        return {"snapshot": str(result.logs[decision.log].snapshot), "bytes_copied": result.bytes_copied, "seconds": round(result.seconds, 3)}
+        result = bootstrap_logs(source, sink, [decision.log], holder=f"bootstrap-{stream_id}", before_release=stream_hook(source, sink, stream_id), shared=copies)
+        return {
+            "snapshot": str(result.logs[decision.log].snapshot), "bytes_copied": result.bytes_copied, "seconds": round(result.seconds, 3),
+            "engine": result.engine, "spark_starts": result.spark_starts, "spark_log": result.spark_log,
+        }
 
-    return Step("bootstrap", f"{sink.cluster.name}/{decision.log}", f"bootstrap copy of {decision.log} from {source.cluster.name} (Spark): {decision.reason}", run=run)
+    return Step("bootstrap", f"{sink.cluster.name}/{decision.log}", f"bootstrap copy of {decision.log} from {source.cluster.name}: {decision.reason}", run=run)
+
+
+def _start_copies_step(source: ClusterSession, sink: ClusterSession, decisions: list[LogDecision], copies: Engines) -> Step | None:
+    """The first step when a bootstrap copy of this run will need Spark: its start begins in the
+    background, so it overlaps the steps before the copies; None when every copy is small
+    enough to run in-process (below ``copies.local_below``)."""
+    from .bootstrap import copy_bytes
+
+    forward = default_stream_id(source.cluster.name, sink.cluster.name)
+    sizes = {d.log: copy_bytes(source if d.stream == forward else sink, d.log) for d in decisions if d.decision is Decision.BOOTSTRAP}
+    big = sorted(name for name, size in sizes.items() if copies.needs_spark(size))
+    if not big:
+        return None
+    return Step(
+        "start-spark", "spark",
+        f"start Spark in the background for the bootstrap copies of {', '.join(big)} (one context for all of them, stopped at the end)",
+        params={"logs": big, "bytes": sum(sizes[n] for n in big), "local_below": copies.local_below}, run=copies.prestart,
+    )
 
 
 def bootstrap_available() -> bool:
@@ -428,6 +456,7 @@ def init_plan(
     peers: Sequence[ClusterSession] = (),
     compression: str | None = None,
     install_credentials: bool = True,
+    bootstrap_local_below: int | None = None,
 ) -> InitPlan:
     """``causal``: a one-way stream that is one edge of an active-active network (e.g. a cycle
     a -> b -> c -> a): the sink takes local writes too and applies the causality filter.
@@ -440,7 +469,9 @@ def init_plan(
     "zstd" or "none" (``StreamConfig.compression``); None keeps an existing stream's and gives a
     new one ``NEW_STREAM_COMPRESSION``. ``install_credentials``: first deliver the source's
     credentials to the sink's agents the inventory lists (``source_credentials``; both ways for
-    a bidirectional pair), so their workers can read it."""
+    a bidirectional pair), so their workers can read it. ``bootstrap_local_below``: bootstrap
+    copies of fewer bytes run in-process, the others share one Spark context (None: the
+    default, ``bootstrap.DEFAULT_LOCAL_BELOW``)."""
     if bootstrap not in BOOTSTRAP_MODES:
         raise UsageError(f"--bootstrap must be one of {', '.join(BOOTSTRAP_MODES)}")
     if source.cluster.name == sink.cluster.name:
@@ -474,7 +505,10 @@ def init_plan(
         joins = _join_vectors(source, sink, logs)
     if compression is not None and compression not in COMPRESSIONS:
         raise UsageError(f"--compression must be one of {', '.join(COMPRESSIONS)} (got {compression!r})")
-    opts: dict[str, Any] = dict(bidirectional=bidirectional or causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age, view=view, patterns=patterns, compression=compression)
+    from .bootstrap import DEFAULT_LOCAL_BELOW, engines
+
+    copies = engines(local_below=DEFAULT_LOCAL_BELOW if bootstrap_local_below is None else bootstrap_local_below)  # started only if a copy needs Spark
+    opts: dict[str, Any] = dict(bidirectional=bidirectional or causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age, view=view, patterns=patterns, compression=compression, copies=copies)
     notes: list[str] = []
     steps, decisions = _direction(source, sink, logs, **opts, start_from=start_from, sink_join=joins, record_filter=record_filter)
     if install_credentials:
@@ -489,8 +523,11 @@ def init_plan(
             "init-replication: --bootstrap never, but a bootstrap copy is required for: " + ", ".join(d.log for d in decisions if d.decision is Decision.BOOTSTRAP),
             details=[d.to_dict() for d in decisions],
         )
+    start = _start_copies_step(source, sink, decisions, copies)
+    if start is not None:
+        steps.insert(0, start)
     name = f"init-replication {source.cluster.name} -> {sink.cluster.name}" + (" (bidirectional)" if bidirectional else "")
-    return InitPlan(Plan.of(name, steps, notes), decisions)
+    return InitPlan(Plan.of(name, steps, notes, cleanup=[copies.close]), decisions)
 
 
 def _with_credentials(source: ClusterSession, sink: ClusterSession, steps: list[Step], notes: list[str], *, partial_ok: bool = False) -> list[Step]:

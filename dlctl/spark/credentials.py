@@ -27,6 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from ..log.tls import TlsFiles
 from ..secrets import read_secret_file
 
@@ -107,6 +108,23 @@ def _materialise(blobs: tuple[bytes, ...], label: str) -> TlsFiles:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
     return TlsFiles(*(directory / name for name in TLS_NAMES))
+
+
+def secret_file_ref(path: Path | None, label: str) -> SecretRef:
+    """A cluster secret for tasks on this machine as this user (Spark's local mode, or the
+    in-process engine): the secret file's path, checked now."""
+    if path is None:
+        raise UsageError(f"cluster {label!r} has no secret_file in the inventory; the copy needs it to talk to its agents")
+    read_secret_file(path)  # fail here, clearly, rather than in every task
+    return SecretRef(path=path, label=label)
+
+
+def tls_files_ref(files: TlsFiles | None, label: str) -> TlsRef | None:
+    """The operator's TLS files for tasks on this machine as this user (None: plaintext), checked now."""
+    if files is None:
+        return None
+    files.client()  # fail here, clearly (a missing file, a key readable by others), not in every task
+    return TlsRef(paths=files.paths, label=label)
 
 
 def secure_spark_conf_problems(conf: dict[str, str]) -> list[str]:

@@ -36,7 +36,7 @@ from typing import Any
 from ..errors import DlctlError, Interrupted, RefusedError, UsageError
 from ..log.tls import TlsFiles
 from ..secrets import read_secret_file
-from .credentials import SecretRef, TlsRef, secret_like, secure_spark_conf_problems
+from .credentials import SecretRef, TlsRef, secret_file_ref, secret_like, secure_spark_conf_problems, tls_files_ref
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,15 @@ DRIVER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData"
 
 # A stop still finishing in the background (see ``SparkEngine.stop``); a new start waits for it.
 _stopping: threading.Thread | None = None
+
+# SparkContexts this process started: what an operation that shares one context across its
+# logs reports (``dlctl.spark.engines``), so "started once" is observable, not assumed.
+_contexts_started = 0
+
+
+def contexts_started() -> int:
+    """How many SparkContexts this process has started so far."""
+    return _contexts_started
 
 
 @dataclass(frozen=True)
@@ -127,7 +136,12 @@ class StageProgress:
 
 
 class SparkEngine:
-    """One SparkContext for the life of a bootstrap (``with SparkEngine(options) as engine``)."""
+    """One SparkContext for the life of a bootstrap (``with SparkEngine(options) as engine``),
+    or of an operation's several bootstraps (``dlctl.spark.engines.Engines`` shares one).
+    ``start`` may run on a background thread: nothing in it touches this process's stdout or
+    stderr (see ``_launch``)."""
+
+    kind = "spark"
 
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
@@ -146,6 +160,7 @@ class SparkEngine:
         self.stop()
 
     def start(self) -> None:
+        global _contexts_started
         if _stopping is not None:
             _stopping.join()  # one SparkContext per process: the previous one must be gone
         try:
@@ -192,32 +207,32 @@ class SparkEngine:
             conf.set(key, value)
         quiet = opts.verbose < 1
         self.sc = self._launch(SparkContext, conf, quiet)
+        _contexts_started += 1
         self.sc.setLogLevel("WARN" if opts.verbose < 2 else "INFO")
         if not opts.local:
             self.sc.addPyFile(str(self._package_zip()))
         log.info("Spark %s started (master %s); its log: %s", self.sc.version, opts.effective_master, self.log_path)
 
-    def _launch(self, factory: Any, conf: Any, quiet: bool) -> Any:
-        """Start the SparkContext with the JVM's stdout/stderr on the log file (it inherits our
-        descriptors at launch): stdout stays data only, stderr stays dlctl's own."""
+    def _launch(self, factory: Any, conf: Any, quiet: bool, launch_gateway: Callable[..., Any] | None = None) -> Any:
+        """Start the SparkContext with the JVM's stdout/stderr on the log file: stdout stays data
+        only, stderr stays dlctl's own. The JVM (and the Python workers it forks) get the file
+        as their own descriptors at launch (``popen_kwargs``); this process's descriptors are
+        never swapped, so a start on a background thread cannot swallow what the main thread
+        prints meanwhile. PySpark launches the JVM once per process and keeps it for the next
+        contexts, whose output follows the first one's."""
         if not quiet:
             return factory(conf=conf)
         assert self.log_path is not None
+        if launch_gateway is None:
+            from pyspark.java_gateway import launch_gateway
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = (os.dup(1), os.dup(2))
         try:
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            return factory(conf=conf)
+            gateway = None if getattr(factory, "_gateway", None) else launch_gateway(conf, popen_kwargs={"stdout": fd, "stderr": fd})
+            return factory(conf=conf, gateway=gateway)
         except Exception as exc:
             raise DlctlError(f"Spark did not start: {exc}", hint=f"see {self.log_path}") from exc
         finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for d in (*saved, fd):
-                os.close(d)
+            os.close(fd)
 
     def _package_zip(self) -> Path:
         """The dlctl package as a zip for executors of a real cluster."""
@@ -242,25 +257,28 @@ class SparkEngine:
         else:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
+    @property
+    def slots(self) -> int:
+        """Tasks Spark runs at once: ``local[N]``'s N, else the cluster's default parallelism."""
+        try:
+            return max(1, int(self.sc.defaultParallelism))
+        except Exception:  # noqa: BLE001 - no context: one
+            return 1
+
     # -- secrets ------------------------------------------------------------------------------
 
     def secret(self, path: Path | None, label: str) -> SecretRef:
-        if path is None:
-            raise UsageError(f"cluster {label!r} has no secret_file in the inventory; the copy needs it to talk to its agents")
-        if self.options.local:
-            read_secret_file(path)  # fail here, clearly, rather than in every task
-            return SecretRef(path=path, label=label)
+        if self.options.local or path is None:
+            return secret_file_ref(path, label)
         broadcast = self.sc.broadcast(read_secret_file(path))
         self._broadcasts.append(broadcast)
         return SecretRef(broadcast=broadcast, label=label)
 
     def tls(self, files: TlsFiles | None, label: str) -> TlsRef | None:
         """The operator's TLS files for executors (``ClusterSession.tls``); None: plaintext."""
-        if files is None:
-            return None
+        if files is None or self.options.local:
+            return tls_files_ref(files, label)
         files.client()  # fail here, clearly (a missing file, a key readable by others), not in every task
-        if self.options.local:
-            return TlsRef(paths=files.paths, label=label)
         # The gate in ``start`` already refused a cluster without Spark authentication and encryption.
         broadcast = self.sc.broadcast(tuple(path.read_bytes() for path in files.paths))
         self._broadcasts.append(broadcast)
@@ -419,4 +437,4 @@ def _python_error(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:500]
 
 
-__all__ = ["EngineOptions", "SparkEngine", "StageProgress", "parse_conf"]
+__all__ = ["EngineOptions", "SparkEngine", "StageProgress", "contexts_started", "parse_conf"]

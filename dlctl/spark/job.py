@@ -9,8 +9,10 @@ Order of events for each log, and why:
 2. **Reserve** the sink segment numbers by CAS on the sink log record (created first when the
    sink has no such log). Numbers are assigned up front; a reserved number is never a writer's,
    so replicas an interrupted job leaves behind can never mix with a later segment.
-3. **Copy** on Spark, one task per source segment (``task.copy_segment``). Each verified result
-   is recorded at once in the job record ``ops/<holder>.<log>`` of the *sink* cluster.
+3. **Copy** on Spark, one task per source segment or range of them (``task.copy_segments``);
+   a small copy runs the same tasks in-process instead (``engines``: Spark's fixed cost would
+   be most of it). Each verified result is recorded at once in the job record
+   ``ops/<holder>.<log>`` of the *sink* cluster.
 4. **Commit** once every segment of the log is verified: one ZooKeeper transaction
    (``MetaStore.commit_segments``) makes them all visible in order, or none. Until then the
    sink's metadata names none of them: a failed or killed job leaves nothing visible.
@@ -51,7 +53,8 @@ from ..replication import settle
 from ..replication.origin import decode_source_position
 from . import clockbase
 from . import plan as P
-from .engine import EngineOptions, SparkEngine, StageProgress
+from .engine import EngineOptions, StageProgress
+from .engines import Engine, Engines
 from .task import Endpoints, copy_segments, scan_clocks
 from .transform import ClockEffect
 
@@ -330,6 +333,8 @@ class BootstrapResult:
     seconds: float
     bytes_copied: int  # source bytes read by this run's copies
     spark_log: str | None
+    engine: str = "none"  # where the copy ran: "spark", "local" (in-process: a small copy) or "none" (nothing to copy)
+    spark_starts: int = 0  # Spark contexts started since the operation began (shared by its copies)
 
     @property
     def bytes_per_second(self) -> float:
@@ -344,6 +349,8 @@ class BootstrapResult:
             "bytes_copied": self.bytes_copied,
             "bytes_per_second": int(self.bytes_per_second),
             "spark_log": self.spark_log,
+            "engine": self.engine,
+            "spark_starts": self.spark_starts,
             "logs": [r.to_dict() for r in self.logs.values()],
         }
 
@@ -411,7 +418,7 @@ def execute(
     job: JobPlan,
     source: ClusterSession,
     sink: ClusterSession,
-    options: EngineOptions,
+    engines: Engines,
     *,
     throttle: float | None = None,
     progress: Callable[[Progress], None] | None = None,
@@ -419,10 +426,17 @@ def execute(
 ) -> BootstrapResult:
     """Run the job (see the module docstring). Raises ``RefusedError`` before changing anything
     when a sink log is in the way, ``PartialFailure`` naming the segments when some copies
-    failed (their logs stay uncommitted, verified copies are kept for the next run)."""
+    failed (their logs stay uncommitted, verified copies are kept for the next run).
+
+    ``engines`` runs the copy: in-process when it is small, else on the operation's shared Spark
+    context, whose start begins here, before the pins and reservations, so it overlaps them;
+    the caller closes ``engines`` (Spark is not stopped here: the operation's next copy reuses it)."""
     if job.blockers:
         raise RefusedError("bootstrap refused: " + "; ".join(job.blockers), hint="nothing was changed")
     started = time.monotonic()
+    to_copy = _bytes_to_copy(job)
+    if to_copy is not None and engines.needs_spark(to_copy):
+        engines.prestart()
     pins = PinStore(source.meta)
     work = [lp for lp in job.logs]
     records = {lp.log: _Record(sink.meta, job.holder, lp, job.source_cluster) for lp in work}
@@ -432,52 +446,49 @@ def execute(
         _pin(pins, job, lp)
         _recheck_source(source, lp)
         progresses[lp.log] = _reserve(sink, lp, records[lp.log])
-    engine = SparkEngine(options)
+    engine: Engine | None = None
     copied_bytes = 0
     reused: dict[str, int] = {}
     copied: dict[str, int] = {}
     failures: list[str] = []
-    try:
-        if any(lp.selection.copy for lp in work):
-            engine.start()
-            endpoints = _endpoints(engine, source, sink, throttle, options)
-            effects = _clock_effects(engine, endpoints, job, [lp for lp in work if not lp.assume_local and lp.selection.copy], progresses, progress)
-            for lp in work:
+    if to_copy is not None:
+        engine = engines.for_copy(to_copy)
+        endpoints = _endpoints(engine, source, sink, throttle, engines.options)
+        effects = _clock_effects(engine, endpoints, job, [lp for lp in work if not lp.assume_local and lp.selection.copy], progresses, progress)
+        for lp in work:
+            tasks[lp.log] = _tasks(job, lp, progresses[lp.log], effects.get(lp.log))
+        pending: list[P.SegmentTask] = []
+        for lp in work:
+            keep = _still_verified(sink, progresses[lp.log], tasks[lp.log])
+            prog = progresses[lp.log]
+            prog.verified = {seq: r for seq, r in prog.verified.items() if seq in keep}
+            records[lp.log].write(progress=prog.to_dict())
+            reused[lp.log] = len(keep)
+            pending += [t for t in tasks[lp.log] if t.source.seq not in keep]
+        _sweep_orphans(sink, progresses, tasks, committed=False)
+        results, needs_clock = _copy(engine, endpoints, pending, progresses, records, progress, job)
+        if needs_clock:
+            # A log assumed to hold only its own records holds replicated ones: its clocks
+            # (and so every copy of it) must be redone after a pre-pass.
+            redo = [lp for lp in work if lp.log in needs_clock]
+            for lp in redo:
+                lp.assume_local = False
+                progresses[lp.log].verified = {}
+            effects.update(_clock_effects(engine, endpoints, job, redo, progresses, progress))
+            again = []
+            for lp in redo:
                 tasks[lp.log] = _tasks(job, lp, progresses[lp.log], effects.get(lp.log))
-            pending: list[P.SegmentTask] = []
-            for lp in work:
-                keep = _still_verified(sink, progresses[lp.log], tasks[lp.log])
-                prog = progresses[lp.log]
-                prog.verified = {seq: r for seq, r in prog.verified.items() if seq in keep}
-                records[lp.log].write(progress=prog.to_dict())
-                reused[lp.log] = len(keep)
-                pending += [t for t in tasks[lp.log] if t.source.seq not in keep]
-            _sweep_orphans(sink, progresses, tasks, committed=False)
-            results, needs_clock = _copy(engine, endpoints, pending, progresses, records, progress, job)
-            if needs_clock:
-                # A log assumed to hold only its own records holds replicated ones: its clocks
-                # (and so every copy of it) must be redone after a pre-pass.
-                redo = [lp for lp in work if lp.log in needs_clock]
-                for lp in redo:
-                    lp.assume_local = False
-                    progresses[lp.log].verified = {}
-                effects.update(_clock_effects(engine, endpoints, job, redo, progresses, progress))
-                again = []
-                for lp in redo:
-                    tasks[lp.log] = _tasks(job, lp, progresses[lp.log], effects.get(lp.log))
-                    again += tasks[lp.log]
-                results = [r for r in results if r.get("log") not in needs_clock]
-                more, _ = _copy(engine, endpoints, again, progresses, records, progress, job)
-                results += more
-            for r in results:
-                problem = P.verification_problem(r)
-                if problem is None:
-                    copied[r["log"]] = copied.get(r["log"], 0) + 1
-                    copied_bytes += int(r.get("source_bytes", 0))
-                else:
-                    failures.append(problem)
-    finally:
-        engine.stop()
+                again += tasks[lp.log]
+            results = [r for r in results if r.get("log") not in needs_clock]
+            more, _ = _copy(engine, endpoints, again, progresses, records, progress, job)
+            results += more
+        for r in results:
+            problem = P.verification_problem(r)
+            if problem is None:
+                copied[r["log"]] = copied.get(r["log"], 0) + 1
+                copied_bytes += int(r.get("source_bytes", 0))
+            else:
+                failures.append(problem)
     out: dict[str, LogResult] = {}
     incomplete = []
     for lp in work:
@@ -495,7 +506,11 @@ def execute(
     for name in out:
         pins.delete(job.holder, name)
         records[name].write(state="done", summary=out[name].to_dict())
-    result = BootstrapResult(job.holder, job.source_cluster, job.sink_cluster, out, time.monotonic() - started, copied_bytes, str(engine.log_path) if engine.log_path else None)
+    result = BootstrapResult(
+        job.holder, job.source_cluster, job.sink_cluster, out, time.monotonic() - started, copied_bytes,
+        str(engine.log_path) if engine is not None and engine.log_path else None,
+        engine=engine.kind if engine is not None else "none", spark_starts=engines.spark_starts,
+    )
     if incomplete:
         raise PartialFailure(
             f"bootstrap of {', '.join(incomplete)} did not complete: " + "; ".join(failures[:5]) + (f"; and {len(failures) - 5} more" if len(failures) > 5 else ""),
@@ -503,6 +518,15 @@ def execute(
             details=dict(result.to_dict(), failures=failures, incomplete=incomplete),
         )
     return result
+
+
+def _bytes_to_copy(job: JobPlan) -> int | None:
+    """Source bytes this run copies (an earlier run's verified copies are likely kept, so they
+    do not count); None when no log has anything to copy."""
+    if not any(lp.selection.copy for lp in job.logs):
+        return None
+    kept = {lp.log: set(lp.progress.verified) if lp.progress else set() for lp in job.logs}
+    return sum(seg.bytes for lp in job.logs for seg in lp.selection.copy if seg.seq not in kept[lp.log])
 
 
 def _pin(pins: PinStore, job: JobPlan, lp: LogPlan) -> None:
@@ -553,7 +577,7 @@ def _reserve(sink: ClusterSession, lp: LogPlan, record: _Record) -> P.LogProgres
     return fresh
 
 
-def _endpoints(engine: SparkEngine, source: ClusterSession, sink: ClusterSession, throttle: float | None, options: EngineOptions) -> Endpoints:
+def _endpoints(engine: Engine, source: ClusterSession, sink: ClusterSession, throttle: float | None, options: EngineOptions) -> Endpoints:
     slots = max(1, options.parallelism or 1)
     return Endpoints(
         source_cluster=source.cluster.name,
@@ -581,7 +605,7 @@ def _tasks(job: JobPlan, lp: LogPlan, prog: P.LogProgress, effects: list[ClockEf
     ]
 
 
-def _clock_effects(engine: SparkEngine, endpoints: Endpoints, job: JobPlan, logs: list[LogPlan], progresses: dict[str, P.LogProgress], progress: Callable[[Progress], None] | None) -> dict[str, list[ClockEffect]]:
+def _clock_effects(engine: Engine, endpoints: Endpoints, job: JobPlan, logs: list[LogPlan], progresses: dict[str, P.LogProgress], progress: Callable[[Progress], None] | None) -> dict[str, list[ClockEffect]]:
     """The clock pre-pass over logs that hold replicated records (one task per segment)."""
     if not logs:
         return {}
@@ -603,12 +627,9 @@ def _clock_effects(engine: SparkEngine, endpoints: Endpoints, job: JobPlan, logs
     return out
 
 
-def _slots(engine: SparkEngine) -> int:
-    """Tasks Spark runs at once: ``local[N]``'s N, else the cluster's default parallelism."""
-    try:
-        return max(1, int(engine.sc.defaultParallelism))
-    except Exception:  # noqa: BLE001 - no context: one
-        return 1
+def _slots(engine: Engine) -> int:
+    """Tasks the engine runs at once (Spark: ``local[N]``'s N, else the cluster's default parallelism)."""
+    return engine.slots
 
 
 def _forward(phase: str, progress: Callable[[Progress], None] | None, reused: int = 0, total: int | None = None) -> Callable[[StageProgress], None] | None:
@@ -652,7 +673,7 @@ def _still_verified(sink: ClusterSession, prog: P.LogProgress, tasks: list[P.Seg
 
 
 def _copy(
-    engine: SparkEngine,
+    engine: Engine,
     endpoints: Endpoints,
     pending: list[P.SegmentTask],
     progresses: dict[str, P.LogProgress],

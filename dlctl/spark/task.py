@@ -37,6 +37,7 @@ import asyncio
 import gc
 import logging
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Coroutine, Iterator, Mapping
@@ -147,6 +148,11 @@ def _run(main: Coroutine[Any, Any, Any]) -> Any:
             return runner.run(main)
 
 
+_collections_lock = threading.Lock()
+_collections_users = 0  # tasks of this process inside _fewer_collections (the in-process engine runs several)
+_collections_saved: tuple[int, ...] = ()
+
+
 @contextmanager
 def _fewer_collections(threshold: int = 50_000) -> Iterator[None]:
     """A copy allocates a few short-lived containers per entry (futures, handles, views), and
@@ -154,15 +160,24 @@ def _fewer_collections(threshold: int = 50_000) -> Iterator[None]:
     took about 6 % of a task's CPU (tests/benchmarks/profile_bootstrap.py). During a task it
     runs after every ``threshold`` instead, over the task's own objects: what the worker held
     before is frozen out of its scans. Reference counting still frees every buffer at once;
-    the collector's settings come back when the task ends."""
-    before = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(threshold, *before[1:])
+    the collector's settings come back when the task ends — when the last of them ends, for
+    tasks that run on threads of one process (``dlctl.spark.local``): the collector's settings
+    are the process's, and a task that restored them under another would undo its own."""
+    global _collections_users, _collections_saved
+    with _collections_lock:
+        if _collections_users == 0:
+            _collections_saved = gc.get_threshold()
+            gc.freeze()
+            gc.set_threshold(threshold, *_collections_saved[1:])
+        _collections_users += 1
     try:
         yield
     finally:
-        gc.set_threshold(*before)
-        gc.unfreeze()
+        with _collections_lock:
+            _collections_users -= 1
+            if _collections_users == 0:
+                gc.set_threshold(*_collections_saved)
+                gc.unfreeze()
 
 
 def copy_segment(task: SegmentTask, endpoints: Endpoints, attempt: int = 0) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Bootstrap copy rate vs a plain file copy of the same segment files, measured in the same run.
 
-    .venv/bin/python tests/benchmarks/bench_bootstrap.py [--gib 2] [--segments 100] [--record-kib 4] [--parallelism 1 2 4] [--sink-w 3 1]
+    .venv/bin/python tests/benchmarks/bench_bootstrap.py [--gib 2] [--segments 100] [--record-kib 4] [--parallelism 1 2 4] [--sink-w 3 1] [--engine spark local]
 
 A two-cluster sandbox (``dlctl sandbox up --clusters 2 --regions 1 --nodes-per-region 3``: real
 ZooKeeper, six real agents with fsync on, one disk) gets a source log of ``--gib`` GiB in
@@ -20,6 +20,13 @@ with that cost taken out. Where the CPU goes: ``profile_bootstrap.py``. With the
 policy (W = 3) the bootstrap writes three replicas where the file copy writes one; ``--sink-w 1``
 measures a one-replica sink log too (apples to apples), and for W > 1 a second baseline, the same
 plain copy writing W copies of every file, is printed next to the first. Exit 0 unless --strict.
+
+Engines (issue 27 item 3): each copy runs once per ``--engine``: ``spark`` (forced:
+``local_below=0``) and ``local`` (the in-process thread pool a copy below ``--local-below`` takes),
+one after the other on the same log, each next to the baselines measured just before it. Then,
+per sink W and parallelism, where Spark stops losing: the in-process copy's rate, Spark's rate
+with its fixed cost taken out, and the size at which Spark's fixed cost is paid back (never,
+when the in-process copy is as fast per byte) — what ``DEFAULT_LOCAL_BELOW`` is chosen from.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ def session(config: Path, name: str) -> ClusterSession:
 async def fill(src: ClusterSession, total: int, segments: int, record: int) -> float:
     """``segments`` completed segments (one writer each: closing completes the segment)."""
     src.meta.create_log(LOG, LogConfig())
-    pool = AgentPool(src.meta, src.secret, request_timeout=60)
+    pool = AgentPool(src.meta, src.credentials, request_timeout=60)
     payload = os.urandom(record)
     per_segment = max(1, total // segments // record)
     started = time.monotonic()
@@ -127,12 +134,22 @@ def _noop(item: int) -> list[dict]:
     return [{"item": item}]
 
 
+def crossover(local_seconds: float, spark_seconds: float, fixed: float, nbytes: int) -> float | None:
+    """Bytes above which the Spark copy is faster than the in-process one: local time N/r_l,
+    Spark time F + N/r_s; None when r_l >= r_s (Spark never pays its fixed cost back)."""
+    local_rate = nbytes / local_seconds
+    spark_rate = nbytes / max(0.001, spark_seconds - fixed)
+    if local_rate >= spark_rate:
+        return None
+    return fixed / (1 / local_rate - 1 / spark_rate)
+
+
 def drop_sink_copy(dst: ClusterSession) -> None:
     """Delete the sink log and its replicas, so the next run copies everything again."""
 
     async def go() -> None:
         log_id = dst.meta.get_log(LOG).value.log_id
-        pool = AgentPool(dst.meta, dst.secret)
+        pool = AgentPool(dst.meta, dst.credentials)
         try:
             await pool.refresh()
             for node in pool.nodes:
@@ -154,6 +171,7 @@ def main() -> int:
     parser.add_argument("--record-kib", type=float, default=4)
     parser.add_argument("--parallelism", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--sink-w", type=int, nargs="+", default=[3])
+    parser.add_argument("--engine", nargs="+", choices=("spark", "local"), default=["spark", "local"], help="where the copy runs: Spark (forced) and/or in-process")
     parser.add_argument("--dir", type=Path, help="where the sandbox lives (default: a temporary directory)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a W=1 run misses 40 %% of the baseline")
     args = parser.parse_args()
@@ -181,29 +199,40 @@ def main() -> int:
                   "then " + ", ".join(f"parallelism {p}: {t:.1f}s" for p, t in fixed.items()), flush=True)
             for w in args.sink_w:
                 for parallelism in args.parallelism:
-                    base, copied = plain_copy_rate(files, work)
-                    base_w = plain_copy_rate(files, work, replicas=w)[0] if w != 1 else base
-                    if w != 3:
-                        dst.meta.create_log(LOG, LogConfig(ensemble_size=w, write_quorum=w, ack_quorum=w))
-                    result = bootstrap_logs(src, dst, [LOG], holder="bootstrap-bench", parallelism=parallelism)
-                    (res,) = result.logs.values()
-                    rate = nbytes / result.seconds
-                    net = nbytes / max(0.001, result.seconds - fixed[parallelism])
-                    row = {"sink_w": w, "parallelism": parallelism, "seconds": round(result.seconds, 2), "mib_per_s": round(rate / MIB, 1),
-                           "baseline_mib_per_s": round(base / MIB, 1), "ratio": round(rate / base, 3),
-                           "baseline_w_replicas_mib_per_s": round(base_w / MIB, 1), "ratio_w_replicas": round(rate / base_w, 3), "segments": res.segments, "records": res.records,
-                           "spark_fixed_seconds": round(fixed[parallelism], 2), "mib_per_s_without_spark_fixed": round(net / MIB, 1)}
-                    rows.append(row)
-                    print(f"sink W={w} parallelism {parallelism}: {nbytes / MIB:.0f} MiB in {result.seconds:.1f}s = {rate / MIB:.1f} MiB/s; "
-                          f"plain file copy of the same {copied / MIB:.0f} MiB: {base / MIB:.1f} MiB/s ({rate / base:.0%}); "
-                          + (f"to {w} copies: {base_w / MIB:.1f} MiB/s ({rate / base_w:.0%}); " if w != 1 else "") +
-                          f"without Spark's fixed {fixed[parallelism]:.1f}s: {net / MIB:.1f} MiB/s ({net / base:.0%})", flush=True)
-                    drop_sink_copy(dst)
+                    seconds_by_engine = {}
+                    for engine in args.engine:
+                        base, copied = plain_copy_rate(files, work)
+                        base_w = plain_copy_rate(files, work, replicas=w)[0] if w != 1 else base
+                        if w != 3:
+                            dst.meta.create_log(LOG, LogConfig(ensemble_size=w, write_quorum=w, ack_quorum=w))
+                        local_below = 0 if engine == "spark" else 2**62
+                        result = bootstrap_logs(src, dst, [LOG], holder="bootstrap-bench", parallelism=parallelism, local_below=local_below)
+                        assert result.engine == engine, result.engine
+                        (res,) = result.logs.values()
+                        seconds_by_engine[engine] = result.seconds
+                        rate = nbytes / result.seconds
+                        fixed_here = fixed[parallelism] if engine == "spark" else 0.0
+                        net = nbytes / max(0.001, result.seconds - fixed_here)
+                        row = {"engine": engine, "sink_w": w, "parallelism": parallelism, "seconds": round(result.seconds, 2), "mib_per_s": round(rate / MIB, 1),
+                               "baseline_mib_per_s": round(base / MIB, 1), "ratio": round(rate / base, 3),
+                               "baseline_w_replicas_mib_per_s": round(base_w / MIB, 1), "ratio_w_replicas": round(rate / base_w, 3), "segments": res.segments, "records": res.records,
+                               "spark_fixed_seconds": round(fixed_here, 2), "mib_per_s_without_spark_fixed": round(net / MIB, 1)}
+                        rows.append(row)
+                        print(f"{engine:5} sink W={w} parallelism {parallelism}: {nbytes / MIB:.0f} MiB in {result.seconds:.1f}s = {rate / MIB:.1f} MiB/s; "
+                              f"plain file copy of the same {copied / MIB:.0f} MiB: {base / MIB:.1f} MiB/s ({rate / base:.0%}); "
+                              + (f"to {w} copies: {base_w / MIB:.1f} MiB/s ({rate / base_w:.0%}); " if w != 1 else "")
+                              + (f"without Spark's fixed {fixed_here:.1f}s: {net / MIB:.1f} MiB/s ({net / base:.0%})" if engine == "spark" else "no Spark start"), flush=True)
+                        drop_sink_copy(dst)
+                    if len(seconds_by_engine) == 2:
+                        size = crossover(seconds_by_engine["local"], seconds_by_engine["spark"], fixed[parallelism], nbytes)
+                        print(f"      sink W={w} parallelism {parallelism}: Spark's fixed {fixed[parallelism]:.1f}s (a CLI run also launches the JVM: {launch:.1f}s) "
+                              + (f"is paid back above {size / MIB:.0f} MiB" if size is not None else "is never paid back: the in-process copy is as fast per byte"), flush=True)
+                        rows.append({"engine": "crossover", "sink_w": w, "parallelism": parallelism, "spark_pays_back_above_mib": round(size / MIB) if size is not None else None})
     finally:
         dlctl(env, "--yes", "sandbox", "down", "--purge")
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(rows))
-    ones = [r for r in rows if r["sink_w"] == 1]
+    ones = [r for r in rows if r["sink_w"] == 1 and "ratio" in r]
     if args.strict and ones and max(r["ratio"] for r in ones) < 0.4:
         return 1
     return 0

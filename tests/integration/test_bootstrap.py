@@ -243,11 +243,20 @@ def sink_adds(env: dict[str, str]) -> int:
         return total
 
 
-def test_killing_the_driver_midway_leaves_nothing_visible_and_a_rerun_copies_only_unverified_segments(sandbox, tmp_path):
-    name = "killed"
+# A copy this small runs in-process by default (below --local-below); --local-below 0 forces
+# Spark. Both paths must verify, record and resume exactly alike.
+ENGINE_ARGS = {"local": (), "spark": ("--local-below", "0")}
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_killing_the_driver_midway_leaves_nothing_visible_and_a_rerun_copies_only_unverified_segments(sandbox, tmp_path, engine):
+    name = f"killed-{engine}"
     create_source_log(sandbox, name, segments=24, per_segment=50, size=2000)
     holder = J.default_holder(SOURCE, SINK)
-    proc = start_dlctl(sandbox, "-o", "json", "--yes", "bootstrap", "--source", SOURCE, "--sink", SINK, "--logs", name, "--parallelism", "1", "--throttle", "400K", log=tmp_path / "first.log")
+    proc = start_dlctl(
+        sandbox, "-o", "json", "--yes", "bootstrap", "--source", SOURCE, "--sink", SINK, "--logs", name, "--parallelism", "1", "--throttle", "400K", *ENGINE_ARGS[engine],
+        log=tmp_path / "first.log",
+    )
 
     def verified() -> set[int]:
         with session(sandbox, SINK) as s:
@@ -261,6 +270,8 @@ def test_killing_the_driver_midway_leaves_nothing_visible_and_a_rerun_copies_onl
         wait_for(lambda: verified() or proc.poll() is not None, 120, "a first verified segment")
         assert proc.poll() is None, "the job finished before it could be killed; slow it down further"
         family = process_tree(proc.pid) - {proc.pid}  # Spark's JVM and its Python workers
+        # The in-process path starts no JVM at all; the Spark path copies in Spark's workers.
+        assert bool(family) == (engine == "spark"), f"{engine} copy: the driver's child processes are {family}"
         os.kill(proc.pid, signal.SIGKILL)  # the driver only: its JVM and workers follow on their own
         proc.wait(10)
         # Nothing of the killed job may still write when the re-run starts (and is measured).
@@ -276,9 +287,11 @@ def test_killing_the_driver_midway_leaves_nothing_visible_and_a_rerun_copies_onl
         entries = {v.value.seq: v.value.last_entry_id + 1 for v in src.meta.segments(name)}
 
     adds_before = sink_adds(sandbox)
-    result = bootstrap(sandbox, name)
+    result = bootstrap(sandbox, name, *ENGINE_ARGS[engine])
     assert result.returncode == 0, result.stderr
-    (logres,) = json.loads(result.stdout)["logs"]
+    report = json.loads(result.stdout)
+    assert (report["engine"], report["spark_starts"]) == (engine, 1 if engine == "spark" else 0)
+    (logres,) = report["logs"]
     assert logres["reused"] == len(kept) and logres["copied"] == 24 - len(kept)
     # What the sink agents stored during the re-run (their own counters): W = 3 replicas of every
     # entry of the segments not verified before the kill, nothing for the verified ones.

@@ -99,10 +99,20 @@ def test_the_spark_log_file_is_0600(engines, monkeypatch):
     engine = started(engines, monkeypatch)
     old = os.umask(0)
     try:
-        # The real launch with a fake context: the JVM's stdout/stderr go to the log file.
-        SparkEngine._launch(engine, lambda conf: os.write(2, b"jvm noise\n") and FakeContext(conf), None, True)
+        # The real launch with a fake JVM and context: the JVM's stdout/stderr go to the log
+        # file, as its own descriptors (this process's stay as they are).
+        def launch_gateway(conf, popen_kwargs):
+            os.write(popen_kwargs["stdout"], b"jvm noise\n")
+            os.write(popen_kwargs["stderr"], b"jvm errors\n")
+            return "gateway"
+
+        def factory(conf, gateway):
+            assert gateway == "gateway"
+            return FakeContext(conf)
+
+        SparkEngine._launch(engine, factory, None, True, launch_gateway)
     finally:
         os.umask(old)
     assert engine.log_path is not None
     assert stat.S_IMODE(engine.log_path.stat().st_mode) == 0o600
-    assert b"jvm noise" in engine.log_path.read_bytes()
+    assert b"jvm noise\njvm errors\n" in engine.log_path.read_bytes()
