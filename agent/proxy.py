@@ -40,7 +40,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,6 +210,9 @@ class WriteProxy:
         self._forwards: dict[str, Forwarder] = {}  # logs another agent owns, for clients that cannot reach it
         self._closing = False
         self._reaper: asyncio.Task[None] | None = None
+        # Tasks nothing else holds: the event loop keeps only a weak reference to a task, so one
+        # started and forgotten may be collected mid-flight (a log left waiting for ever).
+        self._background: set[asyncio.Task[None]] = set()
         self.counters = {
             "appends": 0, "records": 0, "claims": 0, "not_owner": 0, "failed": 0, "idle_releases": 0, "duplicates_dropped": 0,
             "duplicate_requests": 0,  # idempotent resends answered with their first positions
@@ -445,7 +448,7 @@ class WriteProxy:
             if writer.pending_bytes > self.options.max_log_bytes:
                 if not owned.waiting:
                     owned.waiting = True
-                    asyncio.ensure_future(self._wait_writable(owned, writer))
+                    self._in_background(self._wait_writable(owned, writer))
                 break
             request = owned.queue.popleft()
             owned.queued_bytes -= request.size
@@ -626,7 +629,12 @@ class WriteProxy:
                 hold.resume()
         writer, owned.writer = owned.writer, None
         if writer is not None:
-            asyncio.ensure_future(self._close_writer(writer))
+            self._in_background(self._close_writer(writer))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _forget(self, owned: _OwnedLog) -> None:
         if self._logs.get(owned.name) is owned:

@@ -24,7 +24,6 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import SegmentState
 from dlctl.session import ClusterSession
-from harness.logcluster import eventually
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
 
