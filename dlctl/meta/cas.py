@@ -27,6 +27,7 @@ from .records import Versioned
 ABSENT = -1  # the version of a znode that does not exist yet: ``put`` creates it
 ATTEMPTS = 8
 
+S = TypeVar("S")  # the value read (``T``, or None for a znode not there yet)
 T = TypeVar("T")
 
 
@@ -42,17 +43,18 @@ def put(
     version: int,
     *,
     acl: Any = None,
+    makepath: bool = False,
     conflict: Callable[[], DlctlError] | None = None,
     missing: Callable[[], DlctlError] | None = None,
 ) -> int:
     """Write ``data`` at ``path`` if it is still at ``version`` (``ABSENT``: create it); returns
     the new version. ``conflict()``: the error when someone else changed it first (default:
     ``changed_concurrently``); ``missing()``: when the znode (or its parent) does not exist
-    (default: a conflict too)."""
+    (default: a conflict too). ``makepath``: a create makes missing parents too."""
     conflict = conflict or (lambda: changed_concurrently(path, version))
     try:
         if version < 0:
-            client.create(path, data, acl=acl)
+            client.create(path, data, acl=acl, makepath=makepath)
             return 0
         return int(client.set(path, data, version=version).version)
     except (BadVersionError, NodeExistsError):
@@ -62,16 +64,18 @@ def put(
 
 
 def update(
-    read: Callable[[], Versioned[T]],
-    change: Callable[[T], T | None],
+    read: Callable[[], Versioned[S]],
+    change: Callable[[S], T | None],
     write: Callable[[T, int], Versioned[T]],
     *,
     what: str,
     attempts: int = ATTEMPTS,
-) -> Versioned[T]:
+) -> Versioned[S] | Versioned[T]:
     """Read, derive the new value (``change``; None or an equal value: nothing to do, the
     current one is returned), write it by compare-and-set on the version read (``write(new,
-    version)``, raising ``ConflictError`` when it moved), and on a conflict start again."""
+    version)``, raising ``ConflictError`` when it moved), and on a conflict start again. A znode
+    that may not exist yet is read as ``Versioned(None, ABSENT)``: ``change(None)`` derives the
+    value to create, and ``put`` at ``ABSENT`` creates it (or conflicts, when someone was first)."""
     for _ in range(attempts):
         current = read()
         new = change(current.value)

@@ -102,29 +102,29 @@ class PinStore:
         bootstrap put the sink back on retained data)."""
         path = pin_path(self.cluster, pin.holder, pin.log)
         now = time.time()
-        for _ in range(16):
+
+        def read() -> Versioned[PinRecord | None]:
             try:
-                current = self.get(pin.holder, pin.log)
+                return self.get(pin.holder, pin.log)
             except NotFoundError:
-                fresh = replace(pin, created=pin.created or now, updated=now)
-                try:
-                    self.client.create(path, fresh.to_json(), acl=self.meta.acl, makepath=True)
-                    return Versioned(fresh, 0)
-                except NodeExistsError:
-                    continue
-            old = current.value
-            new = replace(
+                return Versioned(None, cas.ABSENT)
+
+        def change(old: PinRecord | None) -> PinRecord:
+            if old is None:
+                return replace(pin, created=pin.created or now, updated=now)
+            return replace(
                 old,
                 position=max(old.position, pin.position),
                 updated=now,
                 max_age_seconds=pin.max_age_seconds,
                 sink_cluster=pin.sink_cluster or old.sink_cluster,
             )
-            try:
-                return Versioned(new, cas.put(self.client, path, new.to_json(), current.version))
-            except ConflictError:
-                continue  # changed or deleted meanwhile: read again
-        raise ConflictError(f"aborted: pin {path} kept changing concurrently", hint="retry")
+
+        def write(new: PinRecord, version: int) -> Versioned[PinRecord]:
+            # (Deleted meanwhile: a conflict too, so the next round creates it again.)
+            return Versioned(new, cas.put(self.client, path, new.to_json(), version, acl=self.meta.acl, makepath=True))
+
+        return cas.update(read, change, write, what=f"pin {path}", attempts=16)
 
     def reset(self, pin: PinRecord) -> Versioned[PinRecord]:
         """Replace the pin outright (position may move, needs_bootstrap cleared): for bootstrap."""

@@ -125,34 +125,46 @@ class TruncationStore:
         establishes it (idempotent). Without ``clock`` the base must already be recorded, unless
         the log shows no sign of replication (``clock_base_refusal``)."""
         path = self.path(name)
-        for _ in range(32):
-            current = self.get(name)
-            if current is not None and current.value.point >= point:
-                return current, False
+        moved = False
+
+        def read() -> Versioned[TruncationRecord | None]:
+            return self.get(name) or Versioned(None, cas.ABSENT)
+
+        def change(current: TruncationRecord | None) -> TruncationRecord | None:
+            if current is not None and current.point >= point:
+                return None  # already there or past it (another truncation's): never backwards
+            # The clock base at the point before the point moves, at every attempt: each
+            # compares with the record read then (idempotent).
             if clock is not None:
-                clock(point, current.value.point if current is not None else None)
+                clock(point, current.point if current is not None else None)
             else:
                 problem = clock_base_refusal(self.meta, name, point)
                 if problem is not None:
                     raise problem
-            new = TruncationRecord(
+            return TruncationRecord(
                 point=point,
-                truncated_txid=max(truncated_txid, current.value.truncated_txid if current else NO_TXID),
+                truncated_txid=max(truncated_txid, current.truncated_txid if current else NO_TXID),
                 updated=time.time(),
                 reason=reason,
                 by=by,
             )
+
+        def write(new: TruncationRecord, version: int) -> Versioned[TruncationRecord]:
+            nonlocal moved
             gone = NotFoundError("gone")
             try:
-                version = cas.put(self.client, path, new.to_json(), current.version if current is not None else cas.ABSENT, acl=self.meta.acl, missing=lambda: gone)
-                return Versioned(new, version), True
+                written = Versioned(new, cas.put(self.client, path, new.to_json(), version, acl=self.meta.acl, missing=lambda: gone))
             except NotFoundError:
                 if not self.client.exists(paths.log(self.meta.cluster, name)):
                     raise NotFoundError(f"log {name!r} does not exist in cluster {self.meta.cluster!r}") from None
-                continue  # the record was deleted under us (log deleted and re-created?): look again
-            except ConflictError:
-                continue  # another truncation moved it meanwhile: compare with theirs
-        raise ConflictError(f"aborted: {path} kept changing concurrently", hint="nothing was moved backwards; retry")
+                # The record was deleted under us (the log deleted and re-created?): look again.
+                raise cas.changed_concurrently(path, version) from None
+            moved = True
+            return written
+
+        result = cas.update(read, change, write, what=path, attempts=32)
+        assert result.value is not None  # (change(None) always derives a record)
+        return Versioned(result.value, result.version), moved
 
 
 def clock_base_refusal(meta: MetaStore, name: str, point: DLSN) -> RefusedError | None:
