@@ -157,15 +157,6 @@ def _stream_into(sink: ClusterSession, source: str | None, *, states: tuple[Stre
     return one_way[0]
 
 
-def _wait_no_workers(streams: StreamStore, stream_id: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while streams.claims(stream_id):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 # -- failover --------------------------------------------------------------------------------------
 
 
@@ -212,7 +203,7 @@ def failover_plan(sink: ClusterSession, *, source: str | None = None, wait_worke
         current = streams.get_state(stream_id)
         if current.value.state is not StreamState.FAILED_OVER:
             current = streams.set_state(stream_id, current, StreamState.FAILED_OVER, reason=f"failover to {snk} at {time.strftime('%Y-%m-%dT%H:%M:%S')}", details={"to": snk, "from": src, "at": time.time()})
-        stopped = _wait_no_workers(streams, stream_id, wait_workers)
+        stopped = streams.wait_released(stream_id, wait_workers)
         return {"state": "failed-over", "epoch": current.value.epoch, "workers_stopped": stopped}
 
     def settle() -> dict[str, Any]:
@@ -300,7 +291,7 @@ def switchover_plan(source: ClusterSession, sink: ClusterSession, *, drain_timeo
         current = streams.get_state(stream_id)
         if current.value.state is StreamState.RUNNING:
             streams.set_state(stream_id, current, StreamState.PAUSED, reason=f"switchover to {snk}")
-        if not _wait_no_workers(streams, stream_id, wait_workers):
+        if not streams.wait_released(stream_id, wait_workers):
             raise TimeoutExpired(f"the workers of {stream_id} did not stop within {wait_workers:g}s", hint="re-run the switchover: it continues")
         # The drain target was read while the workers ran: check against the final ends now.
         ends = _async(source, lambda pool: _ends(source, pool, names))
@@ -696,8 +687,8 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
             _pause(StreamStore(target.meta), c.stream_id)
         for peer, c, st in outgoing:
             _pause(StreamStore(peer.meta), c.stream_id)
-        stopped = all(_wait_no_workers(StreamStore(target.meta), c.stream_id, wait_workers) for c, _ in incoming)
-        stopped = all([_wait_no_workers(StreamStore(peer.meta), c.stream_id, wait_workers) for peer, c, _ in outgoing]) and stopped
+        stopped = all(StreamStore(target.meta).wait_released(c.stream_id, wait_workers) for c, _ in incoming)
+        stopped = all([StreamStore(peer.meta).wait_released(c.stream_id, wait_workers) for peer, c, _ in outgoing]) and stopped
         # (No recovery of in-progress segments here: their replicas may be the lost data.)
         frozen = freeze_logs(target, [n for n in logs if n in target.meta.list_logs()], mode=AccessMode.READ_ONLY, reason="dr recover", close=False)
         save("begin")

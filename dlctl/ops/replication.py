@@ -824,11 +824,8 @@ def delete_plan(sink: ClusterSession, source: ClusterSession | None, stream_id: 
         return "paused"
 
     def workers_stopped() -> int:
-        deadline = time.monotonic() + wait_workers
-        while streams.claims(stream_id):
-            if time.monotonic() > deadline:
-                raise TimeoutExpired(f"workers of stream {stream_id!r} still hold {sorted(streams.claims(stream_id))} after {wait_workers:g}s", hint="check the sink agents; re-run delete")
-            time.sleep(0.1)
+        if not streams.wait_released(stream_id, wait_workers):
+            raise TimeoutExpired(f"workers of stream {stream_id!r} still hold {sorted(streams.claims(stream_id))} after {wait_workers:g}s", hint="check the sink agents; re-run delete")
         return 0
 
     steps.append(Step("pause", f"{sink.cluster.name}/{stream_id}", f"pause stream {stream_id} so no worker runs", run=pause))

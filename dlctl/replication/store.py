@@ -8,6 +8,7 @@ claiming agent's session, which is how a dead worker's logs are handed to anothe
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import replace
 
@@ -222,6 +223,27 @@ class StreamStore:
             return sorted(self.client.get_children(path))
         except NoNodeError:
             return []
+
+    def wait_released(self, stream_id: str, timeout: float) -> bool:
+        """Wait until no worker holds a log of the stream (after a pause or a stop: each writes
+        a last checkpoint and pin, then lets its claim go); False when some still do after
+        ``timeout`` seconds. A watch on the claims says when to look again; the look itself is
+        ``claims`` (a claim being deleted counts as gone)."""
+        parent = paths.stream_workers(self.cluster, stream_id)
+        deadline = time.monotonic() + timeout
+        changed = threading.Event()
+        while True:
+            changed.clear()
+            try:
+                held = self.client.get_children(parent, watch=lambda _event: changed.set())
+            except NoNodeError:
+                return True  # no claim was ever made (or the stream is gone)
+            if not held or not self.claims(stream_id):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            changed.wait(min(left, 1.0))  # (and look again now and then: a watch lost to a reconnect)
 
     def _conflict(self, path: str) -> ConflictError:
         return ConflictError(f"aborted: {path} changed concurrently", hint="nothing was overwritten; read it again and retry")
