@@ -5,9 +5,9 @@
     .venv/bin/python tests/benchmarks/profile_bootstrap.py down --dir DIR
 
 ``up`` starts a two-cluster sandbox in DIR and writes the source log (as ``bench_bootstrap.py``
-does); ``run`` bootstraps it to the sink cluster — in this process without Spark (the same
-task code, one segment after the other: the copy's own cost), or with ``--spark`` through the
-real engine — and prints wall time, rate, and CPU seconds per GiB of: the copying process
+does); ``run`` bootstraps it to the sink cluster — in this process without Spark (the
+in-process engine, ``dlctl.spark.local``, on ``--parallelism`` threads; 1: one segment after
+the other, the copy's own cost), or with ``--spark`` through the real engine — and prints wall time, rate, and CPU seconds per GiB of: the copying process
 (driver + tasks, or with Spark the driver, the JVM and the Python workers), the source
 agents and the sink agents; plus a plain file copy of the same segment files for scale.
 ``--cprofile N`` prints the N costliest functions of the in-process copy. The sink copy is
@@ -99,40 +99,6 @@ def down(args: argparse.Namespace) -> int:
     return 0
 
 
-class _InProcessEngine:
-    """``SparkEngine`` with the stages run here, one item after the other (no JVM)."""
-
-    def __init__(self, options: object) -> None:
-        self.options = options
-        self.sc = None
-        self.log_path = None
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def secret(self, path: Path | None, label: str):
-        from dlctl.spark.credentials import SecretRef
-
-        return SecretRef(path=path, label=label)
-
-    def tls(self, files, label: str):
-        from dlctl.spark.credentials import TlsRef
-
-        return TlsRef(paths=files.paths, label=label) if files else None
-
-    def run(self, fn, items, *, on_result=None, **_ignored):
-        out = []
-        for item in items:
-            for r in fn(item):
-                if on_result is not None:
-                    on_result(r)
-                out.append(r)
-        return out
-
-
 def run(args: argparse.Namespace) -> int:
     env = _env(args.dir)
     config = Path(env["DLCTL_CONFIG"])
@@ -142,18 +108,16 @@ def run(args: argparse.Namespace) -> int:
         nbytes = sum(s.value.bytes for s in src.meta.segments(B.LOG))
         files = B.source_files(config, src)
         base, _ = B.plain_copy_rate(files, args.dir, rounds=1)
+        if B.LOG in dst.meta.list_logs():
+            B.drop_sink_copy(dst)  # left by a run that failed
         if args.sink_w != 3:
             dst.meta.create_log(B.LOG, LogConfig(ensemble_size=args.sink_w, write_quorum=args.sink_w, ack_quorum=args.sink_w))
-        import dlctl.spark.job as J
         import dlctl.spark.transform as T
 
         saved_speedups = T._speedups
         if args.no_speedups:
             T._speedups = None  # the Python loops (in this process; Spark's workers import their own)
 
-        saved = J.SparkEngine
-        if not args.spark:
-            J.SparkEngine = _InProcessEngine  # type: ignore[assignment,misc]
         before = {c: sum(_cpu(p) for p in pids) for c, pids in agents.items()}
         t0 = os.times()
         kids_before = {p: _cpu(p) for p in _descendants(me)}
@@ -182,7 +146,9 @@ def run(args: argparse.Namespace) -> int:
                 watcher = threading.Thread(target=watch, daemon=True)
                 watcher.start()
             started = time.monotonic()
-            result = bootstrap_logs(src, dst, [B.LOG], holder="bootstrap-profile", parallelism=args.parallelism)
+            # In-process: the engine a copy below --local-below takes (dlctl.spark.local), on
+            # --parallelism threads; --spark: forced onto Spark.
+            result = bootstrap_logs(src, dst, [B.LOG], holder="bootstrap-profile", parallelism=args.parallelism, local_below=0 if args.spark else 1 << 62)
             wall = time.monotonic() - started
             if args.spark:
                 stop.set()
@@ -190,7 +156,6 @@ def run(args: argparse.Namespace) -> int:
         finally:
             if prof:
                 prof.disable()
-            J.SparkEngine = saved  # type: ignore[misc]
             T._speedups = saved_speedups
         t1 = os.times()
         after = {c: sum(_cpu(p) for p in pids) for c, pids in agents.items()}
