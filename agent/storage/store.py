@@ -901,7 +901,7 @@ class SegmentStore:
             buf = os.pread(fd, n, off)
         except OSError as exc:
             raise self._read_failed(seg, off, f"read of entry {entry_id}", exc) from exc
-        problem = _verify(buf, n, seg.key, entry_id, crc)
+        problem = verify_entry(buf, n, seg.key, entry_id, crc)
         if problem is not None:
             self._to_limbo(seg, off, problem)
             raise LimboError(f"replica of {_seg_name(seg.key)} is corrupt at offset {off} of {seg.path}: {problem}")
@@ -955,7 +955,7 @@ class SegmentStore:
             pos = 0
             for k in range(i, j):
                 e_id, e_off, e_n, e_crc = locs[k]
-                problem = _verify(view[pos : pos + e_n], e_n, seg.key, e_id, e_crc)
+                problem = verify_entry(view[pos : pos + e_n], e_n, seg.key, e_id, e_crc)
                 if problem is not None:
                     self._to_limbo(seg, e_off, problem)
                     raise LimboError(f"replica of {_seg_name(seg.key)} is corrupt at offset {e_off} of {seg.path}: {problem}")
@@ -1321,7 +1321,7 @@ def _header_problem(encoded: bytes, n: int) -> str:
     return "bad entry header"
 
 
-def _verify(buf: bytes, n: int, key: Key, entry_id: int, crc: int) -> str | None:
+def verify_entry(buf: bytes, n: int, key: Key, entry_id: int, crc: int) -> str | None:
     if len(buf) != n:
         return f"entry {entry_id}: short read ({len(buf)} of {n} bytes)"
     magic, _v, _f, _r, h_log, h_seq, h_entry, _lac, length, h_crc = _HDR.unpack_from(buf)

@@ -33,13 +33,13 @@ def fleet_options(region_serial_default: bool = False, concurrency_default: int 
     return decorate
 
 
-def _fleet(app: AppContext, ssh_accept_new: bool, max_concurrency: int, region_serial: bool, timeout: float) -> agents.Fleet:
+def fleet_from(app: AppContext, ssh_accept_new: bool, max_concurrency: int, region_serial: bool, timeout: float) -> agents.Fleet:
     fleet = agents.Fleet(app.session().cluster, agents.FleetOptions(ssh_accept_new, max_concurrency, region_serial, timeout))
     click.get_current_context().call_on_close(fleet.close)
     return fleet
 
 
-def _progress(app: AppContext, total: int):
+def fleet_progress(app: AppContext, total: int):
     """A progress callback for fan-outs, drawing on stderr for the life of the command."""
     ctx = click.get_current_context()
     bar = ctx.with_resource(app.progress())
@@ -60,8 +60,8 @@ def agent_group() -> None:
 def _lifecycle(action: str, doc: str, *, serial: bool = False, concurrency: int = 16, confirm: bool = False) -> None:
     def build(app: AppContext, node_ids, region, max_concurrency, region_serial, timeout, ssh_accept_new) -> Plan:
         nodes = agents.select_nodes(app.session().cluster, node_ids, region)
-        fleet = _fleet(app, ssh_accept_new, max_concurrency, region_serial, timeout)
-        return agents.lifecycle_plan(fleet, nodes, action, _progress(app, len(nodes)))
+        fleet = fleet_from(app, ssh_accept_new, max_concurrency, region_serial, timeout)
+        return agents.lifecycle_plan(fleet, nodes, action, fleet_progress(app, len(nodes)))
 
     build.__doc__ = doc
     agent_group.command(action)(fleet_options(serial, concurrency)(mutating(confirm=confirm)(build)))
@@ -84,8 +84,8 @@ def agent_install(app: AppContext, node_ids, region, max_concurrency, region_ser
     (enabled; User= the inventory's agent_user) supervises the agent; elsewhere it runs as a
     detached process."""
     nodes = agents.select_nodes(app.session().cluster, node_ids, region)
-    fleet = _fleet(app, ssh_accept_new, max_concurrency, region_serial, timeout)
-    return agents.install_plan(fleet, nodes, wheel_dir, _progress(app, len(nodes)))
+    fleet = fleet_from(app, ssh_accept_new, max_concurrency, region_serial, timeout)
+    return agents.install_plan(fleet, nodes, wheel_dir, fleet_progress(app, len(nodes)))
 
 
 @agent_group.command("status")
@@ -96,7 +96,7 @@ def agent_status(app: AppContext, node_ids, region, max_concurrency, region_seri
     """Whether the agent runs on each node, its pid, version and disk use (exit 3 if some nodes
     could not be asked)."""
     nodes = agents.select_nodes(app.session().cluster, node_ids, region)
-    rows, error = agents.status(_fleet(app, ssh_accept_new, max_concurrency, region_serial, timeout), nodes)
+    rows, error = agents.status(fleet_from(app, ssh_accept_new, max_concurrency, region_serial, timeout), nodes)
     app.render(Table(rows, ["region", "rack", "node", "host", "running", "pid", "version", "address", "supervisor", "data_bytes", "disk_free_bytes", "error"]))
     if error is not None:
         raise error  # after the rows: exit 3 (some nodes), 1 (all), 4 (all refused for safety)
@@ -111,5 +111,5 @@ def agent_logs(app: AppContext, node_id: str, lines: int, ssh_accept_new: bool) 
     """Print the last lines of the agent's log on NODE_ID, newest last: its systemd unit's
     journal where systemd runs it, else its rotated log files in the data dir."""
     cluster = app.session().cluster
-    fleet = _fleet(app, ssh_accept_new, 1, False, agents.VERB_TIMEOUT)
+    fleet = fleet_from(app, ssh_accept_new, 1, False, agents.VERB_TIMEOUT)
     app.stdout.file.write(agents.logs(fleet, cluster.node(node_id), lines))

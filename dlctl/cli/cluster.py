@@ -12,7 +12,7 @@ from ..ops import offload as offload_ops
 from ..ops import roles as roles_ops
 from ..output import Table, human_bytes
 from ..plan import Plan
-from .agent import _fleet, _progress, fleet_options
+from .agent import fleet_from, fleet_progress, fleet_options
 from .complete import complete_log
 from .context import AppContext, command_options, mutating, pass_app
 from .truncate import DURATION
@@ -61,8 +61,8 @@ def cluster_rotate_certs(app: AppContext, node_ids, region, max_concurrency, reg
     nodes = agents.select_nodes(session.cluster, node_ids, region)
     if new_ca and (node_ids or region):
         raise click.UsageError("--new-ca replaces the CA of every agent: it cannot be limited with --node or --region")
-    fleet = _fleet(app, ssh_accept_new, max_concurrency, region_serial, timeout)
-    return certs_ops.rotate_plan(fleet, certdir, nodes, new_ca=new_ca, progress=_progress(app, len(nodes)))
+    fleet = fleet_from(app, ssh_accept_new, max_concurrency, region_serial, timeout)
+    return certs_ops.rotate_plan(fleet, certdir, nodes, new_ca=new_ca, progress=fleet_progress(app, len(nodes)))
 
 
 @cluster_group.command("status")

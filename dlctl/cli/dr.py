@@ -11,7 +11,7 @@ from ..output import Table
 from ..plan import Plan
 from .complete import complete_cluster
 from .context import AppContext, output_option, pass_app, yes_option
-from .replication import _session
+from .replication import cluster_session
 
 confirm_option = click.option("--confirm", "confirm_name", metavar="CLUSTER", default=None, help="The cluster's name, typed: required to promote or discard (instead of the prompt).")
 dry_run_option = click.option("--dry-run", is_flag=True, help="Print the plan (and what is at risk) and change nothing.")
@@ -45,7 +45,7 @@ def failover_command(app: AppContext, target: str, source: str | None, wait_work
     standby applied, with the record count the standby last measured) and promotes the
     standby's logs to read-write. Never contacts the lost primary. Needs the standby's name
     typed (or --confirm NAME). Exit 4 when not confirmed."""
-    plan = ops.failover_plan(_session(app, target), source=source, wait_workers=wait_workers)
+    plan = ops.failover_plan(cluster_session(app, target), source=source, wait_workers=wait_workers)
     _apply(app, plan, typed=(target, confirm_name, f"promote {target}"), dry_run=dry_run)
 
 
@@ -65,9 +65,9 @@ def switchover_command(app: AppContext, target: str, drain_timeout: float, no_ve
     the standby has drained everything, promotes it, starts the reverse stream at the
     standby's end (no copy) and confirms that no record was lost or duplicated. Re-running
     after a failure continues. Needs the standby's name typed (or --confirm NAME)."""
-    sink = _session(app, target)
+    sink = cluster_session(app, target)
     config = ops.one_way_source(sink)
-    source = _session(app, config)
+    source = cluster_session(app, config)
     plan = ops.switchover_plan(source, sink, drain_timeout=drain_timeout, verify=not no_verify)
     _apply(app, plan, typed=(target, confirm_name, f"promote {target}"), dry_run=dry_run)
 
@@ -94,8 +94,8 @@ def failback_command(app: AppContext, returning: str, primary: str | None, recon
     if reconcile and discard_divergent:
         raise UsageError("--reconcile and --discard-divergent exclude each other")
     choice = "reconcile" if reconcile else "discard" if discard_divergent else None
-    back = _session(app, returning)
-    current = _session(app, primary) if primary else _primary_of(app, returning)
+    back = cluster_session(app, returning)
+    current = cluster_session(app, primary) if primary else _primary_of(app, returning)
     plan, divergences = ops.failback_plan(current, back, choice=choice)
     if dry_run:
         app.render(plan)
@@ -111,7 +111,7 @@ def _primary_of(app: AppContext, returning: str) -> ClusterSession:
         if name == returning:
             continue
         try:
-            session = _session(app, name)
+            session = cluster_session(app, name)
             if ops.failed_over_from(session, returning):
                 return session
         except (DlctlError, ValueError, OSError) as exc:
@@ -136,7 +136,7 @@ def dr_group() -> None:
 @pass_app
 def promote_command(app: AppContext, cluster_name: str, patterns: tuple[str, ...], confirm_name: str | None, dry_run: bool) -> None:
     """Make a cluster's replica or read-only logs read-write (type its name to confirm)."""
-    plan = ops.promote_plan(_session(app, cluster_name), patterns or ("*",))
+    plan = ops.promote_plan(cluster_session(app, cluster_name), patterns or ("*",))
     _apply(app, plan, typed=(cluster_name, confirm_name, f"promote {cluster_name}"), dry_run=dry_run)
 
 
@@ -146,7 +146,7 @@ def _peers(app: AppContext, target: str) -> dict[str, ClusterSession]:
         if name == target:
             continue
         try:
-            session = _session(app, name)
+            session = cluster_session(app, name)
             session.connect()  # now: an unreachable peer is left out
             out[name] = session
         except (DlctlError, OSError, Exception) as exc:
@@ -179,7 +179,7 @@ def recover_command(app: AppContext, cluster_name: str, drain_timeout: float, dr
     first retained position through the causality filter. What the peer deleted and no other
     stream into the location holds is reported as a GAP (peer, log, range, estimated count):
     exit 3 then, with the result on stdout."""
-    plan = ops.recover_plan(_session(app, cluster_name), _peers(app, cluster_name), drain_timeout=drain_timeout)
+    plan = ops.recover_plan(cluster_session(app, cluster_name), _peers(app, cluster_name), drain_timeout=drain_timeout)
     if dry_run or plan.empty:
         app.render(plan)
         return None
@@ -202,7 +202,7 @@ def recover_command(app: AppContext, cluster_name: str, drain_timeout: float, dr
 def status_command(app: AppContext, cluster_name: str | None) -> None:
     """Per location: streams in and out with lag and the last point applied, its logs' access
     modes, and the locations it could be recovered from."""
-    sessions = {cluster_name: _session(app, cluster_name)} if cluster_name else {}
+    sessions = {cluster_name: cluster_session(app, cluster_name)} if cluster_name else {}
     sessions.update(_peers(app, cluster_name or ""))
     rows = ops.dr_status(sessions, only=cluster_name)
     if app.output != "table":

@@ -25,7 +25,7 @@ from .context import (
 )
 
 
-def _session(app: AppContext, name: str | None) -> ClusterSession:
+def cluster_session(app: AppContext, name: str | None) -> ClusterSession:
     """A session to cluster ``name`` (the selected cluster when None), closed with the command."""
     if name is None or name == app.cluster:
         return app.session()
@@ -37,7 +37,7 @@ def _session(app: AppContext, name: str | None) -> ClusterSession:
 def _source_of(app: AppContext, sink: ClusterSession, stream_id: str) -> ClusterSession | None:
     source = ops.source_of(sink, stream_id)
     try:
-        return _session(app, source)
+        return cluster_session(app, source)
     except (ConfigError, NotFoundError):
         return None
 
@@ -86,10 +86,10 @@ def init_replication_command(
     SOURCE's credentials on SINK's agents first (a node out of reach: exit 3, re-run). Exit 4 when
     a bootstrap is required and unavailable."""
     built = ops.init_plan(
-        _session(app, source), _session(app, sink),
+        cluster_session(app, source), cluster_session(app, sink),
         patterns=patterns or ("*",), bidirectional=bidirectional, causal=causal, bootstrap=bootstrap, throttle=throttle, pin_max_age=pin_max_age,
         start_from=_start_from(start_from) if start_from else None, filters=filters,
-        peers=[_session(app, name) for name in app.inventory().clusters if name not in (source, sink)], compression=compression,
+        peers=[cluster_session(app, name) for name in app.inventory().clusters if name not in (source, sink)], compression=compression,
         install_credentials=install_credentials, bootstrap_local_below=parse_size(local_below, "--bootstrap-local-below"),
     )
     if dry_run:
@@ -132,7 +132,7 @@ def replication_group() -> None:
 def list_command(app: AppContext) -> None:
     """Streams of every cluster in the inventory (as sinks), with state and worker count."""
     inventory = app.inventory()
-    sessions = [_session(app, name) for name in inventory.clusters]
+    sessions = [cluster_session(app, name) for name in inventory.clusters]
     app.render(Table(ops.list_streams(sessions), ["stream", "source", "sink", "state", "logs", "workers", "bidirectional"], title="replication streams"))
 
 
@@ -158,7 +158,7 @@ def _safe_time(status: dict) -> str:
 
 
 def _statuses(app: AppContext, stream: str | None, sink_name: str | None) -> list[dict]:
-    sink = _session(app, sink_name)
+    sink = cluster_session(app, sink_name)
     ids = [stream] if stream else ops.stream_ids(sink)
     if not ids:
         raise NotFoundError(f"no stream has cluster {sink.cluster.name!r} as its sink", hint="create one with `dlctl init-replication`")
@@ -219,7 +219,7 @@ def topology_command(app: AppContext) -> None:
     location. Locations out of reach are named (their view is missing)."""
     from ..ops import network
 
-    view = network.topology([_session(app, name) for name in app.inventory().clusters])
+    view = network.topology([cluster_session(app, name) for name in app.inventory().clusters])
     if app.output != "table":
         app.render(view)
         return
@@ -242,7 +242,7 @@ def topology_command(app: AppContext) -> None:
 @mutating(confirm=False)
 def pause_command(app: AppContext, stream: str, sink: str | None) -> Plan:
     """Pause STREAM: its workers checkpoint and stop; pins keep the source data it needs."""
-    return ops.pause_plan(_session(app, sink), stream)
+    return ops.pause_plan(cluster_session(app, sink), stream)
 
 
 @replication_group.command("resume")
@@ -251,7 +251,7 @@ def pause_command(app: AppContext, stream: str, sink: str | None) -> Plan:
 @mutating(confirm=False)
 def resume_command(app: AppContext, stream: str, sink: str | None) -> Plan:
     """Resume a paused STREAM from its checkpoints."""
-    return ops.resume_plan(_session(app, sink), stream)
+    return ops.resume_plan(cluster_session(app, sink), stream)
 
 
 @replication_group.command("delete")
@@ -261,7 +261,7 @@ def resume_command(app: AppContext, stream: str, sink: str | None) -> Plan:
 def delete_command(app: AppContext, stream: str, sink: str | None) -> Plan:
     """Delete STREAM: stop its workers, remove its pins at the source and its state at the sink.
     The sink logs and their data stay."""
-    sink_session = _session(app, sink)
+    sink_session = cluster_session(app, sink)
     return ops.delete_plan(sink_session, _source_of(app, sink_session, stream), stream)
 
 
@@ -277,7 +277,7 @@ def retire_command(app: AppContext, location: str) -> Plan:
     them once they caught up (it is idempotent)."""
     from ..ops import network
 
-    return network.retire_plan(location, [_session(app, name) for name in app.inventory().clusters])
+    return network.retire_plan(location, [cluster_session(app, name) for name in app.inventory().clusters])
 
 
 @replication_group.command("wait-drain")
@@ -288,7 +288,7 @@ def retire_command(app: AppContext, location: str) -> Plan:
 @pass_app
 def wait_drain_command(app: AppContext, stream: str, sink: str | None, timeout: float | None) -> None:
     """Wait until the sink has everything the source held when this command started."""
-    sink_session = _session(app, sink)
+    sink_session = cluster_session(app, sink)
     source = _source_of(app, sink_session, stream)
     if source is None:
         raise ConfigError(f"the source cluster of stream {stream!r} is not in the inventory; wait-drain needs to read it")

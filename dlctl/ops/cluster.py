@@ -60,7 +60,7 @@ def ensure_secrets(cluster: Cluster) -> dict[str, str]:
     return done
 
 
-def _create_layout(session: ClusterSession, tls: bool = True) -> dict[str, Any]:
+def create_layout(session: ClusterSession, tls: bool = True) -> dict[str, Any]:
     client, name = session.meta.client, session.cluster.name
     acl = acl_for(session.zk_auth)
     root_acl = [ROOT_WORLD] + ([] if session.zk_auth is None else acl)
@@ -232,7 +232,7 @@ def init_plan(session: ClusterSession, *, insecure_zookeeper: bool = False, tls:
         [
             Step("ensure-secrets", cluster.name, "create the cluster secret and ZooKeeper credentials (0600) if missing", run=lambda: ensure_secrets(cluster)),
             *tls_steps,
-            Step("create-layout", paths.cluster_root(cluster.name), f"create {paths.cluster_root(cluster.name)} and its layout with the cluster ACL", run=lambda: _create_layout(session, tls)),
+            Step("create-layout", paths.cluster_root(cluster.name), f"create {paths.cluster_root(cluster.name)} and its layout with the cluster ACL", run=lambda: create_layout(session, tls)),
             Step("register-nodes", paths.nodes(cluster.name), f"register {len(cluster.nodes)} node(s) with region, rack and address", run=lambda: _register_nodes(session)),
         ],
     )

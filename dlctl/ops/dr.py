@@ -56,7 +56,7 @@ from ..replication.records import (
 from ..replication.store import StreamStore
 from . import dr_cold, dr_rebuild, dr_truncated
 from . import replication as repl
-from .logs import _depose, _release, owner_record
+from .logs import ask_owner_to_release, owner_record, remove_owner_znode
 from ..session import ClusterSession
 
 
@@ -76,13 +76,13 @@ def depose_owner(session: ClusterSession, name: str, *, only_prefix: str | None 
     if info is not None and (only_prefix is None or str(info["owner"]).startswith(only_prefix)):
         if info.get("address"):
             try:
-                _release(session, name, info["address"])
+                ask_owner_to_release(session, name, info["address"])
                 what = f"released by agent {info['address']}"
             except Exception:  # noqa: BLE001 - the agent is gone or no longer owns it: depose
-                _depose(session, name)
+                remove_owner_znode(session, name)
                 what = f"deposed {info['owner']} (its agent did not answer)"
         else:
-            _depose(session, name)
+            remove_owner_znode(session, name)
             what = f"deposed {info['owner']}"
     elif info is not None:
         return f"owned by {info['owner']} (left alone)"
@@ -115,7 +115,7 @@ def promote_logs(session: ClusterSession, names: Iterable[str], *, reason: str) 
 
 
 def promote_plan(session: ClusterSession, patterns: tuple[str, ...] = ("*",)) -> Plan:
-    names = repl._matching(session.meta.list_logs(), patterns)
+    names = repl.matching_logs(session.meta.list_logs(), patterns)
     access = AccessStore(session.meta)
     names = [n for n in names if access.get(n).value.mode is not AccessMode.READ_WRITE]
     if not names:
@@ -518,7 +518,7 @@ def failback_plan(primary: ClusterSession, returning: ClusterSession, *, choice:
         for name in names:
             empty = _async(returning, lambda pool, name=name: log_end(returning.meta, pool, name)).next is None
             if name in rebuilt or empty:
-                held = repl._records_held(primary, name)
+                held = repl.records_held(primary, name)
                 if held is not None and held[1] is not None:
                     needs_copy.append(name)
                     continue
@@ -698,7 +698,7 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
         out = {}
         for name in logs:
             if name not in target.meta.list_logs():
-                repl._create_if_missing(target, name, next(iter(peers.values())).meta.get_log(name).value.config if name in next(iter(peers.values())).meta.list_logs() else repl.LogConfig())
+                repl.create_if_missing(target, name, next(iter(peers.values())).meta.get_log(name).value.config if name in next(iter(peers.values())).meta.list_logs() else repl.LogConfig())
                 AccessStore(target.meta).set(name, AccessMode.READ_ONLY, reason="dr recover")
                 out[name] = {"recreated": True}
                 continue

@@ -228,9 +228,9 @@ def _rebuild_stream(target: ClusterSession, rebuild: StreamRebuild) -> dict[str,
 
 
 def _ensure_layout(target: ClusterSession) -> dict[str, Any]:
-    from .cluster import _create_layout
+    from .cluster import create_layout
 
-    return _create_layout(target)
+    return create_layout(target)
 
 
 def _refuse_unknown(x: str, peers: dict[str, ClusterSession], facts: list[PeerFacts]) -> None:

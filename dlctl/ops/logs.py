@@ -266,13 +266,13 @@ def release_log_plan(session: ClusterSession, name: str, *, force: bool = False)
             hint="close that writer, or remove its ownership with --force (it is then fenced by the next owner)",
         )
     if force:
-        step = Step("depose-owner", f"{session.cluster.name}/{name}", f"remove the owner znode of {name} held by {who}", run=lambda: _depose(session, name))
+        step = Step("depose-owner", f"{session.cluster.name}/{name}", f"remove the owner znode of {name} held by {who}", run=lambda: remove_owner_znode(session, name))
     else:
-        step = Step("release-log", f"{session.cluster.name}/{name}", f"ask agent {who} to release {name}", run=lambda: _release(session, name, info["address"]))
+        step = Step("release-log", f"{session.cluster.name}/{name}", f"ask agent {who} to release {name}", run=lambda: ask_owner_to_release(session, name, info["address"]))
     return Plan.of("log release", [step])
 
 
-def _release(session: ClusterSession, name: str, address: str) -> dict[str, Any]:
+def ask_owner_to_release(session: ClusterSession, name: str, address: str) -> dict[str, Any]:
     import asyncio
 
     from ..log.client import AgentClient
@@ -289,7 +289,7 @@ def _release(session: ClusterSession, name: str, address: str) -> dict[str, Any]
     return {"released": True, "by": address}
 
 
-def _depose(session: ClusterSession, name: str) -> dict[str, Any]:
+def remove_owner_znode(session: ClusterSession, name: str) -> dict[str, Any]:
     current = session.meta.owner_of(name)
     if current is None:
         return {"released": False, "reason": "no owner any more"}

@@ -103,11 +103,11 @@ class InitPlan:
         return [d for d in self.decisions if d.decision is Decision.BOOTSTRAP]
 
 
-def _matching(names: Iterable[str], patterns: tuple[str, ...]) -> list[str]:
+def matching_logs(names: Iterable[str], patterns: tuple[str, ...]) -> list[str]:
     return sorted(n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns))
 
 
-def _records_held(session: ClusterSession, name: str) -> tuple[int, DLSN | None] | None:
+def records_held(session: ClusterSession, name: str) -> tuple[int, DLSN | None] | None:
     """(data records, first retained position) of a log, or None when it does not exist. An
     in-progress segment's records are counted from its agents (its metadata says 0 until it
     is closed)."""
@@ -147,7 +147,7 @@ class StartFrom:
 def _resolve_start(source: ClusterSession, name: str, start: StartFrom) -> DLSN:
     """Where a one-way stream of ``name`` starts for ``--start-from`` (refused: a position the
     source no longer holds)."""
-    held = _records_held(source, name)
+    held = records_held(source, name)
     first = (held[1] if held else None) or INITIAL
     if start.kind == "now":
         end = asyncio.run(_source_end(source, name))
@@ -178,7 +178,7 @@ def _join_vectors(source: ClusterSession, sink: ClusterSession, logs: list[str])
     sink log holds records already, or the source's deleted past is unknown."""
     out = {}
     for name in logs:
-        held = _records_held(sink, name)
+        held = records_held(sink, name)
         if held is not None and held[0] > 0:
             raise RefusedError(
                 f"--start-from now: {sink.cluster.name}/{name} holds {held[0]} record(s) already; only a location without a past of its own can join without its peers' past",
@@ -199,9 +199,9 @@ def _log_facts(
     vectors are read too (``dlctl.replication.network``); ``source_join``/``sink_join``: the
     past the source/sink takes as deleted by joining without it (``--start-from now``), which
     this plan records before the stream starts."""
-    held = _records_held(source, name)
+    held = records_held(source, name)
     source_records, source_first = held if held is not None else (0, None)
-    sink_held = _records_held(sink, name)
+    sink_held = records_held(sink, name)
     dvv = cvv = None
     if causal_stream is not None and checkpoint is None:
         dvv = deletion_vector(source.meta, name) if _exists(source, name) else {}
@@ -324,7 +324,7 @@ def _direction(
             continue
         if not _exists(sink, d.log):
             log_config = _source_log_config(source, d.log)
-            steps.append(Step("create-sink-log", f"{snk}/{d.log}", f"create log {d.log} in {snk} (E={log_config.ensemble_size}, W={log_config.write_quorum}, A={log_config.ack_quorum})", run=lambda name=d.log, c=log_config: _create_if_missing(sink, name, c)))
+            steps.append(Step("create-sink-log", f"{snk}/{d.log}", f"create log {d.log} in {snk} (E={log_config.ensemble_size}, W={log_config.write_quorum}, A={log_config.ack_quorum})", run=lambda name=d.log, c=log_config: create_if_missing(sink, name, c)))
         joined = (sink_join or {}).get(d.log)
         if joined:
             steps.append(Step(
@@ -427,7 +427,7 @@ def _source_log_config(source: ClusterSession, name: str) -> LogConfig:
         return LogConfig()
 
 
-def _create_if_missing(session: ClusterSession, name: str, config: LogConfig) -> dict[str, Any]:
+def create_if_missing(session: ClusterSession, name: str, config: LogConfig) -> dict[str, Any]:
     try:
         return {"log_id": session.meta.create_log(name, config).log_id}
     except ConflictError:
@@ -476,9 +476,9 @@ def init_plan(
         raise UsageError(f"--bootstrap must be one of {', '.join(BOOTSTRAP_MODES)}")
     if source.cluster.name == sink.cluster.name:
         raise UsageError(f"source and sink are the same cluster ({source.cluster.name!r})")
-    logs = _matching(source.meta.list_logs(), patterns)
+    logs = matching_logs(source.meta.list_logs(), patterns)
     if bidirectional:
-        logs = sorted(set(logs) | set(_matching(sink.meta.list_logs(), patterns)))
+        logs = sorted(set(logs) | set(matching_logs(sink.meta.list_logs(), patterns)))
     if not logs:
         raise NotFoundError(f"no log of cluster {source.cluster.name!r} matches {' '.join(patterns)}", hint="list logs with `dlctl log list`")
     if bidirectional and causal:

@@ -7,7 +7,9 @@ inside a function, absolute or relative — is read from the source with ``ast``
 - ``dlctl.ops`` never imports ``dlctl.cli``;
 - the agent never imports ``dlctl.ops`` or ``dlctl.cli``;
 - the command line never reads ZooKeeper or builds agent pools itself: no import of kazoo, the
-  metadata or stream stores or the agent pool, no ``.meta`` of a session, no ``with_pool``.
+  metadata or stream stores or the agent pool, no ``.meta`` of a session, no ``with_pool``;
+- no module imports another's private names (``from .x import _y``): what another room needs
+  is a public name of the room that owns it.
 
 A leak fails here, naming the file, the line and the import."""
 
@@ -86,6 +88,28 @@ def test_the_command_line_leaves_zookeeper_and_agents_to_operations():
     # The check sees both forms.
     assert cli_reaches_in("from ..log.pool import AgentPool\n", "dlctl.cli.x") == ["line 1: imports dlctl.log.pool", "line 1: imports dlctl.log.pool.AgentPool"]
     assert cli_reaches_in("def f(s):\n    return s.meta.list_logs()\n", "dlctl.cli.x") == ["line 2: .meta"]
+
+
+def borrowed_privates(source: str) -> list[str]:
+    """``from X import _y`` in ``source``: another module's private name (the C extension
+    ``_speedups`` is a module, not a name)."""
+    return [
+        f"line {node.lineno}: {alias.name} from {'.' * node.level}{node.module or ''}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__"
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__") and alias.name != "_speedups"
+    ]
+
+
+def test_no_module_borrows_another_modules_private_names():
+    found = []
+    for path in sorted([*ROOT.glob("dlctl/**/*.py"), *ROOT.glob("agent/**/*.py")]):
+        found += [f"{path.relative_to(ROOT)} {use}" for use in borrowed_privates(path.read_text())]
+    assert not found, "private names used outside their module:\n" + "\n".join(found)
+    assert borrowed_privates("from .logs import _depose, owner_record\n") == ["line 1: _depose from .logs"]
+    assert borrowed_privates("def f():\n    from dlctl.cli.agent import _fleet\n") == ["line 2: _fleet from dlctl.cli.agent"]
+    assert borrowed_privates("from .. import _speedups\nfrom __future__ import annotations\n") == []
 
 
 def test_dependencies_point_one_way():
