@@ -29,6 +29,17 @@ class StreamState(str, Enum):
     FAILED_OVER = "failed-over"
 
 
+# Where a stream may go from each state (``StreamStore.set_state`` holds every change to it):
+# a failed-over stream stays failed over (only deleting it ends it), and nothing goes back to
+# setting-up (a stream is created in it, by init-replication).
+TRANSITIONS: dict[StreamState, frozenset[StreamState]] = {
+    StreamState.SETTING_UP: frozenset({StreamState.RUNNING, StreamState.PAUSED, StreamState.FAILED_OVER}),
+    StreamState.RUNNING: frozenset({StreamState.RUNNING, StreamState.PAUSED, StreamState.FAILED_OVER}),
+    StreamState.PAUSED: frozenset({StreamState.RUNNING, StreamState.PAUSED, StreamState.FAILED_OVER}),
+    StreamState.FAILED_OVER: frozenset({StreamState.FAILED_OVER}),
+}
+
+
 COMPRESSIONS = ("none", "zstd")
 
 

@@ -19,11 +19,11 @@ from kazoo.exceptions import (
     NotEmptyError,
 )
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError, NotFoundError, RefusedError
 from ..meta import cas, paths
 from ..meta.records import Versioned
 from ..meta.store import MetaStore
-from .records import Checkpoint, StreamConfig, StreamState, StreamStatus
+from .records import TRANSITIONS, Checkpoint, StreamConfig, StreamState, StreamStatus
 
 
 class StreamStore:
@@ -80,16 +80,16 @@ class StreamStore:
         return Versioned(StreamStatus.from_json(data, path), stat.version)
 
     def set_state(self, stream_id: str, current: Versioned[StreamStatus], state: StreamState, reason: str = "", details: dict | None = None) -> Versioned[StreamStatus]:
-        """Change the state by CAS; the epoch grows by one. A failed-over stream stays failed
-        over (only deleting it ends it)."""
+        """Change the state by CAS; the epoch grows by one. Only the moves of ``TRANSITIONS``: a
+        failed-over stream stays failed over (only deleting it ends it)."""
         path = paths.stream_state(self.cluster, stream_id)
-        if current.value.state is StreamState.FAILED_OVER and state is not StreamState.FAILED_OVER:
-            from ..errors import RefusedError
-
-            raise RefusedError(
-                f"stream {stream_id!r} was failed over ({current.value.reason}); it can never run again",
-                hint="set up the reverse direction with `dlctl failback`, or delete the stream",
-            )
+        if state not in TRANSITIONS[current.value.state]:
+            if current.value.state is StreamState.FAILED_OVER:
+                raise RefusedError(
+                    f"stream {stream_id!r} was failed over ({current.value.reason}); it can never run again",
+                    hint="set up the reverse direction with `dlctl failback`, or delete the stream",
+                )
+            raise RefusedError(f"stream {stream_id!r} cannot go from {current.value.state.value} to {state.value}")
         new = StreamStatus(state, time.time(), reason, current.value.epoch + 1, dict(details if details is not None else current.value.details))
         return Versioned(new, cas.put(self.client, path, new.to_json(), current.version, conflict=lambda: self._conflict(path)))
 
