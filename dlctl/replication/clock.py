@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kazoo.exceptions import NoNodeError
 
@@ -55,6 +56,12 @@ from ..names import validate_name
 from .causal import merge
 
 ClockBase = tuple[tuple[DLSN, dict[str, int]], ...]  # (from, vv) steps in position order
+
+
+class _Keep(NamedTuple):
+    """A change to the clock znode that finds nothing to write: the steps as they are."""
+
+    steps: ClockBase
 
 
 def parse_base(data: bytes, where: str) -> ClockBase:
@@ -209,18 +216,30 @@ class ClockStore:
             return None, -1
         return data, stat.version
 
-    def _put(self, name: str, body: bytes, version: int) -> bool:
-        """Write the clock znode by compare-and-set on ``version`` (-1: create it); False when
-        it changed meanwhile (read again and retry)."""
+    def _update(self, name: str, change: Callable[[bytes | None], tuple[bytes, ClockBase] | _Keep]) -> ClockBase:
+        """The clock znode's read/change/write loop (``cas.update``): ``change`` gets its bytes
+        (None: no znode yet) and returns the new bytes with the steps they hold, or ``_Keep``
+        (nothing to write) with the steps as they are; on a conflict it runs again on what is
+        there now. Returns the steps in place after it."""
         path = paths.log_clock(self.cluster, name)
         missing = NotFoundError(f"log {name!r} does not exist in cluster {self.cluster!r}")
-        try:
-            cas.put(self.client, path, body, version, acl=self.meta.acl, missing=lambda: missing)
-            return True
-        except NotFoundError:
-            raise
-        except ConflictError:
-            return False
+        kept: list[ClockBase] = []
+
+        def read() -> Versioned[bytes | None]:
+            return Versioned(*self._raw(name))
+
+        def derive(data: bytes | None) -> tuple[bytes, ClockBase] | None:
+            out = change(data)
+            if isinstance(out, _Keep):
+                kept.append(out.steps)
+                return None
+            return out
+
+        def write(new: tuple[bytes, ClockBase], version: int) -> Versioned[tuple[bytes, ClockBase]]:
+            return Versioned(new, cas.put(self.client, path, new[0], version, acl=self.meta.acl, missing=lambda: missing))
+
+        result = cas.update(read, derive, write, what=path)
+        return kept[-1] if kept else result.value[1]  # type: ignore[index]
 
     def truncation_base(self, name: str) -> TruncationBase | None:
         """(T, the version vector before T) recorded by the last truncation, or None."""
@@ -282,12 +301,12 @@ class ClockStore:
             seg_vv = {k: int(v) for k, v in segment.vv.items() if v > 0}
             extra.append((DLSN(at.segment_seq, 0, 0), seg_vv))
             record["segment"] = {"vv": seg_vv, "before_entry": segment.before_entry, "before_point": segment.before_point}
-        for _ in range(8):
-            data, version = self._raw(name)
+
+        def change(data: bytes | None) -> tuple[bytes, ClockBase] | _Keep:
             steps = parse_base(data, path) if data is not None else ()
             current = parse_truncation(data, path) if data is not None else None
             if current is not None and current[0] >= at:
-                return steps
+                return _Keep(steps)
             # A step already at ``at`` (an earlier run cut short) is replaced: same value. A
             # raising step at the same position (``dr recover``) stays: it is not ours.
             mine = [(at, wanted), *extra]
@@ -297,10 +316,9 @@ class ClockStore:
             kept = [s for s in kept if not any(_same(s, m) for m in mine)]
             new_steps = tuple(sorted((*kept, *mine), key=lambda s: s[0]))
             old_reason = json.loads(data).get("reason", "") if data is not None else ""
-            body = _dump(new_steps, old_reason or reason, record, (*derived, *mine))
-            if self._put(name, body, version):
-                return new_steps
-        raise ConflictError(f"aborted: {path} kept changing", hint="retry")
+            return _dump(new_steps, old_reason or reason, record, (*derived, *mine)), new_steps
+
+        return self._update(name, change)
 
     def join_without_past(self, name: str, vv: Mapping[str, int], reason: str = "joined without its peers' deleted past") -> ClockBase:
         """A location joins its network without the past its peers deleted (Eventuate #314,
@@ -310,41 +328,41 @@ class ClockStore:
         written from now on follow that past). For a log that holds no record yet; merges with
         an earlier join (another peer's deleted past), never lowers anything. Idempotent."""
         path = paths.log_clock(self.cluster, name)
-        for _ in range(8):
-            data, version = self._raw(name)
+
+        def change(data: bytes | None) -> tuple[bytes, ClockBase] | _Keep:
             steps = parse_base(data, path) if data is not None else ()
             current = parse_truncation(data, path) if data is not None else None
             if current is not None and current[0] > INITIAL:
                 raise ConflictError(f"log {name!r} in cluster {self.cluster!r} truncated already (at {current[0]}): it cannot join without its peers' past")
             merged = {k: int(v) for k, v in merge(current[1] if current else {}, vv).items() if v > 0}
             if current is not None and current[1] == merged:
-                return steps
+                return _Keep(steps)
             derived = [d for d in (parse_derived(data, path) if data is not None else ()) if d[0] != INITIAL]
             kept = tuple(s for s in steps if not (s[0] == INITIAL and current is not None and _same(s, current)))
             new_steps = tuple(sorted((*kept, (INITIAL, merged)), key=lambda s: s[0]))
-            body = _dump(new_steps, reason, {"at": str(INITIAL), "vv": merged, "joined": True}, (*derived, (INITIAL, merged)))
-            if self._put(name, body, version):
-                return new_steps
-        raise ConflictError(f"aborted: {path} kept changing", hint="retry")
+            return _dump(new_steps, reason, {"at": str(INITIAL), "vv": merged, "joined": True}, (*derived, (INITIAL, merged))), new_steps
+
+        return self._update(name, change)
 
     def raise_to(self, name: str, floor: Mapping[str, int], start: DLSN, reason: str = "") -> ClockBase:
         """Make local records at or after ``start`` count from at least ``floor`` (merged with
         every earlier step; never lowers anything). Idempotent."""
         path = paths.log_clock(self.cluster, name)
-        for _ in range(8):
-            data, version = self._raw(name)  # one read: the steps and the truncation base of one version
-            current = Versioned(parse_base(data, path) if data is not None else (), version)
+        wanted = {k: int(v) for k, v in floor.items() if v > 0}
+
+        def change(data: bytes | None) -> tuple[bytes, ClockBase] | _Keep:
+            # One read: the steps and the truncation base of one version (raised concurrently:
+            # merged again with theirs).
+            current = parse_base(data, path) if data is not None else ()
             truncation = _raw_truncation(data)  # kept as it is
             derived = parse_derived(data, path) if data is not None else ()  # stay flagged
-            already = floor_at(current.value, DLSN(2**62, 0, 0))
-            wanted = {k: int(v) for k, v in floor.items() if v > 0}
-            if all(already.get(k, 0) >= v for k, v in wanted.items()) and current.version >= 0:
-                return current.value
-            steps = tuple(sorted((*current.value, (start, merge(already, wanted))), key=lambda s: s[0]))
-            if self._put(name, _dump(steps, reason, truncation, derived), current.version):
-                return steps
-            # (raised concurrently: merge again)
-        raise ConflictError(f"aborted: {path} kept changing", hint="retry")
+            already = floor_at(current, DLSN(2**62, 0, 0))
+            if all(already.get(k, 0) >= v for k, v in wanted.items()) and data is not None:
+                return _Keep(current)
+            steps = tuple(sorted((*current, (start, merge(already, wanted))), key=lambda s: s[0]))
+            return _dump(steps, reason, truncation, derived), steps
+
+        return self._update(name, change)
 
     def clear(self, name: str) -> None:
         try:
