@@ -30,7 +30,7 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -40,48 +40,10 @@ from ..meta.records import NO_ENTRY, NO_TXID, SegmentRecord, SegmentState, Versi
 from ..meta.store import MetaStore
 from .errors import AgentError, AgentUnavailableError, LimboError, NoSuchEntryError, NoSuchSegmentError
 from .format import HEADER_SIZE, decode
+from .quorum import can_still_ack, fence_covered, fence_possible, fence_quorum
 from .records import CorruptRecords, Record, decode_records, encode_records
 
 log = logging.getLogger(__name__)
-
-# -- quorum arithmetic (pure) --------------------------------------------------------------------
-
-
-def fence_quorum(write_quorum: int, ack_quorum: int) -> int:
-    """Replicas of a write set that must be fenced (or say "absent") so that the remaining ones
-    can no longer form an ack quorum: W − A + 1."""
-    return write_quorum - ack_quorum + 1
-
-
-def write_set_of(ensemble: Sequence[str], write_quorum: int, entry_id: int) -> tuple[str, ...]:
-    """The W members storing ``entry_id``: round-robin striping from ``entry_id mod E``."""
-    e = len(ensemble)
-    return tuple(ensemble[(entry_id + i) % e] for i in range(write_quorum))
-
-
-def write_sets(ensemble: Sequence[str], write_quorum: int) -> list[tuple[str, ...]]:
-    """Every distinct write set of an ensemble: one per starting position (E of them; for E = W
-    they are all the same members)."""
-    return [write_set_of(ensemble, write_quorum, start) for start in range(len(ensemble))]
-
-
-def fence_covered(ensemble: Sequence[str], write_quorum: int, ack_quorum: int, fenced: Collection[str]) -> bool:
-    """True when every write set has at least W − A + 1 fenced members."""
-    need = fence_quorum(write_quorum, ack_quorum)
-    return all(sum(member in fenced for member in ws) >= need for ws in write_sets(ensemble, write_quorum))
-
-
-def fence_possible(ensemble: Sequence[str], write_quorum: int, ack_quorum: int, unreachable: Collection[str]) -> bool:
-    """False once some write set has too few reachable members to ever be covered."""
-    need = fence_quorum(write_quorum, ack_quorum)
-    return all(sum(member not in unreachable for member in ws) >= need for ws in write_sets(ensemble, write_quorum))
-
-
-def can_still_ack(acks: int, outstanding: int, ack_quorum: int) -> bool:
-    """Whether an entry with ``acks`` confirmations and ``outstanding`` unanswered adds may still
-    reach its ack quorum."""
-    return acks + outstanding >= ack_quorum
-
 
 class Verdict(Enum):
     FOUND = "found"  # some replica has it: recover it

@@ -42,6 +42,7 @@ from ..meta.store import MetaStore
 from ..ratelimit import TokenBucket
 from .errors import AgentError, NoSuchSegmentError
 from .protocol import SegmentInfo
+from .quorum import write_set_of
 from .rereplication import CopyProgress, CopyResult, StuckError, copy_replica, entries_on, lost_ranges, members, spans
 
 log = logging.getLogger(__name__)
@@ -164,9 +165,8 @@ def fewest_copies(segment: SegmentRecord, unhealthy: Collection[str]) -> int:
     for span in spans(segment):
         if span.last < segment.min_active_entry:
             continue
-        e = len(span.nodes)
-        for start in range(min(e, span.last - span.first + 1)):
-            write_set = [span.nodes[(span.first + start + i) % e] for i in range(segment.write_quorum)]
+        for entry_id in range(span.first, span.first + min(len(span.nodes), span.last - span.first + 1)):
+            write_set = write_set_of(span.nodes, segment.write_quorum, entry_id)
             fewest = min(fewest, sum(n not in unhealthy for n in write_set))
     return fewest
 

@@ -42,6 +42,7 @@ from ..meta.store import MetaStore
 from ..placement import PlacementPolicy, replace_member
 from ..ratelimit import TokenBucket
 from . import protocol as p
+from . import quorum
 from .errors import AgentError, AgentUnavailableError, BadRequestError, NoSuchEntryError, NoSuchSegmentError
 from .format import stored_crc
 from .readpolicy import order_replicas
@@ -84,8 +85,7 @@ def members(segment: SegmentRecord) -> set[str]:
 
 def stores(span_nodes: tuple[str, ...], write_quorum: int, node: str, entry_id: int) -> bool:
     """Whether ``node`` is in ``entry_id``'s write set (W consecutive members from entry mod E)."""
-    e = len(span_nodes)
-    return any(span_nodes[(entry_id + i) % e] == node for i in range(write_quorum))
+    return quorum.stores(span_nodes, write_quorum, node, entry_id)
 
 
 def entries_on(segment: SegmentRecord, node: str) -> list[int]:
@@ -144,7 +144,7 @@ def lost_ranges(segment: SegmentRecord, dead: Collection[str]) -> list[LostRange
                 out.append(LostRange(span.first, span.last, 0, 1, span.last - span.first + 1, span.nodes))
             continue
         for r in range(e):
-            ws = tuple(span.nodes[(r + i) % e] for i in range(w))
+            ws = quorum.write_set_of(span.nodes, w, r)
             if not set(ws) <= dead:
                 continue
             first = span.first + (r - span.first) % e

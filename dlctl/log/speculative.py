@@ -26,6 +26,7 @@ from .errors import AgentError, AgentUnavailableError, NoSuchEntryError, NoSuchS
 from .format import Entry
 from .pool import AgentPool
 from .protocol import Seen
+from .quorum import lac_quorum
 from .readpolicy import AdaptiveTimeout, ReplicaScores, SuspectList, speculative_order
 
 
@@ -221,7 +222,7 @@ class ReplicaReader:
         """The highest LAC of the first E - A + 1 replicas of the segment's current ensemble to
         answer. (More answers could only raise it: a higher end is no truer, only harder to reach.)"""
         nodes = seg.ensembles[-1].nodes
-        need = len(nodes) - seg.ack_quorum + 1
+        need = lac_quorum(len(nodes), seg.ack_quorum)
 
         async def one(node: str) -> int:
             client = await self.pool.client(node)

@@ -68,7 +68,8 @@ from .errors import AgentError, AgentUnavailableError, FencedError
 from .ownership import Ownership
 from .readpolicy import AdaptiveTimeout
 from .records import Record, encode_records
-from .recovery import TOTALS_RECORD_SIZE, RecoveryResult, can_still_ack, recover_segment, totals_record, write_set_of
+from .quorum import can_still_ack, write_set_of
+from .recovery import TOTALS_RECORD_SIZE, RecoveryResult, recover_segment, totals_record
 from .takeover import ACTIVE_FOR, BoundsKeeper, BoundsLost, takeover_floor
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
+from ..log.quorum import write_set_of
+
 T = TypeVar("T")
 
 NO_ENTRY = -1
@@ -145,9 +147,7 @@ class SegmentRecord:
 
     def write_set(self, entry_id: int) -> tuple[str, ...]:
         """The W agents that store ``entry_id``: round-robin striping from ``entry_id mod E``."""
-        nodes = self.ensemble_for(entry_id)
-        e = len(nodes)
-        return tuple(nodes[(entry_id + i) % e] for i in range(self.write_quorum))
+        return write_set_of(self.ensemble_for(entry_id), self.write_quorum, entry_id)
 
     def completed_with(
         self, last_entry_id: int, last_txid: int, records: int, size: int, when: float, short: dict[str, int] | None = None,

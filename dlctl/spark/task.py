@@ -51,6 +51,7 @@ from ..log.auth import Credentials
 from ..log.client import AgentClient
 from ..log.errors import AgentError, BadRequestError, NoSuchSegmentError
 from ..log import format as fmt
+from ..log.quorum import write_set_of
 from ..log.readpolicy import AdaptiveTimeout
 from ..log.records import CorruptRecords
 from ..log.rereplication import digest_of
@@ -453,7 +454,6 @@ async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: S
     adds: set[asyncio.Future] = set()
     read_stats: dict[str, int] = {}
     source_bytes = 0
-    e = len(ensemble)
     limit = endpoints.max_outstanding_bytes
 
     async def add(node: str, encoded: bytearray, entry_id: int) -> None:
@@ -486,8 +486,7 @@ async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: S
                 async with room:
                     await room.wait_for(lambda: outstanding < limit)
             outstanding += len(out) * w
-            for i in range(w):
-                node = ensemble[(entry_id + i) % e]
+            for node in write_set_of(ensemble, w, entry_id):
                 crcs[node].append((entry_id, crc))
                 t = asyncio.ensure_future(add(node, out, entry_id))
                 adds.add(t)

@@ -16,20 +16,8 @@ from hypothesis import strategies as st
 
 from dlctl.log import format as fmt
 from dlctl.log.records import Record, encode_records
-from dlctl.log.recovery import (
-    TOTALS_RECORD_SIZE,
-    Verdict,
-    can_still_ack,
-    entry_summary,
-    entry_verdict,
-    fence_covered,
-    fence_possible,
-    fence_quorum,
-    recovery_end,
-    totals_record,
-    write_set_of,
-    write_sets,
-)
+from dlctl.log.quorum import can_still_ack, fence_covered, fence_possible, fence_quorum, write_set_of, write_sets
+from dlctl.log.recovery import TOTALS_RECORD_SIZE, Verdict, entry_summary, entry_verdict, recovery_end, totals_record
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 
 
