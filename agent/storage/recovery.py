@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlctl.log.format import FORMAT_VERSION, HEADER_SIZE, KNOWN_FLAGS, MAGIC, MAX_PAYLOAD, crc32c
+from dlctl.log.format import FORMAT_VERSION, HEADER, HEADER_SIZE, KNOWN_FLAGS, MAGIC, MAX_PAYLOAD, crc32c
 
 from . import checkpoint, layout
 from .checkpoint import Checkpoint
@@ -47,7 +47,7 @@ from .index import EntryIndex
 from .layout import LOG_SUFFIX
 from .types import LimboRecord
 
-HEADER_STRUCT = struct.Struct(">4sBBHQQqqII")  # the header's fields, CRC included
+HEADER_STRUCT = HEADER  # the header's fields, CRC included (dlctl.log.format)
 _HDR = HEADER_STRUCT
 _CRC_COVERED = HEADER_SIZE - 4  # header bytes the CRC covers (all but the CRC field)
 

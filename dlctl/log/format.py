@@ -30,9 +30,12 @@ FORMAT_VERSION = 1
 FLAG_CONTROL = 0x01
 KNOWN_FLAGS = FLAG_CONTROL
 
-_FIELDS = struct.Struct(">4sBBHQQqqI")  # everything the CRC covers in the header
+HEADER_FIELDS = struct.Struct(">4sBBHQQqqI")  # everything the CRC covers in the header
 _CRC = struct.Struct(">I")
-HEADER_SIZE = _FIELDS.size + _CRC.size  # 48
+HEADER = struct.Struct(">4sBBHQQqqII")  # the whole header, CRC included
+HEADER_SIZE = HEADER_FIELDS.size + _CRC.size  # 48
+ENTRY_ID_OFFSET = 24
+_ENTRY_ID = struct.Struct(">q")
 MAX_PAYLOAD = 16 * 1024 * 1024
 U64_MAX = 2**64 - 1
 NO_ENTRY = -1  # LAC / last entry id of an empty segment
@@ -53,7 +56,12 @@ def crc32c(data: bytes | memoryview, value: int = 0) -> int:
 def stored_crc(buf: bytes | memoryview, offset: int = 0) -> int:
     """The CRC-32C recorded in the header of the encoded entry at ``offset`` (its last field;
     not verified here: copies forward entries already checked, and compare these)."""
-    return _CRC.unpack_from(buf, offset + _FIELDS.size)[0]
+    return _CRC.unpack_from(buf, offset + HEADER_FIELDS.size)[0]
+
+
+def stored_entry_id(buf: bytes | memoryview, offset: int = 0) -> int:
+    """The entry id in the header of the encoded entry at ``offset`` (not verified here)."""
+    return _ENTRY_ID.unpack_from(buf, offset + ENTRY_ID_OFFSET)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +112,7 @@ def encode(entry: Entry) -> bytes:
         raise ValueError(f"payload of {len(entry.payload)} bytes exceeds the {MAX_PAYLOAD}-byte maximum")
     if entry.flags & ~KNOWN_FLAGS:
         raise ValueError(f"unknown entry flags {entry.flags:#x}")
-    fields = _FIELDS.pack(
+    fields = HEADER_FIELDS.pack(
         MAGIC, FORMAT_VERSION, entry.flags, 0, entry.log_id, entry.segment_seq, entry.entry_id, entry.lac, len(entry.payload)
     )
     crc = crc32c(entry.payload, crc32c(fields))
@@ -115,8 +123,8 @@ def decode_header(buf: bytes | memoryview) -> EntryHeader:
     """Parse and sanity-check a header (not the CRC, which needs the payload)."""
     if len(buf) < HEADER_SIZE:
         raise CorruptEntry(f"short header: {len(buf)} of {HEADER_SIZE} bytes")
-    magic, version, flags, reserved, log_id, seg, entry_id, lac, length = _FIELDS.unpack_from(buf, 0)
-    (crc,) = _CRC.unpack_from(buf, _FIELDS.size)
+    magic, version, flags, reserved, log_id, seg, entry_id, lac, length = HEADER_FIELDS.unpack_from(buf, 0)
+    (crc,) = _CRC.unpack_from(buf, HEADER_FIELDS.size)
     if magic != MAGIC:
         raise CorruptEntry(f"bad magic {bytes(magic)!r}")
     if version != FORMAT_VERSION:
@@ -139,6 +147,6 @@ def decode(buf: bytes | memoryview) -> Entry:
         raise CorruptEntry(f"entry is {len(buf)} bytes, header says {header.total_size}")
     view = memoryview(buf)
     payload = view[HEADER_SIZE:]
-    if crc32c(payload, crc32c(view[: _FIELDS.size])) != header.crc:
+    if crc32c(payload, crc32c(view[: HEADER_FIELDS.size])) != header.crc:
         raise CorruptEntry(f"CRC-32C mismatch in entry {header.segment_seq}/{header.entry_id} of log {header.log_id}")
     return Entry(header.log_id, header.segment_seq, header.entry_id, header.lac, bytes(payload), header.flags)

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 FLAG_CONTROL = 0x01
-_FIXED = struct.Struct(">IBqH")  # size, flags, txid, key length
+RECORD_FIXED = struct.Struct(">IBqH")  # size, flags, txid, key length
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 MAX_KEY = 0xFFFF
@@ -46,7 +46,7 @@ class Record:
 
 
 def _encoded_body_size(record: Record) -> int:
-    size = _FIXED.size - 4 + len(record.key) + 2 + len(record.payload)
+    size = RECORD_FIXED.size - 4 + len(record.key) + 2 + len(record.payload)
     for name, value in record.headers.items():
         size += 2 + len(name.encode()) + 4 + len(value)
     return size
@@ -56,14 +56,19 @@ def control_record(txid: int) -> Record:
     return Record(txid=txid, payload=b"", control=True)
 
 
-_PLAIN = struct.Struct(">IBqHH")  # a record without key or headers: size, flags, txid, 0, 0
+RECORD_PLAIN = struct.Struct(">IBqHH")  # a record without key or headers: size, flags, txid, 0, 0
+# The payload of the writer's per-entry totals record (a control record, dlctl.log.recovery):
+# records and bytes of the segment so far, and the entry's append time in ms (older entries:
+# without the time).
+TOTALS = struct.Struct(">QQQ")
+TOTALS_UNTIMED = struct.Struct(">QQ")
 
 
 def encode_record(payload: bytes, txid: int = 0, key: bytes = b"", headers: Mapping[str, bytes] | None = None) -> bytes:
     """One record, the common case (no key, no headers) without building a ``Record``."""
     if key or headers:
         return encode_records([Record(txid, bytes(payload), bytes(key), dict(headers or {}))])
-    return _PLAIN.pack(_PLAIN.size - 4 + len(payload), 0, txid, 0, 0) + payload
+    return RECORD_PLAIN.pack(RECORD_PLAIN.size - 4 + len(payload), 0, txid, 0, 0) + payload
 
 
 def encode_records(records: list[Record] | tuple[Record, ...]) -> bytes:
@@ -73,7 +78,7 @@ def encode_records(records: list[Record] | tuple[Record, ...]) -> bytes:
             raise ValueError(f"txid {record.txid} out of int64 range")
         if len(record.key) > MAX_KEY or len(record.headers) > MAX_HEADERS:
             raise ValueError("record key or header count too large")
-        parts.append(_FIXED.pack(_encoded_body_size(record), FLAG_CONTROL if record.control else 0, record.txid, len(record.key)))
+        parts.append(RECORD_FIXED.pack(_encoded_body_size(record), FLAG_CONTROL if record.control else 0, record.txid, len(record.key)))
         parts.append(record.key)
         parts.append(_U16.pack(len(record.headers)))
         for name, value in record.headers.items():
@@ -90,13 +95,13 @@ def decode_records(payload: bytes | memoryview) -> Iterator[Record]:
     view = memoryview(payload)
     pos, end = 0, len(view)
     while pos < end:
-        if end - pos < _FIXED.size:
+        if end - pos < RECORD_FIXED.size:
             raise CorruptRecords(f"truncated record header at byte {pos}")
-        size, flags, txid, key_len = _FIXED.unpack_from(view, pos)
+        size, flags, txid, key_len = RECORD_FIXED.unpack_from(view, pos)
         stop = pos + 4 + size
-        if size < _FIXED.size - 4 + 2 or stop > end:
+        if size < RECORD_FIXED.size - 4 + 2 or stop > end:
             raise CorruptRecords(f"record at byte {pos} claims {size} bytes, {end - pos - 4} remain")
-        cur = pos + _FIXED.size
+        cur = pos + RECORD_FIXED.size
         key = bytes(view[cur : cur + key_len])
         cur += key_len
         if cur + 2 > stop:

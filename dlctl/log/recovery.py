@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -41,7 +40,7 @@ from ..meta.store import MetaStore
 from .errors import AgentError, AgentUnavailableError, LimboError, NoSuchEntryError, NoSuchSegmentError
 from .format import HEADER_SIZE, decode
 from .quorum import can_still_ack, fence_covered, fence_possible, fence_quorum
-from .records import CorruptRecords, Record, decode_records, encode_records
+from .records import TOTALS, TOTALS_UNTIMED, CorruptRecords, Record, decode_records, encode_records
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +83,10 @@ def recovery_end(start: int, verdicts: Sequence[Verdict]) -> int | None:
 # orders the log in time (``dlctl.log.timeindex``); 0 means unknown. Entries written before the
 # time was added end with the 16-byte form, still read (their time unknown).
 
-_TOTALS = struct.Struct(">QQQ")
-_TOTALS_UNTIMED = struct.Struct(">QQ")
 
 
 def totals_record(txid: int, records: int, nbytes: int, append_ms: int = 0) -> Record:
-    return Record(txid=txid, payload=_TOTALS.pack(records, nbytes, append_ms), control=True)
+    return Record(txid=txid, payload=TOTALS.pack(records, nbytes, append_ms), control=True)
 
 
 TOTALS_RECORD_SIZE = len(encode_records([totals_record(0, 0, 0)]))
@@ -100,11 +97,11 @@ def read_totals(record: Record) -> tuple[int, int, int | None] | None:
     ``record`` is not one."""
     if not record.control:
         return None
-    if len(record.payload) == _TOTALS.size:
-        records, nbytes, append_ms = _TOTALS.unpack(record.payload)
+    if len(record.payload) == TOTALS.size:
+        records, nbytes, append_ms = TOTALS.unpack(record.payload)
         return records, nbytes, append_ms or None
-    if len(record.payload) == _TOTALS_UNTIMED.size:
-        records, nbytes = _TOTALS_UNTIMED.unpack(record.payload)
+    if len(record.payload) == TOTALS_UNTIMED.size:
+        records, nbytes = TOTALS_UNTIMED.unpack(record.payload)
         return records, nbytes, None
     return None
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -67,7 +66,7 @@ from .dlsn import DLSN
 from .errors import AgentError, AgentUnavailableError, FencedError
 from .ownership import Ownership
 from .readpolicy import AdaptiveTimeout
-from .records import Record, encode_records
+from .records import RECORD_PLAIN, Record, encode_records
 from .quorum import can_still_ack, write_set_of
 from .recovery import TOTALS_RECORD_SIZE, RecoveryResult, recover_segment, totals_record
 from .takeover import ACTIVE_FOR, BoundsKeeper, BoundsLost, takeover_floor
@@ -76,7 +75,7 @@ log = logging.getLogger(__name__)
 
 # One record without key or headers, encoded without building a Record: size, flags, txid, key
 # length (0), header count (0); then the payload. Same layout as records.encode_records.
-_PLAIN = struct.Struct(">IBqHH")
+_PLAIN = RECORD_PLAIN  # (a record without key or headers: its layout is records.py's)
 _PLAIN_BODY = _PLAIN.size - 4  # bytes counted by the size field before the payload
 _MAX_RECORD = fmt.MAX_PAYLOAD - TOTALS_RECORD_SIZE
 SILENT_FACTOR = 8.0  # a replica is silent after this many smoothed add latencies (at least silent_after)

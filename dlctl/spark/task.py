@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import struct
 import threading
 import time
 import zlib
@@ -479,7 +478,7 @@ async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: S
             if task.assume_local and copier.stats.records - copier.stats.local_records > before:
                 raise _NeedsClock(f"{where} holds records replicated from another location; its clock needs a pre-pass")
             sink_digest.add_entry(out)
-            entry_id, crc = _ENTRY_ID.unpack_from(out, 24)[0], _CRC.unpack_from(out, fmt.HEADER_SIZE - 4)[0]
+            entry_id, crc = fmt.stored_entry_id(out), fmt.stored_crc(out)
             if bucket is not None:
                 await bucket.take(len(out))
             if outstanding >= limit:
@@ -535,8 +534,6 @@ async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: S
     return result
 
 
-_ENTRY_ID = struct.Struct(">q")  # at offset 24 of an encoded entry (dlctl.log.format)
-_CRC = struct.Struct(">I")  # at offset 44
 
 
 __all__ = ["CopyFailed", "EncodedReader", "Endpoints", "StaticPool", "copy_segment", "copy_segments", "scan_clock", "scan_clocks"]

@@ -51,7 +51,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..log import format as fmt
-from ..log.records import FLAG_CONTROL, CorruptRecords
+from ..log.records import FLAG_CONTROL, RECORD_FIXED, RECORD_PLAIN, TOTALS, TOTALS_UNTIMED, CorruptRecords
 from ..replication.causal import merge
 from ..replication.origin import ORIGIN_CLUSTER, ORIGIN_DLSN, RESERVED_PREFIX, SOURCE_POSITION, VECTOR_TIME, encode_vt
 
@@ -60,12 +60,10 @@ try:  # the same loops in C (dlctl/_speedups.c); absent where nothing compiled i
 except ImportError:  # pragma: no cover - exercised by tests that hide the module
     _speedups = None
 
-_FIXED = struct.Struct(">IBqH")  # size, flags, txid, key length (records.py's layout)
-_PLAIN = struct.Struct(">IBqHH")  # the same with the header count, for a record without key
+_FIXED, _PLAIN = RECORD_FIXED, RECORD_PLAIN  # records.py's layout (local names for the hot loops)
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-_TOTALS = struct.Struct(">QQQ")  # records, bytes, append time in ms (dlctl.log.recovery)
-_TOTALS_UNTIMED = struct.Struct(">QQ")  # written before entries carried their append time
+_TOTALS, _TOTALS_UNTIMED = TOTALS, TOTALS_UNTIMED  # the writer's totals record (records.py)
 _U64 = struct.Struct(">Q")
 _SUMMARY = struct.Struct(">IQI")  # per entry in the content digest: data records, canonical bytes, CRC-32C
 _RESERVED = RESERVED_PREFIX.encode()
@@ -473,7 +471,7 @@ class EntryCopier:
         length = len(out) - fmt.HEADER_SIZE
         if length > fmt.MAX_PAYLOAD:
             raise ValueError(f"sink entry {header.entry_id} would hold {length} bytes, above the {fmt.MAX_PAYLOAD}-byte maximum")
-        fields = _ENTRY_FIELDS.pack(fmt.MAGIC, fmt.FORMAT_VERSION, header.flags, 0, self.sink_log_id, self.sink_seq, header.entry_id, header.lac, length)
+        fields = fmt.HEADER_FIELDS.pack(fmt.MAGIC, fmt.FORMAT_VERSION, header.flags, 0, self.sink_log_id, self.sink_seq, header.entry_id, header.lac, length)
         out[: len(fields)] = fields
         with memoryview(out) as whole:
             crc = fmt.crc32c(whole[fmt.HEADER_SIZE :], fmt.crc32c(fields))
@@ -517,7 +515,6 @@ class EntryCopier:
         return 4 + size
 
 
-_ENTRY_FIELDS = struct.Struct(">4sBBHQQqqI")  # dlctl.log.format's header, less the CRC
 
 
 def _totals_bytes(txid: int, records: int, nbytes: int, append_ms: int = 0) -> bytes:
