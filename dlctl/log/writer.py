@@ -60,9 +60,10 @@ from ..meta.bounds import BoundsStore
 from ..meta.records import NO_ENTRY, NO_TXID, EnsembleChange, LogRecord, SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
 from ..meta import policy as placement_store
-from ..placement import PlacementPolicy, choose_ensemble
+from ..placement import PlacementPolicy
 from . import format as fmt
 from .dlsn import DLSN
+from .ensembles import probed_ensemble
 from .errors import AgentError, AgentUnavailableError, FencedError
 from .ownership import Ownership
 from .readpolicy import AdaptiveTimeout
@@ -999,21 +1000,9 @@ class LogWriter:
             return None
 
     async def _probed_ensemble(self, nodes: dict[str, dict], exclude: set[str], policy: PlacementPolicy, healthy: set[str] | None = None) -> tuple[str, ...]:
-        """An ensemble whose members answer right now; ``RefusedError`` when too few do.
-
-        A crashed agent stays registered until its ZooKeeper session expires, so an ensemble
-        chosen from the registrations alone may hold a corpse; the segment would start degraded
-        (or roll again at once). Each round excludes at least one more agent, so it ends."""
-        exclude, healthy = set(exclude), set(healthy or ())
-        while True:
-            ensemble = choose_ensemble(nodes, exclude=exclude, policy=policy)
-            unknown = [n for n in ensemble if n not in healthy]
-            checks = await asyncio.gather(*(self._healthy(n) for n in unknown))
-            dead = {n for n, ok in zip(unknown, checks) if not ok}
-            if not dead:
-                return ensemble
-            exclude |= dead
-            healthy |= set(unknown) - dead
+        """An ensemble whose members answer right now (``dlctl.log.ensembles``); ``RefusedError``
+        when too few do."""
+        return await probed_ensemble(nodes, policy, self._healthy, exclude=exclude, known_healthy=healthy or ())
 
     async def _placement(self) -> PlacementPolicy:
         """This log's placement policy (its E/W/A, the cluster's m, regions and drains), read at

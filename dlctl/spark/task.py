@@ -50,13 +50,13 @@ from ..log.auth import Credentials
 from ..log.client import AgentClient
 from ..log.errors import AgentError, BadRequestError, NoSuchSegmentError
 from ..log import format as fmt
+from ..log.ensembles import probed_ensemble
 from ..log.quorum import write_set_of
 from ..log.readpolicy import AdaptiveTimeout
 from ..log.records import CorruptRecords
 from ..log.rereplication import digest_of
 from ..log.speculative import EntryReadError, ReplicaReader
 from ..meta.records import SegmentRecord
-from ..placement import choose_ensemble
 from ..ratelimit import TokenBucket
 from .credentials import SecretRef, TlsRef
 from .plan import SegmentTask
@@ -408,18 +408,11 @@ async def _healthy(pool: StaticPool, node: str) -> bool:
 
 async def _ensemble(task: SegmentTask, pool: StaticPool) -> tuple[str, ...]:
     """An ensemble under the sink policy whose members answer now (probing as the writer does)."""
-    exclude: set[str] = set()
     seed = zlib.crc32(f"{task.log}/{task.sink_seq}/{task.seed}".encode())
-    while True:
-        try:
-            ensemble = choose_ensemble(pool.nodes, exclude=exclude, policy=task.sink_policy, seed=seed)
-        except RefusedError as exc:
-            raise CopyFailed(f"segment {task.source.seq} of log {task.log!r}: no sink ensemble: {exc.message}", hint=exc.hint) from None
-        checks = await asyncio.gather(*(_healthy(pool, n) for n in ensemble))
-        dead = {n for n, ok in zip(ensemble, checks) if not ok}
-        if not dead:
-            return ensemble
-        exclude |= dead
+    try:
+        return await probed_ensemble(pool.nodes, task.sink_policy, lambda node: _healthy(pool, node), seed=seed)
+    except RefusedError as exc:
+        raise CopyFailed(f"segment {task.source.seq} of log {task.log!r}: no sink ensemble: {exc.message}", hint=exc.hint) from None
 
 
 async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: TokenBucket | None) -> dict[str, Any]:
