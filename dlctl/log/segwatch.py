@@ -42,13 +42,15 @@ class SegmentWatcher:
         except NoNodeError:
             raise NotFoundError(f"log {self.name!r} does not exist in cluster {self.meta.cluster!r}") from None
         seqs = sorted(int(c) for c in children if c.isdigit() and int(c) >= from_seq)
+        # Read after the listing: a segment seen in the list was created after its predecessor
+        # was closed, so the predecessor's data read here shows the close. The reads go out
+        # together (one round trip for all, not one each: across a WAN a reader at a segment
+        # roll waits for them).
+        pending = [(path, client.get_async(path, watch=self._fire)) for path in (paths.segment(self.meta.cluster, self.name, seq) for seq in seqs)]
         out = []
-        for seq in seqs:
-            path = paths.segment(self.meta.cluster, self.name, seq)
+        for path, result in pending:
             try:
-                # Read after the listing: a segment seen in the list was created after its
-                # predecessor was closed, so the predecessor's data read here shows the close.
-                data, _ = client.get(path, watch=self._fire)
+                data, _ = result.get()
             except NoNodeError:
                 continue  # truncated and collected between the listing and the read
             out.append(segment_from_json(data, path))
