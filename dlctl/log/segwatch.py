@@ -37,24 +37,35 @@ class SegmentWatcher:
 
     def _read(self, from_seq: int) -> list[SegmentRecord]:
         client = self.meta.client
+        # One round trip, as a rule: the listing, then — in the same batch, so ZooKeeper serves
+        # them after it — the reader's segment and the next one (sequence numbers are allocated
+        # one by one: at a roll that is the new one). A segment seen in the list was created
+        # after its predecessor was closed, so the predecessor's data read after the listing
+        # shows the close. Segments the listing shows beyond those are read in a second batch.
+        listing = client.get_children_async(self._parent, watch=self._fire)
+        reads = {seq: client.get_async(self._path(seq), watch=self._fire) for seq in (from_seq, from_seq + 1) if seq >= 1}
         try:
-            children = client.get_children(self._parent, watch=self._fire)
+            children = listing.get()
         except NoNodeError:
             raise NotFoundError(f"log {self.name!r} does not exist in cluster {self.meta.cluster!r}") from None
         seqs = sorted(int(c) for c in children if c.isdigit() and int(c) >= from_seq)
-        # Read after the listing: a segment seen in the list was created after its predecessor
-        # was closed, so the predecessor's data read here shows the close. The reads go out
-        # together (one round trip for all, not one each: across a WAN a reader at a segment
-        # roll waits for them).
-        pending = [(path, client.get_async(path, watch=self._fire)) for path in (paths.segment(self.meta.cluster, self.name, seq) for seq in seqs)]
+        reads.update({seq: client.get_async(self._path(seq), watch=self._fire) for seq in seqs if seq not in reads})
         out = []
-        for path, result in pending:
+        for seq in seqs:
             try:
-                data, _ = result.get()
+                data, _ = reads[seq].get()
             except NoNodeError:
                 continue  # truncated and collected between the listing and the read
-            out.append(segment_from_json(data, path))
+            out.append(segment_from_json(data, self._path(seq)))
+        for seq in set(reads) - set(seqs):
+            try:
+                reads[seq].get()  # (a guess the listing did not bear out: not there, or gone)
+            except NoNodeError:
+                pass
         return out
+
+    def _path(self, seq: int) -> str:
+        return paths.segment(self.meta.cluster, self.name, seq)
 
     def _fire(self, event: WatchedEvent | None = None) -> None:
         if not self._closed:
