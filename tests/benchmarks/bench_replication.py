@@ -1,6 +1,6 @@
 """Replication stream benchmarks (issue 8), each next to a baseline measured in the same run.
 
-    .venv/bin/python tests/benchmarks/bench_replication.py [--records 1000000] [--rate 5000] [--delay-ms 50] [--seconds 20]
+    .venv/bin/python tests/benchmarks/bench_replication.py [--records 1000000] [--rate 5000] [--delay-ms 50] [--seconds 20] [--roll-kib N]
 
 Two clusters of three real agents each on one real ZooKeeper (the test harness), workers in the
 sink agents.
@@ -117,7 +117,7 @@ def catch_up(sites, records: int) -> dict:
 SETTLE = 1.0  # seconds after the first record reached the reader before lags count
 
 
-async def steady(sites, rate: int, seconds: float, delay: float, *, replicated: bool) -> tuple[list[float], float]:
+async def steady(sites, rate: int, seconds: float, delay: float, *, replicated: bool, roll_bytes: int | None = None) -> tuple[list[float], float]:
     """Lags (seconds) of records written at ``rate``/s at a, seen by a tailing reader at b
     (``replicated``) or at a itself (the baseline), and how long after the writer's first record
     the reader saw one (a stream's start). Counted: the records acknowledged from ``SETTLE`` s
@@ -125,7 +125,7 @@ async def steady(sites, rate: int, seconds: float, delay: float, *, replicated: 
     the backlog the start left is drained by then); the writer's close at the end is included."""
     a, b = sites["a"], sites["b"]
     name = "steady" if replicated else "steady-local"
-    a.meta().create_log(name, LogConfig())
+    a.meta().create_log(name, LogConfig(roll_bytes=roll_bytes) if roll_bytes else LogConfig())
     if replicated:
         apply(ops.init_plan(a.session(), b.session(), patterns=(name,)).plan)
     watch = b if replicated else a
@@ -197,6 +197,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--skip-catch-up", action="store_true")
     parser.add_argument("--poll-depth", type=int, default=8, help="the stream readers' long polls ahead (agent [replication] poll_depth), measured next to 1")
+    parser.add_argument("--roll-kib", type=int, default=0, help="steady state: the source log rolls a segment every this many KiB (0: the log's default), so rolls cross the link")
     args = parser.parse_args()
     work, procs, zk = bench_zookeeper("bench-replication-")
     try:
@@ -227,11 +228,12 @@ def main() -> int:
                     for proxy in network.proxies:
                         proxy.set_delay(delay)
                     if not rows:
-                        rows.append(("baseline: tailing reader at the source", asyncio.run(steady(sites, args.rate, args.seconds, delay, replicated=False))))
-                    rows.append((f"replicated, poll_depth {depth}: reader at the sink", asyncio.run(steady(sites, args.rate, args.seconds, delay, replicated=True))))
+                        rows.append(("baseline: tailing reader at the source", asyncio.run(steady(sites, args.rate, args.seconds, delay, replicated=False, roll_bytes=args.roll_kib * 1024))))
+                    rows.append((f"replicated, poll_depth {depth}: reader at the sink", asyncio.run(steady(sites, args.rate, args.seconds, delay, replicated=True, roll_bytes=args.roll_kib * 1024))))
                 finally:
                     gen.close()
-        print(f"steady state: {args.rate:,} records/s for {args.seconds:g} s, {args.delay_ms:g} ms one-way delay sink <-> source:")
+        rolls = f", a segment roll every {args.roll_kib:,} KiB" if args.roll_kib else ""
+        print(f"steady state: {args.rate:,} records/s for {args.seconds:g} s, {args.delay_ms:g} ms one-way delay sink <-> source{rolls}:")
         for label, (lags, start) in rows:
             print(
                 f"  {label:48s} p50 {pct(lags, 0.5) * 1000:7.1f} ms  p99 {pct(lags, 0.99) * 1000:7.1f} ms  max {max(lags) * 1000:7.1f} ms"
