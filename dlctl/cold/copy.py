@@ -24,6 +24,7 @@ from .copies import checked_entries
 from .manifest import SegmentManifest, manifest_key
 from .segobject import encode_segment
 from .store import ColdStore
+from ..log.pool import ReplicaPool
 
 READ_CONCURRENCY = 32
 
@@ -43,7 +44,7 @@ class SegmentBackup:
         return out
 
 
-async def read_segment(pool: Any, log_id: int, seg: SegmentRecord, on_progress: Callable[[int, int], None] | None = None, throttle: TokenBucket | None = None) -> list[fmt.Entry]:
+async def read_segment(pool: ReplicaPool, log_id: int, seg: SegmentRecord, on_progress: Callable[[int, int], None] | None = None, throttle: TokenBucket | None = None) -> list[fmt.Entry]:
     """Every entry of completed segment ``seg`` (CRC-checked on the way); ``throttle`` paces the
     bytes read."""
     replicas = ReplicaReader(pool)
@@ -91,7 +92,7 @@ def copy_clock(meta: MetaStore, store: ColdStore, name: str, log_id: int, seg: S
 
 
 async def copy_segment(
-    meta: MetaStore, store: ColdStore, pool: Any, name: str, log_id: int, seg: SegmentRecord, on_progress: Any = None, throttle: TokenBucket | None = None
+    meta: MetaStore, store: ColdStore, pool: ReplicaPool, name: str, log_id: int, seg: SegmentRecord, on_progress: Any = None, throttle: TokenBucket | None = None
 ) -> SegmentBackup:
     """Copy one completed segment: object, read back and check, then the manifest (with the
     clock around its records)."""

@@ -8,6 +8,7 @@ re-registers at another address.
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol, runtime_checkable
 
 from ..meta.store import MetaStore
 from .client import AgentClient
@@ -16,6 +17,23 @@ from .auth import Credentials
 
 
 LOOKUP_TIMEOUT = 5.0  # seconds a lookup of an unknown node waits on ZooKeeper (kazoo holds requests while it reconnects)
+
+
+@runtime_checkable
+class ReplicaPool(Protocol):
+    """What the log's readers, writers, recovery and repair need of a pool of agent clients:
+    the agents as last known (node id -> availability record), a fresh look at them, and one
+    client per agent. Three kinds serve it: ``AgentPool`` (addresses from ZooKeeper),
+    ``dlctl.replication.source.RoutedAgentPool`` (another cluster's agents, at addresses
+    configured for the route there) and ``dlctl.spark.task.StaticPool`` (the addresses a Spark
+    task was given: executors read no ZooKeeper)."""
+
+    @property
+    def nodes(self) -> dict[str, dict]: ...
+
+    async def refresh(self) -> dict[str, dict]: ...
+
+    async def client(self, node_id: str) -> AgentClient: ...
 
 
 class AgentPool:

@@ -41,6 +41,7 @@ from .errors import AgentError, AgentUnavailableError, LimboError, NoSuchEntryEr
 from .format import HEADER_SIZE, decode
 from .quorum import can_still_ack, fence_covered, fence_possible, fence_quorum
 from .records import TOTALS, TOTALS_UNTIMED, CorruptRecords, Record, decode_records, encode_records
+from .pool import ReplicaPool
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ class SegmentRecovery:
     def __init__(
         self,
         meta: MetaStore,
-        pool: Any,  # AgentPool (duck-typed so tests may pass a stand-in)
+        pool: ReplicaPool,
         name: str,
         log_id: int,
         segment: Versioned[SegmentRecord],
@@ -593,7 +594,7 @@ def _records(encoded: bytes) -> list[Record]:
 
 async def recover_segment(
     meta: MetaStore,
-    pool: Any,
+    pool: ReplicaPool,
     name: str,
     log_id: int,
     segment: Versioned[SegmentRecord],
@@ -608,7 +609,7 @@ async def recover_segment(
     return await SegmentRecovery(meta, pool, name, log_id, segment, timeout=timeout, read_ahead=read_ahead, accept_data_loss=accept_data_loss).run()
 
 
-async def recover_log(meta: MetaStore, pool: Any, name: str, *, timeout: float = 30.0, accept_data_loss: bool = False) -> list[RecoveryResult]:
+async def recover_log(meta: MetaStore, pool: ReplicaPool, name: str, *, timeout: float = 30.0, accept_data_loss: bool = False) -> list[RecoveryResult]:
     """Recover every in-progress segment of log ``name`` (normally at most the last one), oldest first."""
     loop = asyncio.get_running_loop()
     log_record = await loop.run_in_executor(None, meta.get_log, name)
@@ -620,7 +621,7 @@ async def recover_log(meta: MetaStore, pool: Any, name: str, *, timeout: float =
     return results
 
 
-async def fence_log(meta: MetaStore, pool: Any, name: str, *, timeout: float = 30.0) -> dict[int, FenceOutcome]:
+async def fence_log(meta: MetaStore, pool: ReplicaPool, name: str, *, timeout: float = 30.0) -> dict[int, FenceOutcome]:
     """Fence every in-progress segment of log ``name`` without closing it (``dlctl fence``): its
     writer can no longer commit anything; the next owner or ``recover_log`` closes the segment."""
     loop = asyncio.get_running_loop()

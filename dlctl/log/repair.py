@@ -44,6 +44,7 @@ from .errors import AgentError, NoSuchSegmentError
 from .protocol import SegmentInfo
 from .quorum import write_set_of
 from .rereplication import CopyProgress, CopyResult, StuckError, copy_replica, entries_on, lost_ranges, members, spans
+from .pool import ReplicaPool
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ async def _zk(fn: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
-async def list_replicas(pool: Any, nodes: Iterable[str]) -> tuple[dict[str, dict[tuple[int, int], SegmentInfo]], dict[str, str]]:
+async def list_replicas(pool: ReplicaPool, nodes: Iterable[str]) -> tuple[dict[str, dict[tuple[int, int], SegmentInfo]], dict[str, str]]:
     """Every replica each agent holds (one LIST_SEGMENTS each, concurrently), and the agents
     that did not answer (node -> why)."""
 
@@ -228,7 +229,7 @@ async def list_replicas(pool: Any, nodes: Iterable[str]) -> tuple[dict[str, dict
     return listings, unreachable
 
 
-async def compare_digests(pool: Any, name: str, log_id: int, segment: SegmentRecord, healthy: Collection[str]) -> list[ReplicaProblem]:
+async def compare_digests(pool: ReplicaPool, name: str, log_id: int, segment: SegmentRecord, healthy: Collection[str]) -> list[ReplicaProblem]:
     """Deep check of one completed E = W segment: every healthy member's digest of the active
     entries, compared (``digest_verdicts``). Members that do not answer are left to the next
     survey."""
@@ -253,7 +254,7 @@ async def compare_digests(pool: Any, name: str, log_id: int, segment: SegmentRec
     ]
 
 
-async def survey(meta: MetaStore, pool: Any, logs: Collection[str] | None = None, *, deep: bool = False) -> Survey:
+async def survey(meta: MetaStore, pool: ReplicaPool, logs: Collection[str] | None = None, *, deep: bool = False) -> Survey:
     """Check every completed segment of ``logs`` (all logs by default) against the replicas the
     available agents hold. The agents are listed before the metadata is read, so a segment
     created meanwhile is not reported against a listing that predates it. ``deep``: also
@@ -291,7 +292,7 @@ async def survey(meta: MetaStore, pool: Any, logs: Collection[str] | None = None
 
 async def repair_replica(
     meta: MetaStore,
-    pool: Any,
+    pool: ReplicaPool,
     problem: ReplicaProblem,
     *,
     dead: Collection[str] = (),
@@ -313,7 +314,7 @@ async def repair_replica(
 
 
 async def _refill(
-    meta: MetaStore, pool: Any, problem: ReplicaProblem, where: str, dead: Collection[str], progress: CopyProgress | None, throttle: TokenBucket | None
+    meta: MetaStore, pool: ReplicaPool, problem: ReplicaProblem, where: str, dead: Collection[str], progress: CopyProgress | None, throttle: TokenBucket | None
 ) -> CopyResult:
     current: Versioned[SegmentRecord] = await _zk(meta.get_segment, problem.log, problem.segment)
     seg = current.value
@@ -369,7 +370,7 @@ class RepairReport:
 
 async def repair(
     meta: MetaStore,
-    pool: Any,
+    pool: ReplicaPool,
     found: Survey,
     *,
     parallel: int = 4,

@@ -46,6 +46,7 @@ from . import quorum
 from .errors import AgentError, AgentUnavailableError, BadRequestError, NoSuchEntryError, NoSuchSegmentError
 from .format import stored_crc
 from .readpolicy import order_replicas
+from .pool import ReplicaPool
 
 log = logging.getLogger(__name__)
 
@@ -403,7 +404,7 @@ def _unknown_op(exc: AgentError) -> bool:
 
 
 async def copy_replica(
-    pool: Any,
+    pool: ReplicaPool,
     log_id: int,
     segment: SegmentRecord,
     lost: str,
@@ -738,7 +739,7 @@ async def commit_replacements(
     raise StuckError(f"segment {seq} of log {name!r}: its metadata kept changing ({retries} CAS attempts lost)", hint="re-run")
 
 
-async def drop_orphan(meta: MetaStore, pool: Any, name: str, log_id: int, seq: int, target: str) -> bool:
+async def drop_orphan(meta: MetaStore, pool: ReplicaPool, name: str, log_id: int, seq: int, target: str) -> bool:
     """Delete a copy on ``target`` that the metadata does not reference (a target abandoned
     after an interrupted run). Never touches a replica the segment names."""
     loop = asyncio.get_running_loop()

@@ -43,6 +43,7 @@ from ..meta import policy as placement_store
 from ..meta.store import MetaStore
 from ..placement import PlacementPolicy
 from ..ratelimit import TokenBucket
+from .pool import ReplicaPool
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +328,7 @@ class _OpRecord:
 
 async def execute(
     meta: MetaStore,
-    pool: Any,
+    pool: ReplicaPool,
     plan_: RereplicationPlan,
     *,
     parallel: int = 4,
@@ -406,7 +407,7 @@ async def execute(
 
 async def _repair(
     meta: MetaStore,
-    pool: Any,
+    pool: ReplicaPool,
     op: _OpRecord,
     w: SegmentWork,
     lost: set[str],

@@ -71,6 +71,7 @@ from .records import RECORD_PLAIN, Record, encode_records
 from .quorum import can_still_ack, write_set_of
 from .recovery import TOTALS_RECORD_SIZE, RecoveryResult, recover_segment, totals_record
 from .takeover import ACTIVE_FOR, BoundsKeeper, BoundsLost, takeover_floor
+from .pool import ReplicaPool
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ class _Segment:
 class LogWriter:
     """The single writer of a log; create with ``await LogWriter.open(...)`` (see module doc)."""
 
-    def __init__(self, meta: MetaStore, pool: Any, name: str, owner_id: str | None, options: WriterOptions, owner_info: dict | None = None) -> None:
+    def __init__(self, meta: MetaStore, pool: ReplicaPool, name: str, owner_id: str | None, options: WriterOptions, owner_info: dict | None = None) -> None:
         self.meta = meta
         self.pool = pool
         self.name = name
@@ -271,7 +272,7 @@ class LogWriter:
     async def open(
         cls,
         meta: MetaStore,
-        pool: Any,
+        pool: ReplicaPool,
         name: str,
         *,
         owner_id: str | None = None,
