@@ -462,22 +462,31 @@ class LogReader:
         time ran out first."""
         if self._records_pending():
             return True
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         while not self._buffer:
             if self._failure is not None or self._closed or self._retry_paused:
                 return True
-            self._arrived.clear()
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self._arrived.wait()
-            except TimeoutError:
+            if not await self._next_arrival(deadline):
                 return False
-        head = self._buffer[0]
-        if not head.future.done():
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            await asyncio.wait((head.future,), timeout=remaining)
-        return head.future.done()
+        return await self._arrived_by(self._buffer[0], deadline)
+
+    async def _next_arrival(self, deadline: float | None) -> bool:
+        """Wait until the fetcher says something arrived (an entry, a failure); False when
+        ``deadline`` (loop time; None: never) passed first."""
+        self._arrived.clear()
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._arrived.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _arrived_by(self, fetched: _Fetch, deadline: float | None) -> bool:
+        """Wait until ``fetched`` arrived (or failed); False when ``deadline`` passed first."""
+        if not fetched.future.done():
+            remaining = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
+            await asyncio.wait((fetched.future,), timeout=remaining)
+        return fetched.future.done()
 
     def _records_pending(self) -> bool:
         """Are records of the current entry still to be handed out? (Its last records are
@@ -523,20 +532,12 @@ class LogReader:
             if self._retry_paused:
                 self._retry_paused = False  # this read is the retry
                 self._wake.set()
-            self._arrived.clear()
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self._arrived.wait()
-            except TimeoutError:
+            if not await self._next_arrival(deadline):
                 return None
         head = self._buffer[0]
         waited = not head.future.done()  # requested, not arrived: the window did not cover the latency
-        if not head.future.done():
-            loop = asyncio.get_running_loop()
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            await asyncio.wait((head.future,), timeout=remaining)
-            if not head.future.done():
-                return None
+        if not await self._arrived_by(head, deadline):
+            return None
         self._check_usable()
         if head.dropped:  # the buffer was reset while we waited
             return await self._next_entry_from_buffer(deadline)

@@ -99,31 +99,25 @@ class ReplicationBench:
 def _replicating(sink: ClusterSession, source: str, log: str) -> tuple[str, StreamState] | None:
     """The stream into ``sink`` that carries ``log`` from ``source`` (id, state), if any."""
     streams = StreamStore(sink.meta)
-    for stream_id in streams.list_streams():
-        try:
-            config = streams.get_config(stream_id).value
-            if config.source_cluster == source and log in config.logs:
-                return stream_id, streams.get_state(stream_id).value.state
-        except (NotFoundError, ValueError):
-            continue  # a stream being deleted or unreadable carries nothing
+    for config in streams.configs():
+        if config.source_cluster == source and log in config.logs:
+            try:
+                return config.stream_id, streams.get_state(config.stream_id).value.state
+            except (NotFoundError, ValueError):
+                continue  # being deleted: it carries nothing
     return None
 
 
 def _streams_that_would_take(sessions: Sequence[ClusterSession], source: str, sink: str, log: str) -> list[str]:
     """Streams (``id (A -> B)``) that a new ``log`` at ``source`` (and its copy at ``sink``) would
     end up in: any stream source -> sink, and any stream out of either whose patterns match."""
-    found = []
+    found = set()
     for session in sessions:
-        streams = StreamStore(session.meta)
-        for stream_id in streams.list_streams():
-            try:
-                config = streams.get_config(stream_id).value
-            except (NotFoundError, ValueError):
-                continue
+        for config in StreamStore(session.meta).configs():
             pair = (config.source_cluster, config.sink_cluster)
             if pair == (source, sink) or (config.source_cluster in (source, sink) and config.patterns and matches(log, config.patterns)):
-                found.append(f"{stream_id} ({config.source_cluster} -> {config.sink_cluster})")
-    return sorted(set(found))
+                found.add(f"{config.stream_id} ({config.source_cluster} -> {config.sink_cluster})")
+    return sorted(found)
 
 
 def _require_agents(session: ClusterSession, role: str) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from kazoo.exceptions import KazooException
 
-from ..errors import DlctlError, NotFoundError, RefusedError
+from ..errors import DlctlError, RefusedError
 from ..plan import Step
 from ..replication.history import HistoryStore, NetworkEvent, current_filters, ever_on_cycle, replay
 from ..replication.history import merge as merge_history
@@ -42,12 +42,7 @@ def network_view(source: ClusterSession, sink: ClusterSession, peers: Iterable[C
     for session in (source, sink, *(p for p in peers if p.cluster.name not in ends)):
         try:
             histories.append(HistoryStore(session.meta).events())
-            streams = StreamStore(session.meta)
-            for stream_id in streams.list_streams():
-                try:
-                    cfg = streams.get_config(stream_id).value
-                except (NotFoundError, ValueError):
-                    continue
+            for cfg in StreamStore(session.meta).configs():
                 streams_now[(cfg.source_cluster, cfg.sink_cluster)] = cfg.filter
         except (KazooException, DlctlError):
             if session.cluster.name in ends:

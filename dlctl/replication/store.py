@@ -218,6 +218,17 @@ class StreamStore:
 
     # -- helpers ----------------------------------------------------------------------------
 
+    def configs(self) -> list[StreamConfig]:
+        """Every stream's configuration that can be read now (a stream being deleted, or one
+        whose record does not parse, carries nothing and is left out)."""
+        out = []
+        for stream_id in self.list_streams():
+            try:
+                out.append(self.get_config(stream_id).value)
+            except (NotFoundError, ValueError):
+                continue
+        return out
+
     def _children(self, path: str) -> list[str]:
         try:
             return sorted(self.client.get_children(path))
@@ -227,8 +238,7 @@ class StreamStore:
     def wait_released(self, stream_id: str, timeout: float) -> bool:
         """Wait until no worker holds a log of the stream (after a pause or a stop: each writes
         a last checkpoint and pin, then lets its claim go); False when some still do after
-        ``timeout`` seconds. A watch on the claims says when to look again; the look itself is
-        ``claims`` (a claim being deleted counts as gone)."""
+        ``timeout`` seconds. A watch on the claims says when to look again."""
         parent = paths.stream_workers(self.cluster, stream_id)
         deadline = time.monotonic() + timeout
         changed = threading.Event()
@@ -238,7 +248,7 @@ class StreamStore:
                 held = self.client.get_children(parent, watch=lambda _event: changed.set())
             except NoNodeError:
                 return True  # no claim was ever made (or the stream is gone)
-            if not held or not self.claims(stream_id):
+            if not held:
                 return True
             left = deadline - time.monotonic()
             if left <= 0:

@@ -14,8 +14,6 @@ from dlctl.replication import fastpath
 from dlctl.replication.causal import SourceClock
 from dlctl.replication.origin import ORIGIN_CLUSTER, ORIGIN_DLSN, VECTOR_TIME, applied_headers
 
-pytestmark = pytest.mark.skipif(not fastpath.available(), reason="the C extension is required by the test tiers (README)")
-
 SEQ, ENTRY = 3, 17
 
 
