@@ -1,19 +1,23 @@
 """A connection to one cluster: its metadata store, secrets and agent pool, opened lazily. The
-library's (operations, the Spark driver and the command line all hold one)."""
+library's (operations, the Spark driver and the command line all hold one).
+
+The agent pool lives on the command loop (``dlctl.loop``) and is kept for the session's life:
+every step of a command shares its authenticated connections."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import cached_property
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
+from . import loop
 from .errors import ConfigError
 from .certdir import CertDir
 from .inventory import Cluster
 from .log.auth import Credentials
+from .log.pool import AgentPool
 from .log.tls import TlsFiles
 from .meta.store import MetaStore
 from .meta.zk import ZkAuth, connect, loopback_only
@@ -21,12 +25,15 @@ from .secrets import read_secret_file
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class ClusterSession:
     def __init__(self, cluster: Cluster, *, zk_timeout: float = 10.0) -> None:
         self.cluster = cluster
         self.zk_timeout = zk_timeout
         self._client = None
+        self._pool: AgentPool | None = None
 
     @cached_property
     def zk_auth(self) -> ZkAuth | None:
@@ -84,25 +91,41 @@ class ClusterSession:
     def certdir(self) -> CertDir | None:
         return CertDir(self.cluster.tls_dir, self.cluster.name) if self.cluster.tls_dir is not None else None
 
-    def with_pool(self, fn: Callable[[Any], Awaitable[Any]]) -> Any:
-        """Run ``fn(pool)`` (a coroutine function) to completion with a fresh agent pool of this
-        cluster, closed afterwards; for synchronous callers."""
-        from .log.pool import AgentPool
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the command loop (where ``pool()`` lives) for a synchronous caller."""
+        return loop.run(coro)
 
-        async def go() -> Any:
-            pool = AgentPool(self.meta, self.credentials)
-            try:
-                return await fn(pool)
-            finally:
-                await pool.close()
+    async def pool(self) -> AgentPool:
+        """This cluster's agent pool, shared by every step of the command (await it on the
+        command loop: its connections are bound there). Its next lookup re-reads the agents, as a
+        fresh pool's first one would: one may have re-registered elsewhere since the last step."""
+        if not loop.on_command_loop():
+            raise RuntimeError("ClusterSession.pool() must be awaited on the command loop (use session.run)")
+        if self._pool is None:
+            self._pool = AgentPool(self.meta, self.credentials)
+        self._pool.forget_addresses()
+        return self._pool
 
-        return asyncio.run(go())
+    def with_pool(self, fn: Callable[[AgentPool], Awaitable[T]]) -> T:
+        """Run ``fn(pool)`` (a coroutine function) to completion with this cluster's agent pool;
+        for synchronous callers."""
+
+        async def go() -> T:
+            return await fn(await self.pool())
+
+        return self.run(go())
 
     def connect(self) -> None:
         """Connect to the cluster's ZooKeeper now (a cluster out of reach fails here, not later)."""
         self.meta  # noqa: B018 - the property connects
 
     def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            if loop.on_command_loop():  # a session opened and closed inside a step's coroutine
+                loop.close_soon(pool.close())
+            else:
+                loop.run(pool.close())
         if self._client is not None:
             self._client.stop()
             self._client.close()

@@ -9,7 +9,6 @@ removes what it created (its stream, the log on both sides) unless ``--keep``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -177,7 +176,7 @@ def bench_write(
 
     def run() -> dict[str, Any]:
         with _progress(app) as progress:
-            return asyncio.run(bench.bench_write(session, name, spec, progress))
+            return session.run(bench.bench_write(session, name, spec, progress))
 
     per_run = f"{records} records" if records is not None else f"{seconds:g} s"
     step = Step(
@@ -235,13 +234,13 @@ def bench_read(
 
         def fill() -> dict[str, Any]:
             with _progress(app) as progress:
-                return asyncio.run(bench.prefill(session, name, prefill, record_size, progress))
+                return session.run(bench.prefill(session, name, prefill, record_size, progress))
 
         steps.append(Step("prefill", target, f"append {prefill} records of {record_size} bytes to {name}", run=fill))
 
     def run() -> dict[str, Any]:
         with _progress(app) as progress:
-            return asyncio.run(bench.bench_read(session, name, spec, progress))
+            return session.run(bench.bench_read(session, name, spec, progress))
 
     tailing = f"; tail it while a writer appends {rate} records/s for {tail_warmup + tail_seconds:g} s" if rate else ""
     steps.append(Step("bench-read", target, f"read {name} from its start {runs} time(s){tailing}", run=run))

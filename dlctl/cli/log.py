@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import click
@@ -126,14 +125,16 @@ def _start(from_dlsn: str | None, from_txid: int | None, since: float | None) ->
 
 
 def _stream(app: AppContext, name: str, start: dict, limit: int | None, idle: float | None, region: str | None) -> int:
+    session = app.session()  # here: the click context is this thread's, not the command loop's
+
     async def go() -> int:
         count = 0
-        async for record in logio.read_records(app.session(), name, limit=limit, idle_timeout=idle, region=region, **start):
+        async for record in logio.read_records(session, name, limit=limit, idle_timeout=idle, region=region, **start):
             render_item(logio.record_view(record), app.output, stream=app.stdout.file, columns=("dlsn", "txid", "time", "payload"))
             count += 1
         return count
 
-    return asyncio.run(go())
+    return session.run(go())
 
 
 _position = [
@@ -225,7 +226,7 @@ def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool,
         stdin = click.get_binary_stream("stdin")
         with app.progress() as bar:
             task = bar.add_task(f"append to {name}", total=None)
-            return asyncio.run(
+            return session.run(
                 logio.append_records(
                     session, name, logio.iter_stdin_records(stdin, length_delimited),
                     direct=direct, region=region, idempotent=not no_idempotence, on_progress=lambda n: bar.update(task, completed=n),

@@ -80,6 +80,12 @@ class AgentPool:
         self._clients[node_id] = client
         return client
 
+    def forget_addresses(self) -> None:
+        """Forget the agents as last read, keeping the connections: the next lookup re-reads
+        them, as a fresh pool's first one does, and a client whose agent still registers the
+        same address is reused (a session's steps share one pool this way)."""
+        self._nodes = {}
+
     def connect_to(self, node_id: str, info: dict) -> tuple[str, int]:
         """Where to connect to reach agent ``node_id`` (``info``: its availability record): the
         address it registered. (Tests route through fault proxies by overriding this.)"""

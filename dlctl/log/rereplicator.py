@@ -38,6 +38,7 @@ from .rereplication import (
     lost_ranges,
     members,
 )
+from ..meta.operations import OperationRecord
 from ..meta.records import SegmentRecord, SegmentState
 from ..meta import policy as placement_store
 from ..meta.store import MetaStore
@@ -257,73 +258,66 @@ class Progress:
 
 
 class _OpRecord:
-    """The ops znode, updated by CAS under one lock (copies of many segments run concurrently)."""
+    """The operation's record (``dlctl.meta.operations``): one item per (segment, lost agent).
+    Writes run off the event loop (kazoo blocks); the record serialises concurrent ones."""
 
-    def __init__(self, meta: MetaStore, op_id: str, versioned: Any) -> None:
-        self.meta, self.op_id, self.versioned = meta, op_id, versioned
-        self.lock = asyncio.Lock()
+    def __init__(self, record: OperationRecord) -> None:
+        self.record = record
+
+    @property
+    def op_id(self) -> str:
+        return self.record.op_id
+
+    @property
+    def items(self) -> list[dict]:
+        return self.record.value.get("items", [])
 
     @classmethod
     async def open(cls, meta: MetaStore, plan_: RereplicationPlan) -> _OpRecord:
-        loop = asyncio.get_running_loop()
-        now = time.time()
         items = {
             (w.log, w.seq, lost): {"log": w.log, "segment": w.seq, "lost": lost, "target": target, "state": PENDING}
             for w in plan_.work
             for lost, target in w.targets.items()
         }
-        if plan_.op_id is not None:
-            versioned = await loop.run_in_executor(None, meta.get_op, plan_.op_id)
-            for item in versioned.value.get("items", []):
+
+        def resume(record: dict) -> dict:
+            merged = dict(items)
+            for item in record.get("items", []):
                 key = (item["log"], int(item["segment"]), item["lost"])
                 if item.get("state") == COMMITTED:
-                    items[key] = item  # finished earlier: keep the history
-                elif key not in items:
+                    merged[key] = item  # finished earlier: keep the history
+                elif key not in merged:
                     # The metadata (which the plan was made from) no longer names the lost agent
                     # in this segment: a run died between its CAS and this record's update, or
                     # the segment is gone. Nothing is left to do for it.
-                    items[key] = dict(item, state=COMMITTED, note="the segment no longer names the lost agent")
-            record = dict(versioned.value, items=list(items.values()), state="running", updated_at=now, runs=versioned.value.get("runs", 1) + 1)
-            op = cls(meta, plan_.op_id, versioned)
-            await op._write(record)
-            return op
-        op_id = new_op_id()
-        record = {"kind": OP_KIND, "lost": plan_.lost, "created_at": now, "updated_at": now, "state": "running", "runs": 1, "items": list(items.values())}
-        versioned = await loop.run_in_executor(None, meta.create_op, op_id, record)
-        return cls(meta, op_id, versioned)
+                    merged[key] = dict(item, state=COMMITTED, note="the segment no longer names the lost agent")
+            return dict(record, items=list(merged.values()))
 
-    async def _write(self, record: dict) -> None:
-        loop = asyncio.get_running_loop()
-        self.versioned = await loop.run_in_executor(None, self.meta.update_op, self.op_id, self.versioned, record)
+        op_id = plan_.op_id if plan_.op_id is not None else new_op_id()
+        fresh = {"kind": OP_KIND, "lost": plan_.lost, "items": list(items.values())}
+        started = await asyncio.get_running_loop().run_in_executor(None, lambda: OperationRecord.start(meta, op_id, fresh, resume=resume))
+        return cls(started)
 
     async def update(self, log_name: str, seq: int, lost: str, **changes: Any) -> None:
-        async with self.lock:
-            for _ in range(5):
-                record = dict(self.versioned.value)
-                items = [dict(i) for i in record.get("items", [])]
-                for item in items:
-                    if item["log"] == log_name and int(item["segment"]) == seq and item["lost"] == lost:
-                        item.update(changes)
-                        break
-                else:
-                    items.append({"log": log_name, "segment": seq, "lost": lost, **changes})
-                record.update(items=items, updated_at=time.time())
-                try:
-                    await self._write(record)
-                    return
-                except ConflictError:
-                    # Another run of the same operation wrote too: take its record, re-apply ours.
-                    self.versioned = await asyncio.get_running_loop().run_in_executor(None, self.meta.get_op, self.op_id)
+        def change(record: dict) -> dict:
+            items = [dict(i) for i in record.get("items", [])]
+            for item in items:
+                if item["log"] == log_name and int(item["segment"]) == seq and item["lost"] == lost:
+                    item.update(changes)
+                    break
+            else:
+                items.append({"log": log_name, "segment": seq, "lost": lost, **changes})
+            return dict(record, items=items)
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.record.update, change)
+        except ConflictError:
+            # The segment's own state (its metadata) is what a re-run goes by; the record only
+            # lets it skip work: losing this note costs a re-check, not data.
             log.warning("operation %s: could not record %s/%s %s after repeated conflicts", self.op_id, log_name, seq, changes)
 
     async def finish(self, state: str, summary: dict) -> None:
-        async with self.lock:
-            record = dict(self.versioned.value, state=state, updated_at=time.time(), summary=summary)
-            try:
-                await self._write(record)
-            except ConflictError:
-                self.versioned = await asyncio.get_running_loop().run_in_executor(None, self.meta.get_op, self.op_id)
-                await self._write(dict(self.versioned.value, state=state, updated_at=time.time(), summary=summary))
+        await asyncio.get_running_loop().run_in_executor(None, lambda: self.record.set(state=state, summary=summary))
 
 
 async def execute(
@@ -400,7 +394,7 @@ async def execute(
     summary.update(stuck=len(stuck), data_lost=len(lost_data))
     # Done only when every item ever recorded is committed (a run restricted with ``only``
     # leaves the others pending: the operation stays open for the next run).
-    items = op.versioned.value.get("items", [])
+    items = op.items
     await op.finish("done" if all(i.get("state") == COMMITTED for i in items) else "incomplete", summary)
     return report
 

@@ -35,7 +35,6 @@ from typing import Any
 
 from ..errors import ConflictError, DlctlError, NotFoundError, UsageError
 from ..inventory import Cluster
-from ..log.pool import AgentPool
 from ..meta.records import LogConfig
 from ..meta.zk import ZkTls
 from ..names import validate_name
@@ -260,30 +259,27 @@ async def bench_write(session: ClusterSession, name: str, spec: WriteSpec, on_pr
     config = session.meta.get_log(name).value.config
     agents = available_agents(session)
     payload = os.urandom(spec.record_size)  # random: no layer may get away with compressing it
-    pool = AgentPool(session.meta, session.credentials)
+    pool = await session.pool()
     runs: list[dict[str, Any]] = []
     sync: list[float] = []
     written = 0
     before = log_record_count(session, name)
+    writer = await LogWriter.open(session.meta, pool, name, **(spec.writer_options or {}))
     try:
-        writer = await LogWriter.open(session.meta, pool, name, **(spec.writer_options or {}))
-        try:
-            warm = spec.warmup()
-            if warm:
-                # Connections, the first segment and the agents' files exist before the clock runs.
-                written += (await _throughput_run(writer, payload, warm, None, on_progress, "warm-up"))["records"]
-            for i in range(spec.runs):
-                runs.append(await _throughput_run(writer, payload, spec.records, spec.seconds, on_progress, f"throughput run {i + 1}/{spec.runs}"))
-                written += runs[-1]["records"]
-            if spec.sync_latency_samples:
-                warm_sync = min(100, spec.sync_latency_samples)
-                sync = await _sync_latency(writer, payload, spec.sync_latency_samples, warm_sync, on_progress)
-                written += warm_sync + len(sync)
-            await writer.flush()
-        finally:
-            await writer.close()
+        warm = spec.warmup()
+        if warm:
+            # Connections, the first segment and the agents' files exist before the clock runs.
+            written += (await _throughput_run(writer, payload, warm, None, on_progress, "warm-up"))["records"]
+        for i in range(spec.runs):
+            runs.append(await _throughput_run(writer, payload, spec.records, spec.seconds, on_progress, f"throughput run {i + 1}/{spec.runs}"))
+            written += runs[-1]["records"]
+        if spec.sync_latency_samples:
+            warm_sync = min(100, spec.sync_latency_samples)
+            sync = await _sync_latency(writer, payload, spec.sync_latency_samples, warm_sync, on_progress)
+            written += warm_sync + len(sync)
+        await writer.flush()
     finally:
-        await pool.close()
+        await writer.close()
     rps = _median([r["records_per_second"] for r in runs])
     mbps = _median([r["mb_per_second"] for r in runs])
     median_run = sorted(runs, key=lambda r: r["records_per_second"])[len(runs) // 2]
@@ -317,15 +313,12 @@ async def prefill(session: ClusterSession, name: str, records: int, record_size:
     """Append ``records`` records (pipelined) so that a catch-up read has something to read."""
     from ..log.writer import LogWriter
 
-    pool = AgentPool(session.meta, session.credentials)
+    pool = await session.pool()
+    writer = await LogWriter.open(session.meta, pool, name)
     try:
-        writer = await LogWriter.open(session.meta, pool, name)
-        try:
-            run = await _throughput_run(writer, os.urandom(record_size), records, None, on_progress, "prefill")
-        finally:
-            await writer.close()
+        run = await _throughput_run(writer, os.urandom(record_size), records, None, on_progress, "prefill")
     finally:
-        await pool.close()
+        await writer.close()
     return {k: v for k, v in run.items() if k != "ack_latency_ms"}
 
 
@@ -335,24 +328,21 @@ async def prefill(session: ClusterSession, name: str, records: int, record_size:
 async def _catch_up(session: ClusterSession, name: str, expected: int, idle: float, on_progress: Progress, phase: str) -> dict[str, Any]:
     from ..log.reader import LogReader
 
-    pool = AgentPool(session.meta, session.credentials)
+    pool = await session.pool()
     count = size = 0
-    try:
-        async with LogReader(session.meta, pool, name) as reader:
-            started = time.perf_counter()
-            last = started
-            read_next = reader.read_next
-            while count < expected:
-                record = await read_next(idle)
-                if record is None:
-                    break  # fewer records than the metadata said: reported, not hidden
-                last = time.perf_counter()
-                count += 1
-                size += len(record.payload)
-                if count % 50_000 == 0:
-                    on_progress(phase, count, expected)
-    finally:
-        await pool.close()
+    async with LogReader(session.meta, pool, name) as reader:
+        started = time.perf_counter()
+        last = started
+        read_next = reader.read_next
+        while count < expected:
+            record = await read_next(idle)
+            if record is None:
+                break  # fewer records than the metadata said: reported, not hidden
+            last = time.perf_counter()
+            count += 1
+            size += len(record.payload)
+            if count % 50_000 == 0:
+                on_progress(phase, count, expected)
     elapsed = max(last - started, 1e-9)
     on_progress(phase, count, expected)
     return {
@@ -377,57 +367,54 @@ async def _paced_writer(
 
     loop = asyncio.get_running_loop()
     with ClusterSession(cluster) as session:
-        pool = AgentPool(session.meta, session.credentials)
+        pool = await session.pool()
+        writer = await LogWriter.open(session.meta, pool, name)
         try:
-            writer = await LogWriter.open(session.meta, pool, name)
-            try:
-                send({"event": "ready", "last_txid": writer.last_txid})
-                await loop.run_in_executor(None, go)
-                pad = tag + os.urandom(max(0, record_size - STAMP.size - len(tag)))
-                pack = STAMP.pack
-                sent = 0
-                lagged = 0.0
-                acks: list[float] = []
-                acked_at: dict[int, int] = {}
+            send({"event": "ready", "last_txid": writer.last_txid})
+            await loop.run_in_executor(None, go)
+            pad = tag + os.urandom(max(0, record_size - STAMP.size - len(tag)))
+            pack = STAMP.pack
+            sent = 0
+            lagged = 0.0
+            acks: list[float] = []
+            acked_at: dict[int, int] = {}
 
-                def stamp_ack(seq: int) -> Callable[[asyncio.Future], None]:
-                    def done(fut: asyncio.Future) -> None:
-                        if not fut.cancelled() and fut.exception() is None:
-                            acked_at[seq] = time.time_ns()
+            def stamp_ack(seq: int) -> Callable[[asyncio.Future], None]:
+                def done(fut: asyncio.Future) -> None:
+                    if not fut.cancelled() and fut.exception() is None:
+                        acked_at[seq] = time.time_ns()
 
-                    return done
+                return done
 
-                def acked(started: float) -> Callable[[asyncio.Future], None]:
-                    def done(fut: asyncio.Future) -> None:
-                        if not fut.cancelled() and fut.exception() is None:
-                            acks.append(time.perf_counter() - started)
+            def acked(started: float) -> Callable[[asyncio.Future], None]:
+                def done(fut: asyncio.Future) -> None:
+                    if not fut.cancelled() and fut.exception() is None:
+                        acks.append(time.perf_counter() - started)
 
-                    return done
+                return done
 
-                begin = time.perf_counter()
-                end = begin + seconds
-                while (now := time.perf_counter()) < end:
-                    # Credit-based pacing: send what the rate allows by now, so the mean rate is
-                    # exact although every sleep overshoots its tick.
-                    due = int((now - begin) * rate)
-                    lagged = max(lagged, (due - sent) / rate)
-                    while sent < due:
-                        await writer.wait_writable()
-                        fut = writer.submit(pack(time.time_ns(), sent) + pad)
-                        if ack_times:
-                            fut.add_done_callback(stamp_ack(sent))
-                        if sent % _ACK_SAMPLE_EVERY == 0:
-                            # Submit->ack, to tell the writer's and agents' share of the
-                            # end-to-end latency from the LAC's way to the reader.
-                            fut.add_done_callback(acked(time.perf_counter()))
-                        sent += 1
-                    await asyncio.sleep(_PACE_TICK)
-                await writer.flush()
-                elapsed = time.perf_counter() - begin
-            finally:
-                await writer.close()
+            begin = time.perf_counter()
+            end = begin + seconds
+            while (now := time.perf_counter()) < end:
+                # Credit-based pacing: send what the rate allows by now, so the mean rate is
+                # exact although every sleep overshoots its tick.
+                due = int((now - begin) * rate)
+                lagged = max(lagged, (due - sent) / rate)
+                while sent < due:
+                    await writer.wait_writable()
+                    fut = writer.submit(pack(time.time_ns(), sent) + pad)
+                    if ack_times:
+                        fut.add_done_callback(stamp_ack(sent))
+                    if sent % _ACK_SAMPLE_EVERY == 0:
+                        # Submit->ack, to tell the writer's and agents' share of the
+                        # end-to-end latency from the LAC's way to the reader.
+                        fut.add_done_callback(acked(time.perf_counter()))
+                    sent += 1
+                await asyncio.sleep(_PACE_TICK)
+            await writer.flush()
+            elapsed = time.perf_counter() - begin
         finally:
-            await pool.close()
+            await writer.close()
     done = {
         "event": "done",
         "sent": sent,
@@ -469,8 +456,10 @@ def _paced_writer_main() -> int:
         if sys.stdin.readline().strip() != "go":
             raise DlctlError("paced writer: the reader went away before it started")
 
+    from ..loop import run
+
     try:
-        send(asyncio.run(_paced_writer(
+        send(run(_paced_writer(
             cluster, params["log"], params["record_size"], params["rate"], params["seconds"], send, go,
             tag=bytes.fromhex(params.get("tag", "")), ack_times=params.get("ack_times", False),
         )))
@@ -577,41 +566,38 @@ async def _tail_latency(session: ClusterSession, name: str, record_size: int, ra
     from ..log.reader import LogReader
 
     writer = PacedWriterProcess(session, name, record_size, rate, seconds + warmup)
-    pool = AgentPool(session.meta, session.credentials)
+    pool = await session.pool()
     latencies: list[float] = []
     received = out_of_order = 0
-    try:
-        ready = await writer.event(60.0)
-        async with LogReader(session.meta, pool, name, start_txid=ready["last_txid"] + 1) as reader:
-            writer.go()
-            measure_from = time.time_ns() + int(warmup * 1e9)
-            expected_max = int((seconds + warmup) * rate) + 1
-            unpack = STAMP.unpack_from
-            done: dict | None = None
-            while done is None or received < done["sent"]:
-                # Waiting longer once the writer has finished: what is missing then must come
-                # soon, and what never comes is reported (records_received < records_written).
-                record = await reader.read_next(0.5 if done is None else 5.0)
-                if record is None:
-                    if done is not None:
-                        break
-                    if writer.pending():
-                        done = await writer.event(1.0)
-                    continue
-                now = time.time_ns()
-                sent_ns, seq = unpack(record.payload)
-                if seq != received:
-                    out_of_order += 1  # a lost, repeated or reordered record: reported, never hidden
-                received += 1
-                if sent_ns >= measure_from:
-                    latencies.append((now - sent_ns) / 1e9)
-                if received % 10_000 == 0:
-                    on_progress("tailing reader", received, expected_max)
-                    if done is None and writer.pending():
-                        done = await writer.event(1.0)
-            stats = reader.stats
-    finally:
-        await pool.close()
+    ready = await writer.event(60.0)
+    async with LogReader(session.meta, pool, name, start_txid=ready["last_txid"] + 1) as reader:
+        writer.go()
+        measure_from = time.time_ns() + int(warmup * 1e9)
+        expected_max = int((seconds + warmup) * rate) + 1
+        unpack = STAMP.unpack_from
+        done: dict | None = None
+        while done is None or received < done["sent"]:
+            # Waiting longer once the writer has finished: what is missing then must come
+            # soon, and what never comes is reported (records_received < records_written).
+            record = await reader.read_next(0.5 if done is None else 5.0)
+            if record is None:
+                if done is not None:
+                    break
+                if writer.pending():
+                    done = await writer.event(1.0)
+                continue
+            now = time.time_ns()
+            sent_ns, seq = unpack(record.payload)
+            if seq != received:
+                out_of_order += 1  # a lost, repeated or reordered record: reported, never hidden
+            received += 1
+            if sent_ns >= measure_from:
+                latencies.append((now - sent_ns) / 1e9)
+            if received % 10_000 == 0:
+                on_progress("tailing reader", received, expected_max)
+                if done is None and writer.pending():
+                    done = await writer.event(1.0)
+        stats = reader.stats
         await writer.close()
     on_progress("tailing reader", received, done["sent"])
     return {

@@ -176,8 +176,7 @@ async def measure(source: ClusterSession, sink: ClusterSession, log: str, stream
 
     tag = os.urandom(TAG_BYTES)
     sink_tail, source_tail = _Tail("sink", tag), _Tail("source", tag)
-    source_pool = AgentPool(source.meta, source.credentials)
-    sink_pool = AgentPool(sink.meta, sink.credentials)
+    source_pool, sink_pool = await source.pool(), await sink.pool()
     writer: PacedWriterProcess | None = None
     try:
         # At the sink's end: what the stream applied before this run is not this run's.
@@ -208,8 +207,6 @@ async def measure(source: ClusterSession, sink: ClusterSession, log: str, stream
                     for task in (done, *followers):
                         task.cancel()
     finally:
-        await source_pool.close()
-        await sink_pool.close()
         if writer is not None:
             await writer.close()
     return figures(spec, finished, sink_tail, source_tail, first_delivery)

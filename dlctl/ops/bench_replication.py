@@ -15,7 +15,6 @@ whose patterns match the name would carry it on to a third cluster. Such a run i
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -232,7 +231,7 @@ def _set_up_stream(bench: ReplicationBench) -> dict[str, Any]:
 
 
 def _measure(bench: ReplicationBench) -> dict[str, Any]:
-    return asyncio.run(measure(bench.source, bench.sink, bench.spec.log, bench.stream_id, bench.spec.lag, bench.on_progress))
+    return bench.source.run(measure(bench.source, bench.sink, bench.spec.log, bench.stream_id, bench.spec.lag, bench.on_progress))
 
 
 def _delete_stream(bench: ReplicationBench) -> str:

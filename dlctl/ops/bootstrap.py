@@ -24,7 +24,6 @@ from typing import Any
 
 from ..errors import NotFoundError, RefusedError, UsageError
 from ..log.errors import AgentError
-from ..log.pool import AgentPool
 from ..meta.pins import PinRecord, PinStore
 from ..plan import Plan, Step
 from ..spark import job as J
@@ -56,7 +55,7 @@ def measure_rate(source: ClusterSession, job: J.JobPlan, sample_bytes: int = 16 
     log_id = first.source_log.value.log_id
 
     async def sample() -> float | None:
-        pool = AgentPool(source.meta, source.credentials)
+        pool = await source.pool()
         reader = EncodedReader(pool)  # type: ignore[arg-type]
         try:
             await pool.refresh()
@@ -79,10 +78,8 @@ def measure_rate(source: ClusterSession, job: J.JobPlan, sample_bytes: int = 16 
             return total / elapsed if elapsed > 0 and total else None
         except AgentError:
             return None
-        finally:
-            await pool.close()
 
-    return asyncio.run(sample())
+    return source.run(sample())
 
 
 def _size(n: float) -> str:

@@ -255,6 +255,7 @@ def status(session: ClusterSession, timeout: float = 3.0) -> list[dict[str, Any]
     available = session.meta.available_nodes()
 
     async def gather() -> dict[str, dict | str]:
+        # A pool of its own: its requests give up after ``timeout``, not the session pool's 10 s.
         pool = AgentPool(session.meta, session.credentials, request_timeout=timeout)
         try:
             await pool.refresh()
@@ -262,7 +263,7 @@ def status(session: ClusterSession, timeout: float = 3.0) -> list[dict[str, Any]
         finally:
             await pool.close()
 
-    stats = asyncio.run(gather()) if available else {}
+    stats = session.run(gather()) if available else {}
     rows = []
     known = {n.id for n in session.cluster.nodes}
     nodes = list(session.cluster.nodes) + [

@@ -5,7 +5,6 @@ and the deletion of stale replicas on every agent. The decisions and their appli
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ..cold.store import ColdStore
@@ -25,13 +24,14 @@ def gc_plan(session: ClusterSession, *, force: bool, retention: bool, rate: floa
     inventory's credentials (this operator's)."""
 
     async def build() -> GcPlan:
+        # A pool of its own: its requests give up after ``timeout``, not the session pool's 10 s.
         pool = AgentPool(session.meta, session.credentials, request_timeout=timeout)
         try:
             return await plan_gc(session.meta, pool, force=force, retention=retention, timeout=timeout)
         finally:
             await pool.close()
 
-    built = asyncio.run(build())
+    built = session.run(build())
     inventory_cold = session.cluster.cold_storage
     cold = offload.required_store(session.meta, inventory_cold.credentials_file if inventory_cold else None)
     return built, as_plan(session.meta, session.credentials, session.cluster.name, built, rate=rate, cold=cold)

@@ -51,22 +51,19 @@ async def read_records(
     the tail forever. ``from_cold``: begin with the history the cold store holds from before the
     truncation point (``dlctl.cold.history``), then go on in the hot log from that point."""
     count = 0
-    pool = AgentPool(session.meta, session.credentials)
-    try:
-        if from_cold:
-            if start_dlsn is not None or start_txid is not None or start_time is not None:
-                raise UsageError("reading from the cold store starts at the oldest copy: it takes no start position")
-            records = read_with_history(session.meta, pool, name, cold_store_of(session), idle_timeout=idle_timeout, region=region)
-        else:
-            records = _read_hot(session.meta, pool, name, start_dlsn, start_txid, start_time, idle_timeout, region)
-        async with contextlib.aclosing(records):  # (a limit reached closes the reader before the pool)
-            async for record in records:
-                count += 1
-                yield record
-                if limit is not None and count >= limit:
-                    return
-    finally:
-        await pool.close()
+    pool = await session.pool()
+    if from_cold:
+        if start_dlsn is not None or start_txid is not None or start_time is not None:
+            raise UsageError("reading from the cold store starts at the oldest copy: it takes no start position")
+        records = read_with_history(session.meta, pool, name, cold_store_of(session), idle_timeout=idle_timeout, region=region)
+    else:
+        records = _read_hot(session.meta, pool, name, start_dlsn, start_txid, start_time, idle_timeout, region)
+    async with contextlib.aclosing(records):  # (a limit reached closes the reader at once)
+        async for record in records:
+            count += 1
+            yield record
+            if limit is not None and count >= limit:
+                return
 
 
 async def _read_hot(meta: Any, pool: AgentPool, name: str, start_dlsn: DLSN | None, start_txid: int | None, start_time: float | None, idle_timeout: float | None, region: str | None) -> AsyncIterator[ReadRecord]:
@@ -120,15 +117,12 @@ async def append_records(
     whose acknowledgement was lost may be stored twice); ``direct`` opens the library writer
     instead, which takes ownership of the log (fencing whoever owned it) and releases it at the
     end."""
-    pool = AgentPool(session.meta, session.credentials)
+    pool = await session.pool()
     started = time.monotonic()
-    try:
-        if direct:
-            result = await _append_direct(session, pool, name, records, owner_id, on_progress)
-        else:
-            result = await _append_via_proxy(session, pool, name, records, region, idempotent, on_progress)
-    finally:
-        await pool.close()
+    if direct:
+        result = await _append_direct(session, pool, name, records, owner_id, on_progress)
+    else:
+        result = await _append_via_proxy(session, pool, name, records, region, idempotent, on_progress)
     elapsed = time.monotonic() - started
     count = result["records"]
     return {

@@ -273,8 +273,6 @@ def release_log_plan(session: ClusterSession, name: str, *, force: bool = False)
 
 
 def ask_owner_to_release(session: ClusterSession, name: str, address: str) -> dict[str, Any]:
-    import asyncio
-
     from ..log.client import AgentClient
 
     host, _, port = address.rpartition(":")
@@ -283,7 +281,7 @@ def ask_owner_to_release(session: ClusterSession, name: str, address: str) -> di
         async with AgentClient(host, int(port), session.secret, tls=session.tls) as client:
             return await client.release(name)
 
-    released = asyncio.run(go())
+    released = session.run(go())
     if not released:
         raise ConflictError(f"agent {address} no longer owned log {name!r}", hint="run `dlctl log show` to see the current owner")
     return {"released": True, "by": address}

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ..errors import RefusedError
-from ..log.pool import AgentPool
 from ..log.recovery import fence_log, recover_log
 from ..meta.records import SegmentState
 from ..plan import Plan, Step
@@ -28,14 +26,6 @@ def _guard_owner(session: ClusterSession, name: str, force: bool, verb: str) -> 
     return [f"the live writer {owner} is deposed: its next append fails with a fencing error"] if owner else []
 
 
-async def _with_pool(session: ClusterSession, func, name: str, timeout: float, **options: Any) -> Any:
-    pool = AgentPool(session.meta, session.credentials)
-    try:
-        return await func(session.meta, pool, name, timeout=timeout, **options)
-    finally:
-        await pool.close()
-
-
 def fence_plan(session: ClusterSession, name: str, *, force: bool, timeout: float) -> Plan:
     session.meta.get_log(name)  # NotFound (exit 1) before anything else
     notes = _guard_owner(session, name, force, "fencing")
@@ -46,7 +36,7 @@ def fence_plan(session: ClusterSession, name: str, *, force: bool, timeout: floa
     ensembles = "; ".join(",".join(s.ensembles[-1].nodes) for s in segments)
 
     def run() -> dict[str, Any]:
-        outcome = asyncio.run(_with_pool(session, fence_log, name, timeout))
+        outcome = session.with_pool(lambda pool: fence_log(session.meta, pool, name, timeout=timeout))
         return {str(seq): o.to_dict() for seq, o in outcome.items()}
 
     return Plan.of(
@@ -76,7 +66,7 @@ def recover_plan(
     seqs = ", ".join(str(s.seq) for s in segments)
 
     def run() -> list[dict[str, Any]]:
-        return [r.to_dict() for r in asyncio.run(_with_pool(session, recover_log, name, timeout, accept_data_loss=accept_data_loss))]
+        return [r.to_dict() for r in session.with_pool(lambda pool: recover_log(session.meta, pool, name, timeout=timeout, accept_data_loss=accept_data_loss))]
 
     how = "close with a versioned update"
     if accept_data_loss:

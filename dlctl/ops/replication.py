@@ -27,7 +27,6 @@ from ..errors import (
     UsageError,
 )
 from ..log.dlsn import DLSN, INITIAL
-from ..log.pool import AgentPool
 from ..log.readpolicy import live_segments
 from ..log.speculative import ReplicaReader
 from ..log.timeindex import locate_time, to_ms
@@ -119,15 +118,7 @@ def records_held(session: ClusterSession, name: str) -> tuple[int, DLSN | None] 
     first = first_retained(segments, record.value.max_segment_seq)
     if not any(s.state.value == "inprogress" for s in segments):
         return sum(s.records for s in segments), first
-
-    async def count() -> int:
-        pool = AgentPool(session.meta, session.credentials)
-        try:
-            return (await positions.log_end(session.meta, pool, name)).records
-        finally:
-            await pool.close()
-
-    return asyncio.run(count()), first
+    return session.with_pool(lambda pool: positions.log_end(session.meta, pool, name)).records, first
 
 
 @dataclass(frozen=True)
@@ -150,7 +141,7 @@ def _resolve_start(source: ClusterSession, name: str, start: StartFrom) -> DLSN:
     held = records_held(source, name)
     first = (held[1] if held else None) or INITIAL
     if start.kind == "now":
-        end = asyncio.run(_source_end(source, name))
+        end = source.run(_source_end(source, name))
         return max(end or first, first)
     if start.kind == "position":
         assert start.position is not None
@@ -164,11 +155,8 @@ def _resolve_start(source: ClusterSession, name: str, start: StartFrom) -> DLSN:
 
 
 async def _source_end(source: ClusterSession, name: str) -> DLSN | None:
-    pool = AgentPool(source.meta, source.credentials)
-    try:
-        return (await positions.log_end(source.meta, pool, name)).next
-    finally:
-        await pool.close()
+    pool = await source.pool()
+    return (await positions.log_end(source.meta, pool, name)).next
 
 
 def _join_vectors(source: ClusterSession, sink: ClusterSession, logs: list[str]) -> dict[str, dict[str, int]]:
@@ -626,16 +614,13 @@ def _age(epoch: float, now: float) -> float | None:
 
 
 async def _lags(source: ClusterSession, checkpoints: dict[str, Checkpoint], region: str | None) -> dict[str, tuple[int, int] | str]:
-    pool = AgentPool(source.meta, source.credentials)
+    pool = await source.pool()
     out: dict[str, tuple[int, int] | str] = {}
-    try:
-        for name, cp in checkpoints.items():
-            try:
-                out[name] = await asyncio.wait_for(positions.records_from(source.meta, pool, name, cp.next, region=region, quorum=True), 15.0)
-            except Exception as exc:  # noqa: BLE001 - status shows what could not be measured
-                out[name] = f"unknown ({getattr(exc, 'message', None) or exc!r})"
-    finally:
-        await pool.close()
+    for name, cp in checkpoints.items():
+        try:
+            out[name] = await asyncio.wait_for(positions.records_from(source.meta, pool, name, cp.next, region=region, quorum=True), 15.0)
+        except Exception as exc:  # noqa: BLE001 - status shows what could not be measured
+            out[name] = f"unknown ({getattr(exc, 'message', None) or exc!r})"
     return out
 
 
@@ -672,7 +657,7 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
                 pins[name] = pin_store.get(stream_id, name).value
             except NotFoundError:
                 pass
-        lags = asyncio.run(_lags(source, checkpoints, None))
+        lags = source.run(_lags(source, checkpoints, None))
     now = time.time()
     rows = []
     for name in config.logs:
@@ -852,14 +837,11 @@ def wait_drain(sink: ClusterSession, source: ClusterSession, stream_id: str, *, 
     started = time.monotonic()
 
     async def ends() -> dict[str, DLSN | None]:
-        pool = AgentPool(source.meta, source.credentials)
-        try:
-            # Quorum LAC reads: the target includes every record acknowledged before the call.
-            return {name: (await positions.log_end(source.meta, pool, name, quorum=True)).next for name in config.logs}
-        finally:
-            await pool.close()
+        pool = await source.pool()
+        # Quorum LAC reads: the target includes every record acknowledged before the call.
+        return {name: (await positions.log_end(source.meta, pool, name, quorum=True)).next for name in config.logs}
 
-    targets = asyncio.run(ends())
+    targets = source.run(ends())
     pending = {n: t for n, t in targets.items() if t is not None}
     total = len(pending)
     while True:

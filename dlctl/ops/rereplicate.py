@@ -4,7 +4,6 @@ as a plan (one step per segment) or one parallel run; the planning and the engin
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -31,16 +30,7 @@ def agents_in_region(session: ClusterSession, region: str) -> dict[str, str]:
 
 def run(session: ClusterSession, plan_: RereplicationPlan, *, parallel: int = 4, window: int = 128, only: Collection[str] | None = None, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
     """Apply ``plan_`` on the session's cluster (blocking)."""
-    from ..log.pool import AgentPool
-
-    async def go() -> dict[str, Any]:
-        pool = AgentPool(session.meta, session.credentials)
-        try:
-            return await execute(session.meta, pool, plan_, parallel=parallel, window=window, only=only, on_progress=on_progress)
-        finally:
-            await pool.close()
-
-    return asyncio.run(go())
+    return session.with_pool(lambda pool: execute(session.meta, pool, plan_, parallel=parallel, window=window, only=only, on_progress=on_progress))
 
 
 def as_plan(session: ClusterSession, plan_: RereplicationPlan, operation: str, *, parallel: int = 4, window: int = 128) -> Any:

@@ -18,7 +18,6 @@ the agents' housekeeping).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -131,15 +130,7 @@ def resolve_target(
     if before_txid <= 0:
         return None  # nothing lies before txid 0
     log_id = session.meta.get_log(name).value.log_id
-
-    async def locate() -> DLSN | None:
-        pool = AgentPool(session.meta, session.credentials)
-        try:
-            return await _point_for_txid(pool, log_id, segments, before_txid)
-        finally:
-            await pool.close()
-
-    point = asyncio.run(locate())
+    point = session.with_pool(lambda pool: _point_for_txid(pool, log_id, segments, before_txid))
     if point is None:
         return None
     return Target(normalize(segments, point), before_txid - 1, f"explicit: before txid {before_txid}")

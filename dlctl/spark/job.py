@@ -32,7 +32,6 @@ import fnmatch
 import functools
 import hashlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,10 +40,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConflictError, DlctlError, NotFoundError, PartialFailure, RefusedError, UsageError
 from ..log.dlsn import DLSN
 from ..log.errors import AgentError
-from ..log.pool import AgentPool
 from ..log.records import decode_records
 from ..log.speculative import ReplicaReader
 from ..meta import policy as placement_store
+from ..meta.operations import OperationRecord
 from ..meta.pins import PinRecord, PinStore
 from ..meta.records import LogConfig, LogRecord, SegmentRecord, SegmentState, Versioned
 from ..names import validate_name
@@ -272,7 +271,7 @@ def _sink_source_position(sink: ClusterSession, name: str, seg: SegmentRecord) -
     """``dl.src`` of the sink log's last data record (where its records came from), if any."""
 
     async def read() -> tuple[str, DLSN] | None:
-        pool = AgentPool(sink.meta, sink.credentials)
+        pool = await sink.pool()
         try:
             await pool.refresh()
             entry = await ReplicaReader(pool).read(sink.meta.get_log(name).value.log_id, seg, seg.last_entry_id)
@@ -283,10 +282,8 @@ def _sink_source_position(sink: ClusterSession, name: str, seg: SegmentRecord) -
             return found
         except (AgentError, DlctlError, ValueError):
             return None
-        finally:
-            await pool.close()
 
-    return asyncio.run(read())
+    return sink.run(read())
 
 
 # -- results -----------------------------------------------------------------------------------------
@@ -373,33 +370,18 @@ class Progress:
 
 
 class _Record:
-    """One log's job record, updated by CAS (results arrive from the Spark monitor thread)."""
+    """One log's job record (``dlctl.meta.operations``; results arrive from the Spark monitor
+    thread). A finished job of the same holder is started over; an unfinished one continues."""
 
     def __init__(self, meta: Any, holder: str, lp: LogPlan, source_cluster: str) -> None:
-        self.meta = meta
-        self.id = op_id(holder, lp.log)
-        self.lock = threading.Lock()
-        self.base = {"kind": OP_KIND, "holder": holder, "log": lp.log, "source": source_cluster, "sink": meta.cluster}
-        try:
-            self.versioned = meta.get_op(self.id)
-            if self.versioned.value.get("state") == "done":
-                meta.delete_op(self.id, self.versioned)  # a finished job of the same holder: start over
-                raise NotFoundError("finished")
-            runs = int(self.versioned.value.get("runs", 0)) + 1
-            self.versioned = meta.update_op(self.id, self.versioned, dict(self.versioned.value, state="running", runs=runs, updated_at=time.time()))
-        except NotFoundError:
-            self.versioned = meta.create_op(self.id, dict(self.base, state="running", runs=1, created_at=time.time(), updated_at=time.time()))
+        fresh = {"kind": OP_KIND, "holder": holder, "log": lp.log, "source": source_cluster, "sink": meta.cluster}
+        self.record = OperationRecord.start(meta, op_id(holder, lp.log), fresh, restart_if=lambda record: record.get("state") == "done")
 
     def write(self, **changes: Any) -> None:
-        with self.lock:
-            for _ in range(5):
-                record = dict(self.versioned.value, **changes, updated_at=time.time())
-                try:
-                    self.versioned = self.meta.update_op(self.id, self.versioned, record)
-                    return
-                except ConflictError:
-                    self.versioned = self.meta.get_op(self.id)  # someone touched it: re-apply ours
-            raise ConflictError(f"aborted: job record ops/{self.id} keeps changing (is another run of this job going on?)")
+        try:
+            self.record.set(**changes)
+        except ConflictError as exc:
+            raise ConflictError(f"aborted: job record ops/{self.record.op_id} keeps changing (is another run of this job going on?)") from exc
 
 
 def _compact(result: dict[str, Any]) -> dict[str, Any]:
@@ -650,26 +632,23 @@ def _still_verified(sink: ClusterSession, prog: P.LogProgress, tasks: list[P.Seg
         return set()
 
     async def check() -> set[int]:
-        pool = AgentPool(sink.meta, sink.credentials)
-        try:
-            await pool.refresh()
+        pool = await sink.pool()
+        await pool.refresh()
 
-            async def one(seq: int, done: dict) -> bool:
-                for node in done.get("ensemble") or []:
-                    try:
-                        got = await (await pool.client(node)).digest(prog.sink_log_id, int(done["sink_seq"]))
-                    except AgentError:
-                        return False
-                    if not got.digest.startswith(done["replica_expected"].get(node, "-")) or got.entries != int(done["replica_entries"].get(node, -1)):
-                        return False
-                return bool(done.get("ensemble"))
+        async def one(seq: int, done: dict) -> bool:
+            for node in done.get("ensemble") or []:
+                try:
+                    got = await (await pool.client(node)).digest(prog.sink_log_id, int(done["sink_seq"]))
+                except AgentError:
+                    return False
+                if not got.digest.startswith(done["replica_expected"].get(node, "-")) or got.entries != int(done["replica_entries"].get(node, -1)):
+                    return False
+            return bool(done.get("ensemble"))
 
-            oks = await asyncio.gather(*(one(seq, done) for seq, done in candidates.items()))
-            return {seq for seq, ok in zip(candidates, oks) if ok}
-        finally:
-            await pool.close()
+        oks = await asyncio.gather(*(one(seq, done) for seq, done in candidates.items()))
+        return {seq for seq, ok in zip(candidates, oks) if ok}
 
-    return asyncio.run(check())
+    return sink.run(check())
 
 
 def _copy(
@@ -754,29 +733,26 @@ def _sweep_orphans(sink: ClusterSession, progresses: dict[str, P.LogProgress], t
         return any(a <= seq <= b for a, b in ranges.get(log_id, []))
 
     async def sweep() -> int:
-        pool = AgentPool(sink.meta, sink.credentials)
+        pool = await sink.pool()
         deleted = 0
-        try:
-            nodes = await pool.refresh()
-            for node in nodes:
-                try:
-                    client = await pool.client(node)
-                    held = await client.list_segments()
-                except AgentError as exc:
-                    log.warning("cannot list replicas on sink agent %s (orphans there stay until a re-run): %s", node, exc)
-                    continue
-                for info in held:
-                    key = (info.log_id, info.segment_seq)
-                    if ours(*key) and node not in wanted.get(key, set()):
-                        try:
-                            deleted += bool(await client.delete_segment(*key))
-                        except AgentError as exc:
-                            log.warning("cannot delete orphan replica %s/%s on %s: %s", *key, node, exc)
-        finally:
-            await pool.close()
+        nodes = await pool.refresh()
+        for node in nodes:
+            try:
+                client = await pool.client(node)
+                held = await client.list_segments()
+            except AgentError as exc:
+                log.warning("cannot list replicas on sink agent %s (orphans there stay until a re-run): %s", node, exc)
+                continue
+            for info in held:
+                key = (info.log_id, info.segment_seq)
+                if ours(*key) and node not in wanted.get(key, set()):
+                    try:
+                        deleted += bool(await client.delete_segment(*key))
+                    except AgentError as exc:
+                        log.warning("cannot delete orphan replica %s/%s on %s: %s", *key, node, exc)
         return deleted
 
-    deleted = asyncio.run(sweep())
+    deleted = sink.run(sweep())
     if deleted:
         log.info("deleted %d orphan replica(s) of %s copies", deleted, "committed" if committed else "unverified")
     return deleted

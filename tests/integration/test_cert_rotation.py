@@ -86,7 +86,7 @@ def _rotate_under_load(sandbox: dict[str, str], session: ClusterSession) -> None
             while not stop.is_set():
                 records = [f"r{batch}-{i}".encode() for i in range(20)]
                 with _session(sandbox) as fresh:  # new session: new connections, current files
-                    await append_records(fresh, "rot", records)
+                    fresh.run(append_records(fresh, "rot", records))  # (on the command loop, where its pool lives)
                 acked.extend(records)
                 await long_lived.stat()
                 batch += 1
@@ -124,6 +124,6 @@ def _rotate_under_load(sandbox: dict[str, str], session: ClusterSession) -> None
         async def read_all() -> list[bytes]:
             return [r.payload async for r in read_records(fresh, "rot", idle_timeout=2.0)]
 
-        read = asyncio.run(read_all())
+        read = fresh.run(read_all())
     missing = set(acked) - set(read)
     assert not missing, f"{len(missing)} acknowledged records were not read back, e.g. {sorted(missing)[:3]}"
