@@ -64,6 +64,10 @@ class ConflictError(DlctlError):
     """A compare-and-set lost a race: the metadata changed concurrently. Nothing was overwritten."""
 
 
+class OutcomeUnknownError(DlctlError):
+    """A write's answer was lost with the connection: it may or may not have taken effect."""
+
+
 class RefusedError(DlctlError):
     """The operation would break a safety invariant or was not confirmed; nothing was changed."""
 

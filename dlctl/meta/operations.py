@@ -74,9 +74,10 @@ class OperationRecord:
     def value(self) -> dict[str, Any]:
         return self.versioned.value
 
-    def update(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
-        """Write ``change(current)`` (None: nothing to write) by compare-and-set; a conflict
-        re-reads and re-derives (``ConflictError`` after ``cas.ATTEMPTS`` in a row)."""
+    def update(self, change: Callable[[dict[str, Any]], dict[str, Any] | None], *, idempotent: bool = False) -> dict[str, Any]:
+        """Write ``change(current)`` (None or the same record: nothing to write) by
+        compare-and-set; a conflict re-reads and re-derives (``ConflictError`` after
+        ``cas.ATTEMPTS`` in a row). ``idempotent``: see ``cas.update`` (a lost answer settled)."""
         with self._lock:
             known: Versioned[dict] | None = self.versioned
 
@@ -89,17 +90,17 @@ class OperationRecord:
 
             def derive(current: dict[str, Any]) -> dict[str, Any] | None:
                 new = change(dict(current))
-                return None if new is None else _stamped(new)
+                return None if new is None or new == current else _stamped(new)
 
             def write(new: dict[str, Any], version: int) -> Versioned[dict]:
                 return self.meta.update_op(self.op_id, Versioned(new, version), new)
 
-            self.versioned = cas.update(read, derive, write, what=f"operation record ops/{self.op_id}")
+            self.versioned = cas.update(read, derive, write, what=f"operation record ops/{self.op_id}", idempotent=idempotent)
             return self.versioned.value
 
     def set(self, **changes: Any) -> dict[str, Any]:
-        """Update the record's top-level fields."""
-        return self.update(lambda record: {**record, **changes})
+        """Update the record's top-level fields (idempotent: a lost answer is settled)."""
+        return self.update(lambda record: {**record, **changes}, idempotent=True)
 
     def delete(self) -> None:
         """Remove the record: the operation is over and leaves nothing to resume."""

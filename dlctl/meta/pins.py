@@ -124,7 +124,8 @@ class PinStore:
             # (Deleted meanwhile: a conflict too, so the next round creates it again.)
             return Versioned(new, cas.put(self.client, path, new.to_json(), version, acl=self.meta.acl, makepath=True))
 
-        return cas.update(read, change, write, what=f"pin {path}", attempts=16)
+        # Idempotent: derived again from its own result (same ``now``), it changes nothing.
+        return cas.update(read, change, write, what=f"pin {path}", attempts=16, idempotent=True)
 
     def reset(self, pin: PinRecord) -> Versioned[PinRecord]:
         """Replace the pin outright (position may move, needs_bootstrap cleared): for bootstrap."""

@@ -2,15 +2,23 @@
 ZooKeeper: create when absent, write only at the version read, a conflict when someone else
 wrote first — even when they wrote the very bytes we meant to (two allocators of the same next
 id), which must never pass for our own success. The update loop re-reads and retries after a
-conflict, building on the other writer's change."""
+conflict, building on the other writer's change. A write whose answer is really lost (the
+connection reset with ZooKeeper's reply held back by a one-way partition, after the write was
+applied) is settled as done for an idempotent change, and reported as of unknown outcome — never
+applied twice — for any other."""
 
 from __future__ import annotations
 
 import pytest
 
-from dlctl.errors import ConflictError, NotFoundError
+import threading
+
+from dlctl.errors import ConflictError, NotFoundError, OutcomeUnknownError
 from dlctl.meta import cas
 from dlctl.meta.records import Versioned
+from harness.faultproxy import FaultNetwork
+from harness.procs import wait_until
+from harness.zk import close_client, make_client
 
 pytestmark = [pytest.mark.zk]
 
@@ -64,3 +72,79 @@ def test_the_update_loop_reads_again_after_a_conflict(zk):
     assert reads == [0, 10]
     # Nothing to change: no write at all.
     assert cas.update(read, lambda n: None, write, what=path).version == result.version
+
+
+def _lose_the_answer(zk, network: FaultNetwork, path: str, update) -> tuple[object, int]:
+    """Run ``update(client, cut)`` on a client behind a proxy to ZooKeeper; ``cut()`` (called by
+    its first read, after the answer came) holds every reply back from then on. Once ZooKeeper
+    applied the write (seen from a direct client), the connection is reset with the reply still
+    held, and healed. Returns (what ``update`` returned or raised, the znode's version now)."""
+    backend = zk.backend
+    proxy = network.proxy((backend.host, backend.client_port), node="zk", client_node="client", name="client->zk")
+    client = make_client(f"{proxy.host}:{proxy.port}{zk.path}", timeout=20.0)
+    direct = zk.client()
+    before = direct.get(path)[1].version
+    outcome: list[object] = []
+    cuts: list[bool] = []
+
+    def cut() -> None:
+        if not cuts:
+            cuts.append(True)
+            network.partition_nodes("zk", "client", one_way=True)  # replies stop; requests still go
+
+    try:
+        worker = threading.Thread(target=lambda: outcome.append(_outcome(update, client, cut)), daemon=True)
+        worker.start()
+        wait_until(lambda: direct.get(path)[1].version > before, 10.0, message="ZooKeeper applied the write")
+        proxy.drop_connections()  # the reply held in the partition goes with the connection
+        network.heal()
+        worker.join(40)
+        assert not worker.is_alive(), "the update never returned"
+        return outcome[0], direct.get(path)[1].version
+    finally:
+        close_client(client)
+
+
+def _outcome(update, client, cut) -> object:
+    try:
+        return update(client, cut)
+    except Exception as exc:  # noqa: BLE001 - returned to the test, which asserts on it
+        return exc
+
+
+def test_a_lost_answer_to_an_idempotent_change_is_settled_as_done(zk, fault_network):
+    zk.client().create("/flag", b"off")
+
+    def update(client, cut) -> Versioned[bytes]:
+        def read() -> Versioned[bytes]:
+            data, stat = client.get("/flag")
+            cut()
+            return Versioned(data, stat.version)
+
+        def write(value: bytes, version: int) -> Versioned[bytes]:
+            return Versioned(value, cas.put(client, "/flag", value, version))
+
+        return cas.update(read, lambda _v: b"on", write, what="/flag", idempotent=True)
+
+    result, version = _lose_the_answer(zk, fault_network, "/flag", update)
+    assert isinstance(result, Versioned), f"the lost answer was not settled: {result!r}"
+    assert (result.value, result.version) == (b"on", 1) and version == 1  # applied once, seen as done
+
+
+def test_a_lost_answer_to_an_increment_is_reported_unknown_and_never_applied_twice(zk, fault_network):
+    zk.client().create("/next-id", b"7")
+
+    def update(client, cut) -> Versioned[int]:
+        def read() -> Versioned[int]:
+            data, stat = client.get("/next-id")
+            cut()
+            return Versioned(int(data), stat.version)
+
+        def write(value: int, version: int) -> Versioned[int]:
+            return Versioned(value, cas.put(client, "/next-id", str(value).encode(), version))
+
+        return cas.update(read, lambda n: n + 1, write, what="/next-id")
+
+    result, version = _lose_the_answer(zk, fault_network, "/next-id", update)
+    assert isinstance(result, OutcomeUnknownError) and "/next-id" in str(result), result
+    assert zk.client().get("/next-id")[0] == b"8" and version == 1  # once, not twice
