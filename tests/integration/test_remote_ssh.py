@@ -520,10 +520,10 @@ def test_proxycommand_is_refused_and_proxyjump_specs_are_parsed(tmp_path: Path) 
 
 
 def test_known_hosts_parsing_matches_like_openssh() -> None:
-    from dlctl.remote.ssh import _parse_known_hosts
+    from dlctl.remote.hostkeys import parse_known_hosts
 
     salted = paramiko.HostKeys.hash_host("[10.0.0.7]:2222")
-    parsed = _parse_known_hosts(
+    parsed = parse_known_hosts(
         "\n".join(
             [
                 "# comment",
