@@ -105,6 +105,20 @@ def _lose_the_answer(zk, network: FaultNetwork, path: str, update) -> tuple[obje
         close_client(client)
 
 
+def _znode(client, path: str, cut, decode, encode):
+    """``cas.update``'s read (which calls ``cut`` once it has its answer) and write of ``path``."""
+
+    def read() -> Versioned:
+        data, stat = client.get(path)
+        cut()
+        return Versioned(decode(data), stat.version)
+
+    def write(value, version: int) -> Versioned:
+        return Versioned(value, cas.put(client, path, encode(value), version))
+
+    return read, write
+
+
 def _outcome(update, client, cut) -> object:
     try:
         return update(client, cut)
@@ -116,14 +130,7 @@ def test_a_lost_answer_to_an_idempotent_change_is_settled_as_done(zk, fault_netw
     zk.client().create("/flag", b"off")
 
     def update(client, cut) -> Versioned[bytes]:
-        def read() -> Versioned[bytes]:
-            data, stat = client.get("/flag")
-            cut()
-            return Versioned(data, stat.version)
-
-        def write(value: bytes, version: int) -> Versioned[bytes]:
-            return Versioned(value, cas.put(client, "/flag", value, version))
-
+        read, write = _znode(client, "/flag", cut, bytes, bytes)
         return cas.update(read, lambda _v: b"on", write, what="/flag", idempotent=True)
 
     result, version = _lose_the_answer(zk, fault_network, "/flag", update)
@@ -135,14 +142,7 @@ def test_a_lost_answer_to_an_increment_is_reported_unknown_and_never_applied_twi
     zk.client().create("/next-id", b"7")
 
     def update(client, cut) -> Versioned[int]:
-        def read() -> Versioned[int]:
-            data, stat = client.get("/next-id")
-            cut()
-            return Versioned(int(data), stat.version)
-
-        def write(value: int, version: int) -> Versioned[int]:
-            return Versioned(value, cas.put(client, "/next-id", str(value).encode(), version))
-
+        read, write = _znode(client, "/next-id", cut, int, lambda n: str(n).encode())
         return cas.update(read, lambda n: n + 1, write, what="/next-id")
 
     result, version = _lose_the_answer(zk, fault_network, "/next-id", update)
