@@ -193,7 +193,7 @@ def to_json(record: Any) -> bytes:
 
 
 def log_from_json(data: bytes, where: str) -> LogRecord:
-    raw = _load(data, where)
+    raw = load_object(data, where)
     try:
         return LogRecord(**{**raw, "config": LogConfig(**raw["config"])})
     except (TypeError, KeyError, ValueError) as exc:
@@ -201,7 +201,7 @@ def log_from_json(data: bytes, where: str) -> LogRecord:
 
 
 def segment_from_json(data: bytes, where: str) -> SegmentRecord:
-    raw = _load(data, where)
+    raw = load_object(data, where)
     try:
         ensembles = tuple(EnsembleChange(int(c["first_entry_id"]), tuple(c["nodes"])) for c in raw.pop("ensembles"))
         if not ensembles or any(not c.nodes for c in ensembles):
@@ -220,7 +220,8 @@ def segment_from_json(data: bytes, where: str) -> SegmentRecord:
         raise ValueError(f"{where}: malformed segment record: {exc}") from None
 
 
-def _load(data: bytes, where: str) -> dict[str, Any]:
+def load_object(data: bytes, where: str) -> dict[str, Any]:
+    """A znode's bytes as the JSON object every record is stored as (ValueError naming ``where``)."""
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

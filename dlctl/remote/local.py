@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
 
@@ -24,10 +24,7 @@ from .transport import (
     CommandResult,
     CommandTimeout,
     Transport,
-    check_argv,
-    check_env,
     check_remote_path,
-    check_timeout,
     describe,
 )
 
@@ -51,17 +48,7 @@ class LocalTransport(Transport):
         self._children: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        timeout: float,
-        env: Mapping[str, str] | None = None,
-    ) -> CommandResult:
-        words = check_argv(self.host, argv)
-        extra = check_env(self.host, env)
-        timeout = check_timeout(self.host, timeout)
+    def execute(self, words: tuple[str, ...], *, stdin: bytes | None, timeout: float, env: dict[str, str]) -> CommandResult:
         if self._closed:
             raise DlctlError(f"{self.host}: transport is closed", hint="create a new LocalTransport")
         log.debug("%s: running %s (stdin: %d bytes)", self.host, describe(words), len(stdin or b""))
@@ -72,7 +59,7 @@ class LocalTransport(Transport):
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env={**self._base_env, **extra},
+                env={**self._base_env, **env},
                 # Its own process group, so a timeout kills what it started too.
                 start_new_session=True,
                 close_fds=True,

@@ -48,7 +48,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -77,8 +77,6 @@ from .transport import (
     CommandTimeout,
     HostUnreachable,
     Transport,
-    check_argv,
-    check_env,
     check_remote_path,
     check_timeout,
     describe,
@@ -327,24 +325,14 @@ class SshTransport(Transport):
 
     # -- running ---------------------------------------------------------------------------------
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        timeout: float,
-        env: Mapping[str, str] | None = None,
-    ) -> CommandResult:
-        words = check_argv(self.host, argv)
-        extra = check_env(self.host, env)
-        timeout = check_timeout(self.host, timeout)
+    def execute(self, words: tuple[str, ...], *, stdin: bytes | None, timeout: float, env: dict[str, str]) -> CommandResult:
         start = time.monotonic()
         deadline = start + timeout
         # sshd only accepts variables listed in its AcceptEnv, so variables ride on `env`;
         # they are then visible on the node like any argv (hence: never secrets).
-        if extra and "=" in words[0]:
+        if env and "=" in words[0]:
             raise DlctlError(f"{self.host}: program name {words[0]!r} contains '=' and cannot be combined with env")
-        program = ["env", *(f"{k}={v}" for k, v in extra.items()), *words] if extra else list(words)
+        program = ["env", *(f"{k}={v}" for k, v in env.items()), *words] if env else list(words)
         command = shlex.join(["sh", "-c", WRAPPER, "dlctl", *program])
         doing = f"`{describe(words)}`"
         log.debug("%s: running %s (stdin: %d bytes)", self.host, describe(words), len(stdin or b""))

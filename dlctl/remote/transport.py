@@ -101,7 +101,6 @@ class Transport(ABC):
     #: The name used in results and error messages (inventory node id or ssh host alias).
     host: str
 
-    @abstractmethod
     def run(
         self,
         argv: Sequence[str],
@@ -115,8 +114,14 @@ class Transport(ABC):
         ``stdin`` is written to the command's standard input, then closed (no stdin = an
         immediate EOF, so a command that reads stdin never hangs waiting for a terminal).
         ``env`` adds variables; it is **not** for secrets (see the module doc). On timeout the
-        command is killed and ``CommandTimeout`` is raised.
+        command is killed and ``CommandTimeout`` is raised. The arguments are checked here, the
+        same for every transport, before ``execute`` runs them.
         """
+        return self.execute(check_argv(self.host, argv), stdin=stdin, timeout=check_timeout(self.host, timeout), env=check_env(self.host, env))
+
+    @abstractmethod
+    def execute(self, words: tuple[str, ...], *, stdin: bytes | None, timeout: float, env: dict[str, str]) -> CommandResult:
+        """``run`` with its arguments checked: the argv's words, the variables to add."""
 
     @abstractmethod
     def put(self, local_path: str | PathLike[str], remote_path: str, mode: int = 0o644, *, timeout: float = 600.0) -> None:

@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 from ..log.dlsn import DLSN, INITIAL
+from ..meta.records import load_object
 from ..names import validate_name
 from .filters import RecordFilter
 
@@ -88,7 +89,7 @@ class StreamConfig:
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> StreamConfig:
-        raw = _load(data, where)
+        raw = load_object(data, where)
         try:
             return cls(**{**raw, "logs": tuple(raw["logs"]), "patterns": tuple(raw.get("patterns", ()))})
         except (TypeError, KeyError, ValueError) as exc:
@@ -108,7 +109,7 @@ class StreamStatus:
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> StreamStatus:
-        raw = _load(data, where)
+        raw = load_object(data, where)
         try:
             details = raw.get("details") or {}
             if not isinstance(details, dict):
@@ -179,7 +180,7 @@ class Checkpoint:
 
     @classmethod
     def from_json(cls, data: bytes, where: str) -> Checkpoint:
-        raw = _load(data, where)
+        raw = load_object(data, where)
         try:
             raw["next"] = DLSN.parse(raw["next"])
             raw["sink_dlsn"] = DLSN.parse(raw["sink_dlsn"]) if raw.get("sink_dlsn") else None
@@ -218,13 +219,3 @@ def default_stream_id(source: str, sink: str) -> str:
 
 def _dump(raw: dict[str, Any]) -> bytes:
     return json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _load(data: bytes, where: str) -> dict[str, Any]:
-    try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{where}: not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a JSON object")
-    return raw

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any
@@ -385,12 +385,12 @@ class ScriptedTransport(Transport):
         self.calls: list[tuple[tuple[str, ...], bytes | None, float]] = []
         self.closed = False
 
-    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float, env: Mapping[str, str] | None = None) -> CommandResult:
-        self.calls.append((tuple(argv), stdin, timeout))
+    def execute(self, words: tuple[str, ...], *, stdin: bytes | None, timeout: float, env: dict[str, str]) -> CommandResult:
+        self.calls.append((words, stdin, timeout))
         if isinstance(self.answer, BaseException):
             raise self.answer
         code, out, err = self.answer
-        return CommandResult(self.host, tuple(argv), code, out, err, 0.001)
+        return CommandResult(self.host, words, code, out, err, 0.001)
 
     def put(self, local_path: str | PathLike[str], remote_path: str, mode: int = 0o644, *, timeout: float = 600.0) -> None:
         raise NotImplementedError
