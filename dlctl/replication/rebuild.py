@@ -16,7 +16,7 @@ sink), its clock bases and access modes. Its directly connected peers still hold
   position again that its peers hold — a recreated log numbers its segments after them.
 
 ``derive`` compares that evidence with what X still has and answers what to recreate. Pure:
-the facts are gathered (and the answer applied) by ``dlctl.ops.dr_rebuild``.
+the facts are gathered (and the answer applied) by ``dlctl.ops.dr.rebuild``.
 """
 
 from __future__ import annotations

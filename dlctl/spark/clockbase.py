@@ -14,7 +14,7 @@ before that segment: the vector a stream's ``SourceClock`` holds when it stamps 
 first record. Records are then stamped exactly as a stream stamps them.
 
 ``dr recover`` starts every step at the first position of a segment not created yet (or at the
-log's start, ``dr_rebuild``), so every *raising* step it makes is such a boundary step. A raising
+log's start, ``dlctl.ops.dr.rebuild``), so every *raising* step it makes is such a boundary step. A raising
 step strictly *inside* a copied segment would need the copy to know record positions while
 stamping; ``blockers`` makes the plan refuse such a log instead of letting it stamp records
 differently from a stream. A *derived* step (a truncation base, ``dlctl.replication.clock``) is

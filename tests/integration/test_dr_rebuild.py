@@ -31,7 +31,7 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer
 from dlctl.meta.access import AccessMode, AccessStore
 from dlctl.meta.records import LogConfig
-from dlctl.ops import dr_rebuild
+from dlctl.ops.dr import rebuild as dr_rebuild
 from dlctl.ops import replication as ops
 from dlctl.plan import Plan, apply
 from dlctl.replication import dr

@@ -158,7 +158,7 @@ def test_a_deposed_writer_cannot_reserve_past_the_bounds_its_successor_took_over
         assert previous == held
         # The first writer now needs more txids than it reserved: it is deposed, not extended.
         with pytest.raises(BoundsLost):
-            await first._bounds.extend(held.txid + 1, 0)  # noqa: SLF001 - the keeper the writer uses
+            await first._takeover.bounds.extend(held.txid + 1, 0)  # noqa: SLF001 - the keeper the writer uses
         assert store.get(env.name).value.writer == "successor"
         await first.close()
 

@@ -1195,7 +1195,7 @@ def test_a_deposed_writer_never_creates_a_segment_after_the_next_owner_took_over
     """The interleaving: the owner starts its first segment; the ZooKeeper connection drops with
     the create in flight and, while it is down, the owner's session expires; the next owner
     takes the log over. The old writer learns it was deposed (LOST) and fails its appends, but
-    its segment transition still runs: ``LogWriter._create_segment`` retries after the blip on
+    its segment transition still runs: ``WriterMeta._create_segment`` (dlctl.log.writer_meta) retries after the blip on
     kazoo's new session, its compare-and-set on the log record succeeds (the new owner has not
     created a segment yet), and the deposed writer creates an in-progress segment. The new
     owner's first append then loses its own compare-and-set and it deposes *itself* ("another
@@ -1272,9 +1272,9 @@ class _PolicyReadLostOnce:
 
 
 def test_a_zookeeper_blip_while_a_writer_chooses_its_first_ensemble_does_not_kill_it(cluster):
-    """The writer rides out ZooKeeper connection blips everywhere (``_ZK_BLIPS``: agents as last
+    """The writer rides out ZooKeeper connection blips everywhere (``writer_meta.ZK_BLIPS``: agents as last
     seen, compare-and-sets retried until ``stall_timeout``), and a SUSPENDED connection is not
-    a loss of ownership. ``LogWriter._placement`` alone re-raises a blip when it has no policy
+    a loss of ownership. ``WriterMeta.placement`` alone re-raises a blip when it has no policy
     cached yet, i.e. on the writer's first ensemble choice: the first append then fails with
     "failed unexpectedly: ConnectionLoss()" on a healthy session. (Under a real session expiry
     the same path makes pending appends fail with that generic WriterError instead of

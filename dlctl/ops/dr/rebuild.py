@@ -1,7 +1,7 @@
 """``dr recover`` of a location rebuilt empty (or restored from an old backup): its metadata
 from its peers (issue 11; DESIGN.md §7).
 
-``dlctl.ops.dr.recover_plan`` recovers a location X from the streams into it, its logs and
+``dlctl.ops.dr.recover.recover_plan`` recovers a location X from the streams into it, its logs and
 their clocks as X's own ZooKeeper records them. When X lost those records (its ZooKeeper was
 rebuilt empty, or restored from a backup older than some streams or logs), this module reads
 what X's directly connected peers hold about X (``dlctl.replication.rebuild`` says what that
@@ -23,23 +23,21 @@ continues (the op record of ``recover_plan`` keeps the rest).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kazoo.exceptions import NoNodeError
 
-from ..errors import ConflictError, NotFoundError, RefusedError
-from ..log.dlsn import DLSN, INITIAL
-from ..log.pool import AgentPool
-from ..meta import paths
-from ..meta.access import AccessMode, AccessStore, LogAccess
-from ..meta.pins import PinRecord, PinStore, holder_path
-from ..plan import Step
-from ..replication.clock import ClockStore
-from ..replication.positions import find_applied
-from ..replication.rebuild import (
+from ...errors import ConflictError, NotFoundError, RefusedError
+from ...log.dlsn import DLSN, INITIAL
+from ...meta import paths
+from ...meta.access import AccessMode, AccessStore, LogAccess
+from ...meta.pins import PinRecord, PinStore, holder_path
+from ...plan import Step
+from ...replication.clock import ClockStore
+from ...replication.positions import find_applied
+from ...replication.rebuild import (
     REBUILT_LOG_REASON,
     REBUILT_REASON,
     LogRebuild,
@@ -50,28 +48,19 @@ from ..replication.rebuild import (
     derive,
     new_checkpoint,
 )
-from ..replication.records import Checkpoint, StreamConfig, StreamState
-from ..replication.store import StreamStore
-from . import source_credentials
-from ..session import ClusterSession
+from ...replication.records import Checkpoint, StreamConfig, StreamState
+from ...replication.store import StreamStore
+from .. import source_credentials
+from ...session import ClusterSession
+from .facts import read_streams
 
 # -- facts ------------------------------------------------------------------------------------------
-
-
-def _streams(store: StreamStore) -> list[tuple[StreamConfig, Any]]:
-    out = []
-    for sid in store.list_streams():
-        try:
-            out.append((store.get_config(sid).value, store.get_state(sid).value))
-        except (NotFoundError, ValueError):
-            continue  # half-deleted or malformed: not evidence of anything
-    return out
 
 
 def target_facts(target: ClusterSession) -> TargetFacts:
     meta, x = target.meta, target.cluster.name
     store = StreamStore(meta)
-    streams = {c.stream_id: (c, st.state, st.reason) for c, st in _streams(store)}
+    streams = {s.config.stream_id: (s.config, s.state, s.status.reason) for s in read_streams(target)}
     checkpoints = frozenset((sid, log) for sid in streams for log in store.checkpoints(sid))
     logs = frozenset(meta.list_logs())
     access = AccessStore(meta)
@@ -107,7 +96,7 @@ def _pins_for(peer: ClusterSession, location: str) -> list[PinRecord]:
 
 def _evidence(peer: ClusterSession, location: str) -> tuple[list[tuple[StreamConfig, StreamState]], list[PinRecord]]:
     """``peer``'s streams and the pins it holds for streams into ``location``."""
-    return [(c, st.state) for c, st in _streams(StreamStore(peer.meta))], _pins_for(peer, location)
+    return [(s.config, s.state) for s in read_streams(peer)], _pins_for(peer, location)
 
 
 def peer_facts(peer: ClusterSession, location: str, relevant: set[str], evidence: tuple[list[tuple[StreamConfig, StreamState]], list[PinRecord]] | None = None) -> PeerFacts:
@@ -141,18 +130,15 @@ def _applied(peer: ClusterSession, location: str, wanted: dict[tuple[str, str], 
     from the end of the peer's log to the checkpoint's sink position."""
 
     async def go() -> dict[tuple[str, str], DLSN]:
-        pool = AgentPool(peer.meta, peer.credentials)
+        pool = await peer.pool()
         out = {}
-        try:
-            for (stream, log), cp in sorted(wanted.items(), key=lambda kv: kv[0]):
-                found = await find_applied(peer.meta, pool, log, location, floor=cp.sink_dlsn if cp is not None else None)
-                if found is not None:
-                    out[(stream, log)] = found.source
-        finally:
-            await pool.close()
+        for (stream, log), cp in sorted(wanted.items(), key=lambda kv: kv[0]):
+            found = await find_applied(peer.meta, pool, log, location, floor=cp.sink_dlsn if cp is not None else None)
+            if found is not None:
+                out[(stream, log)] = found.source
         return out
 
-    return asyncio.run(go())
+    return peer.run(go())
 
 
 def gather(target: ClusterSession, peers: dict[str, ClusterSession]) -> tuple[TargetFacts, list[PeerFacts]]:
@@ -228,7 +214,7 @@ def _rebuild_stream(target: ClusterSession, rebuild: StreamRebuild) -> dict[str,
 
 
 def _ensure_layout(target: ClusterSession) -> dict[str, Any]:
-    from .cluster import create_layout
+    from ..cluster import create_layout
 
     return create_layout(target)
 

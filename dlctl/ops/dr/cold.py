@@ -1,4 +1,4 @@
-"""``dr recover`` from a peer's cold store (issue 25 item 4; ``dlctl.ops.dr_truncated``).
+"""``dr recover`` from a peer's cold store (issue 25 item 4; ``dlctl.ops.dr.truncated``).
 
 When a peer P no longer holds the beginning of a log (it truncated it before T) and location X
 lost what lay there, P's cold store may still hold it: the copies P's housekeeper made before
@@ -24,20 +24,20 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from ..cold.history import cold_records, copies_before
-from ..cold.manifest import SegmentManifest
-from ..cold.segobject import CorruptObject
-from ..cold.store import ColdStore, ColdStoreError, open_store
-from ..errors import DlctlError
-from ..log.dlsn import DLSN
-from ..log.pool import AgentPool
-from ..meta.access import replication_role
-from ..replication import dr
-from ..replication.causal import CausalityFilter, SourceClock, merge
-from ..replication.origin import Origin, applied_headers
-from ..replication.records import StreamConfig
-from ..replication.worker import open_appender
-from ..session import ClusterSession
+from ...cold.history import cold_records, copies_before
+from ...cold.manifest import SegmentManifest
+from ...cold.segobject import CorruptObject
+from ...cold.store import ColdStore, ColdStoreError, open_store
+from ...errors import DlctlError
+from ...log.dlsn import DLSN
+from ...log.pool import AgentPool
+from ...meta.access import replication_role
+from ...replication import dr
+from ...replication.causal import CausalityFilter, SourceClock, merge
+from ...replication.origin import Origin, applied_headers
+from ...replication.records import StreamConfig
+from ...replication.worker import open_appender
+from ...session import ClusterSession
 
 
 @dataclass(frozen=True)
