@@ -50,6 +50,20 @@ def on_command_loop() -> bool:
         return False
 
 
+class _Step:
+    """One coroutine handed to the loop, as the waiting thread and the loop both see it."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task | None = None  # set by the loop when the step starts
+        self.abandoned = False  # set by the waiting thread when it was interrupted
+        self.finished = threading.Event()
+
+    def cancel(self) -> None:
+        """On the loop: cancel the step if it started (if not, it sees ``abandoned`` first)."""
+        if self.task is not None:
+            self.task.cancel()
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on the command loop and return its result (or raise its exception) to the
     synchronous caller. An interrupt (Ctrl-C) while waiting cancels the coroutine, waits up to
@@ -57,21 +71,27 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     if on_command_loop():
         coro.close()
         raise RuntimeError("dlctl.loop.run called from a coroutine on the command loop: await the coroutine instead")
-    finished = threading.Event()
+    loop = command_loop()
+    step = _Step()
 
     async def main() -> T:
+        step.task = asyncio.current_task()
         try:
+            if step.abandoned:  # interrupted before it started
+                coro.close()
+                raise asyncio.CancelledError
             return await coro
         finally:
-            finished.set()
+            step.finished.set()
 
-    future = asyncio.run_coroutine_threadsafe(main(), command_loop())
     try:
-        return future.result()
+        # (Inside the try: an interrupt may land between handing the step over and waiting.)
+        return asyncio.run_coroutine_threadsafe(main(), loop).result()
     except BaseException:
-        if not future.done():
-            future.cancel()
-            finished.wait(CANCEL_GRACE)
+        if not step.finished.is_set():
+            step.abandoned = True
+            loop.call_soon_threadsafe(step.cancel)
+            step.finished.wait(CANCEL_GRACE)
         raise
 
 
