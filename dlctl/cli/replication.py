@@ -9,6 +9,7 @@ import click
 from ..errors import ConfigError, NotFoundError
 from ..log.dlsn import DLSN
 from ..ops import replication as ops
+from ..ops import streams as stream_ops
 from ..session import ClusterSession
 from ..output import Table
 from ..plan import Plan
@@ -35,7 +36,7 @@ def cluster_session(app: AppContext, name: str | None) -> ClusterSession:
 
 
 def _source_of(app: AppContext, sink: ClusterSession, stream_id: str) -> ClusterSession | None:
-    source = ops.source_of(sink, stream_id)
+    source = stream_ops.source_of(sink, stream_id)
     try:
         return cluster_session(app, source)
     except (ConfigError, NotFoundError):
@@ -133,7 +134,7 @@ def list_command(app: AppContext) -> None:
     """Streams of every cluster in the inventory (as sinks), with state and worker count."""
     inventory = app.inventory()
     sessions = [cluster_session(app, name) for name in inventory.clusters]
-    app.render(Table(ops.list_streams(sessions), ["stream", "source", "sink", "state", "logs", "workers", "bidirectional"], title="replication streams"))
+    app.render(Table(stream_ops.list_streams(sessions), ["stream", "source", "sink", "state", "logs", "workers", "bidirectional"], title="replication streams"))
 
 
 def _status_table(status: dict) -> Table:
@@ -159,10 +160,10 @@ def _safe_time(status: dict) -> str:
 
 def _statuses(app: AppContext, stream: str | None, sink_name: str | None) -> list[dict]:
     sink = cluster_session(app, sink_name)
-    ids = [stream] if stream else ops.stream_ids(sink)
+    ids = [stream] if stream else stream_ops.stream_ids(sink)
     if not ids:
         raise NotFoundError(f"no stream has cluster {sink.cluster.name!r} as its sink", hint="create one with `dlctl init-replication`")
-    return [ops.stream_status(sink, _source_of(app, sink, i), i) for i in ids]
+    return [stream_ops.stream_status(sink, _source_of(app, sink, i), i) for i in ids]
 
 
 @replication_group.command("status")
@@ -197,7 +198,7 @@ def check_command(app: AppContext, stream: str | None, sink: str | None, max_lag
     (a threshold exceeded, or a log needs a bootstrap)."""
     worst, results = 0, []
     for status in _statuses(app, stream, sink):
-        code, problems = ops.check(status, max_lag_seconds=max_lag_seconds, max_lag_records=max_lag_records)
+        code, problems = stream_ops.check(status, max_lag_seconds=max_lag_seconds, max_lag_records=max_lag_records)
         worst = max(worst, code)
         results.append({"stream": status["stream"], "status": ("OK", "WARNING", "CRITICAL")[code], "problems": problems})
     if app.output == "table":
@@ -242,7 +243,7 @@ def topology_command(app: AppContext) -> None:
 @mutating(confirm=False)
 def pause_command(app: AppContext, stream: str, sink: str | None) -> Plan:
     """Pause STREAM: its workers checkpoint and stop; pins keep the source data it needs."""
-    return ops.pause_plan(cluster_session(app, sink), stream)
+    return stream_ops.pause_plan(cluster_session(app, sink), stream)
 
 
 @replication_group.command("resume")
@@ -251,7 +252,7 @@ def pause_command(app: AppContext, stream: str, sink: str | None) -> Plan:
 @mutating(confirm=False)
 def resume_command(app: AppContext, stream: str, sink: str | None) -> Plan:
     """Resume a paused STREAM from its checkpoints."""
-    return ops.resume_plan(cluster_session(app, sink), stream)
+    return stream_ops.resume_plan(cluster_session(app, sink), stream)
 
 
 @replication_group.command("delete")
@@ -262,7 +263,7 @@ def delete_command(app: AppContext, stream: str, sink: str | None) -> Plan:
     """Delete STREAM: stop its workers, remove its pins at the source and its state at the sink.
     The sink logs and their data stay."""
     sink_session = cluster_session(app, sink)
-    return ops.delete_plan(sink_session, _source_of(app, sink_session, stream), stream)
+    return stream_ops.delete_plan(sink_session, _source_of(app, sink_session, stream), stream)
 
 
 @replication_group.command("retire")
@@ -298,4 +299,4 @@ def wait_drain_command(app: AppContext, stream: str, sink: str | None, timeout: 
         def on_progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        app.render(ops.wait_drain(sink_session, source, stream, timeout=timeout, on_progress=on_progress))
+        app.render(stream_ops.wait_drain(sink_session, source, stream, timeout=timeout, on_progress=on_progress))

@@ -30,6 +30,7 @@ from ..replication.store import StreamStore
 from ..replication.upkeep import matches
 from ..session import ClusterSession
 from . import replication
+from . import streams as stream_ops
 from .bench import Progress, available_agents, log_exists
 from .bench_lag import MIN_RECORD_SIZE, LagSpec, measure
 
@@ -237,7 +238,7 @@ def _measure(bench: ReplicationBench) -> dict[str, Any]:
 def _delete_stream(bench: ReplicationBench) -> str:
     streams = StreamStore(bench.sink.meta)
     if streams.exists(bench.stream_id):
-        apply(replication.delete_plan(bench.sink, bench.source, bench.stream_id))
+        apply(stream_ops.delete_plan(bench.sink, bench.source, bench.stream_id))
     else:
         PinStore(bench.source.meta).delete(bench.stream_id)  # a setup cut short before the stream existed
     bench.made.removed.append(_stream_key(bench))

@@ -20,7 +20,7 @@ from ..replication import settle as S
 from ..replication.network import current_version_vector
 from ..replication.records import StreamConfig
 from ..replication.store import StreamStore
-from .replication import delete_plan
+from .streams import delete_plan
 from ..session import ClusterSession
 
 

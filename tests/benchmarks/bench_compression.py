@@ -39,6 +39,7 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig
 from dlctl.ops import replication as ops
+from dlctl.ops import streams as stream_ops
 from dlctl.plan import apply
 from dlctl.replication.store import StreamStore
 
@@ -144,7 +145,7 @@ def one_run(zk: ZooKeeperServer, work: Path, records: int, items: int, compressi
                 time.sleep(0.05)
             seconds = time.perf_counter() - started
             cpu_after = (cpu_seconds(source_pid), cpu_seconds(sink_pid))
-            row = ops.stream_status(b.session(), a.session(), "a-to-b")["logs"][0]
+            row = stream_ops.stream_status(b.session(), a.session(), "a-to-b")["logs"][0]
             return {
                 "payload": payload,
                 "wire": wire_bytes(sites) - wire_before,

@@ -45,6 +45,7 @@ from dlctl.log.reader import LogReader
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig
 from dlctl.ops import replication as ops
+from dlctl.ops import streams as stream_ops
 from dlctl.plan import apply
 from dlctl.replication.store import StreamStore
 
@@ -98,11 +99,11 @@ def catch_up(sites, records: int) -> dict:
     built = ops.init_plan(a.session(), b.session(), patterns=("bulk",))
     started = time.perf_counter()
     apply(built.plan)
-    result = ops.wait_drain(b.session(), a.session(), "a-to-b", timeout=600)
+    result = stream_ops.wait_drain(b.session(), a.session(), "a-to-b", timeout=600)
     elapsed = time.perf_counter() - started
     cp = StreamStore(b.meta()).get_checkpoint("a-to-b", "bulk").value
     assert cp.applied_records == records, cp
-    apply(ops.pause_plan(b.session(), "a-to-b"))
+    apply(stream_ops.pause_plan(b.session(), "a-to-b"))
     return {
         "records": records,
         "stream_records_per_s": round(records / elapsed),

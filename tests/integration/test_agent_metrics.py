@@ -30,6 +30,7 @@ from dlctl.log.writer import LogWriter
 from dlctl.meta.store import MetaStore
 from dlctl.meta.records import LogConfig
 from dlctl.ops import replication as ops
+from dlctl.ops import streams as stream_ops
 from dlctl.plan import apply
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
@@ -258,5 +259,5 @@ def test_a_running_streams_lag_and_applied_records_show_on_the_sink_agent_runnin
     run(eventually(lambda: applied() == 8, timeout=60, message="8 records applied"))
     run(eventually(caught_up, timeout=30, message="a lag of 0 records again"))
     # What the status command measures agrees.
-    status = ops.stream_status(b.session(), a.session(), "a-to-b")
+    status = stream_ops.stream_status(b.session(), a.session(), "a-to-b")
     assert status["logs"][0]["lag_records"] == 0

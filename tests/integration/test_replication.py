@@ -23,6 +23,7 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig
 from dlctl.ops import replication as ops
+from dlctl.ops import streams as stream_ops
 from dlctl.plan import apply
 from dlctl.replication.records import StreamState
 from dlctl.replication.store import StreamStore
@@ -192,14 +193,14 @@ def test_partition_between_clusters_under_load_then_heal_lag_returns_under_thres
             applied = checkpoint(sites, "events").applied_records
             await asyncio.sleep(PARTITION_SECONDS)
             stuck = checkpoint(sites, "events").applied_records
-            row = (await asyncio.get_running_loop().run_in_executor(None, ops.stream_status, sink, source, "a-to-b"))["logs"][0]
+            row = (await asyncio.get_running_loop().run_in_executor(None, stream_ops.stream_status, sink, source, "a-to-b"))["logs"][0]
             assert row["lag_records"] > 10_000 and row["lag_seconds"] >= PARTITION_SECONDS / 2, row  # visible in status
             sites.network.heal()
             assert stuck - applied < 1000, "records crossed a partition"  # at most what was in flight
             started = time.monotonic()
 
             def caught_up() -> bool:
-                status = ops.stream_status(sink, source, "a-to-b")
+                status = stream_ops.stream_status(sink, source, "a-to-b")
                 row = status["logs"][0]
                 return row["lag_seconds"] is not None and row["lag_seconds"] <= LAG_THRESHOLD_SECONDS and row["lag_records"] < 2000
 
@@ -215,7 +216,7 @@ def test_partition_between_clusters_under_load_then_heal_lag_returns_under_thres
             seen: list[float] = []
 
             def kept_up_for_a_while() -> bool:
-                row = ops.stream_status(sink, source, "a-to-b")["logs"][0]
+                row = stream_ops.stream_status(sink, source, "a-to-b")["logs"][0]
                 seen.append(row["lag_seconds"])
                 assert row["lag_seconds"] is not None and row["lag_seconds"] <= LAG_THRESHOLD_SECONDS, f"lag grew while the worker kept up: {row}"
                 return row["applied_records"] >= target
@@ -260,7 +261,7 @@ def test_init_replication_interrupted_after_any_step_completes_when_rerun_and_ne
         records = run(read_all(b.meta(), name, until=100, timeout=30))
         assert [r.payload for r in records] == [f"{name}-{i}".encode() for i in range(100)]
         # Clean up for the next round: delete removes both sides' state and pins.
-        apply(ops.delete_plan(b.session(), a.session(), "a-to-b"))
+        apply(stream_ops.delete_plan(b.session(), a.session(), "a-to-b"))
         assert not StreamStore(b.meta()).exists("a-to-b")
         from dlctl.meta.pins import PinStore
 
@@ -384,7 +385,7 @@ def test_pins_keep_a_paused_streams_segments_until_the_maximum_age_then_status_r
     apply(built.plan)
     source, sink = a.session(), b.session()
     run(eventually(lambda: checkpoint(sites, "metrics").applied_records == 200, timeout=30, message="caught up"))
-    apply(ops.pause_plan(sink, "a-to-b"))
+    apply(stream_ops.pause_plan(sink, "a-to-b"))
     run(eventually(lambda: StreamStore(b.meta()).claims("a-to-b") == {}, timeout=10, message="workers stopped"))
     for chunk in range(3):
         run(write(a.meta(), "metrics", [f"n-{chunk}-{i}".encode() for i in range(50)]))
@@ -403,16 +404,16 @@ def test_pins_keep_a_paused_streams_segments_until_the_maximum_age_then_status_r
         truncate_plan(a.session(), "metrics", to=DLSN(segs[-1], 0, 0))
     # Past the maximum age the pin protects nothing, and status says the stream is in danger.
     run(eventually(lambda: all(v == [] for v in pins.protecting("metrics", segs).values()), timeout=30, message="the pin past its maximum age protects nothing"))
-    row = ops.stream_status(sink, source, "a-to-b")["logs"][0]
+    row = stream_ops.stream_status(sink, source, "a-to-b")["logs"][0]
     assert "pin expired" in row["needs_bootstrap"]
     # Truncation now goes past the pin and marks it; the resumed worker stops for good.
     apply(truncate_plan(a.session(), "metrics", to=DLSN(segs[-1], 0, 0)))
     assert pins.get("a-to-b", "metrics").value.needs_bootstrap
-    apply(ops.resume_plan(sink, "a-to-b"))
+    apply(stream_ops.resume_plan(sink, "a-to-b"))
     run(eventually(lambda: checkpoint(sites, "metrics").needs_bootstrap != "", timeout=30, message="worker marks needs bootstrap"))
-    status = ops.stream_status(sink, source, "a-to-b")
+    status = stream_ops.stream_status(sink, source, "a-to-b")
     assert status["logs"][0]["state"] == "NEEDS BOOTSTRAP", status
-    assert ops.check(status, max_lag_seconds=None, max_lag_records=None)[0] == 2
+    assert stream_ops.check(status, max_lag_seconds=None, max_lag_records=None)[0] == 2
     assert len(run(read_all(b.meta(), "metrics", idle=1.0))) == 200  # no record past the gap
 
 

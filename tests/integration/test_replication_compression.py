@@ -22,7 +22,7 @@ from harness.twoclusters import Sites, read_all, replication_sites, run_cli
 from test_replication import write
 
 from dlctl.meta.records import LogConfig
-from dlctl.ops import replication as ops
+from dlctl.ops import streams as stream_ops
 from dlctl.replication.store import StreamStore
 
 pytestmark = pytest.mark.zk
@@ -96,7 +96,7 @@ def test_a_stream_reads_compressed_and_falls_back_to_plain_from_an_agent_without
     # payloads it carried.
     assert from_source(sites, "a") < payload["a"], (from_source(sites, "a"), payload)
 
-    status = ops.stream_status(sites["b"].session(), sites["c"].session(), "c-to-b")
+    status = stream_ops.stream_status(sites["b"].session(), sites["c"].session(), "c-to-b")
     (row,) = status["logs"]
     assert row["compression"] == "none (source agent lacks zstd)" and row["compression_ratio"] == 1.0, row
     assert row["wire_bytes"] == row["wire_payload_bytes"] >= payload["c"]

@@ -40,6 +40,7 @@ from dlctl.log.reader import LogReader
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.ops import replication as ops
+from dlctl.ops import streams as stream_ops
 from dlctl.plan import apply
 
 pytestmark = pytest.mark.zk
@@ -157,7 +158,7 @@ def test_safe_time_covers_every_record_acknowledged_before_it_holds_back_for_a_c
             """One status read, judged: monotonic, never ahead of now, and every record
             acknowledged by a log's safe time (less the tolerance) is at the sink."""
             asked = time.time()
-            got = await loop.run_in_executor(None, ops.stream_status, sink, source, STREAM)
+            got = await loop.run_in_executor(None, stream_ops.stream_status, sink, source, STREAM)
             watch.reads += 1
             per_log = {r["log"]: r["safe_time"] or 0.0 for r in got["logs"]}
             stream = got["safe_time"] or 0.0

@@ -35,6 +35,7 @@ from dlctl.meta.pins import PinRecord, PinStore
 from dlctl.meta.records import LogConfig
 from dlctl.meta.truncation import TruncationStore
 from dlctl.ops import replication as ops
+from dlctl.ops import streams as stream_ops
 from dlctl.plan import apply
 from dlctl.replication import dr
 from dlctl.replication.causal import SourceClock
@@ -377,11 +378,11 @@ def test_a_bootstrap_after_truncating_inside_a_segment_is_not_refused_and_stamps
     # an earlier test made runs: the copy commits into c only while it is paused.)
     running = "a-to-c" in StreamStore(c.meta()).list_streams()
     if running:
-        apply(ops.pause_plan(c.session(), "a-to-c"))
+        apply(stream_ops.pause_plan(c.session(), "a-to-c"))
     built = stream(sites, "a", "c", name)
     assert [d.decision.value for d in built.decisions if d.log == name] == ["bootstrap"]
     if running:
-        apply(ops.resume_plan(c.session(), "a-to-c"))
+        apply(stream_ops.resume_plan(c.session(), "a-to-c"))
     more = write_segments(a, name, 1, 30, "after")
     total = len(written) + len(more)
     at_b = stamps_at(b, name, total)

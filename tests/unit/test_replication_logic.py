@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from dlctl.errors import ConfigError
 from dlctl.log.dlsn import DLSN, INITIAL
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
-from dlctl.ops.replication import check
+from dlctl.ops.streams import check
 from dlctl.replication.assignment import plan_claims, target_load
 from dlctl.replication.decision import (
     Decision,

@@ -21,6 +21,7 @@ from ...replication.records import StreamConfig, StreamState
 from ...replication.store import StreamStore
 from ...session import ClusterSession
 from .. import replication as repl
+from .. import streams as stream_ops
 from .cold import cover, replay
 from .fencing import freeze_logs
 from .recover_decide import (
@@ -262,7 +263,7 @@ def events(r: Recovery) -> dict[str, Any]:
     gaps = {}
     for c, _ in r.incoming:
         try:
-            repl.wait_drain(r.target, r.peers[c.source_cluster], c.stream_id, timeout=r.drain_timeout)
+            stream_ops.wait_drain(r.target, r.peers[c.source_cluster], c.stream_id, timeout=r.drain_timeout)
         except RefusedError as exc:  # the peer deleted what X needs: a bootstrap, or the gap stays
             gaps[c.stream_id] = exc.message
     refuse_gaps(r.x, gaps)
@@ -351,20 +352,13 @@ def _drop_segment(session: ClusterSession, name: str, seg: Versioned[SegmentReco
     """Forget a segment whose data is gone from every replica. An in-progress one too: no writer
     can recover it, and a new writer would wait on it for ever (``MetaStore.delete_segment``
     keeps in-progress segments for every other purpose)."""
-    from kazoo.exceptions import BadVersionError, NoNodeError
-
-    from ...meta import paths
+    from ...meta import cas, paths
 
     if seg.value.state is not SegmentState.INPROGRESS:
         session.meta.delete_segment(name, seg)
         return
     path = paths.segment(session.cluster.name, name, seg.value.seq)
-    try:
-        session.meta.client.delete(path, version=seg.version)
-    except NoNodeError:
-        pass
-    except BadVersionError:
-        raise ConflictError(f"aborted: {path} changed concurrently", hint="re-run dr recover") from None
+    cas.delete(session.meta.client, path, seg.version, conflict=lambda: ConflictError(f"aborted: {path} changed concurrently", hint="re-run dr recover"))
 
 
 __all__ = [

@@ -9,7 +9,7 @@ from ...meta.access import AccessStore
 from ...meta.pins import PinStore
 from ...replication.records import StreamConfig, StreamState
 from ...session import ClusterSession
-from .. import replication as repl
+from .. import streams as stream_ops
 from .facts import read_streams
 
 
@@ -28,7 +28,7 @@ def dr_status(sessions: dict[str, ClusterSession], only: str | None = None) -> l
         row: dict[str, Any] = {"stream": c.stream_id, "source": c.source_cluster, "sink": c.sink_cluster, "state": st.value, "mode": "active-active" if c.bidirectional else "one-way"}
         source = sessions.get(c.source_cluster)
         try:
-            status = repl.stream_status(sessions[sink], source if source is not None and st is not StreamState.FAILED_OVER else None, c.stream_id)
+            status = stream_ops.stream_status(sessions[sink], source if source is not None and st is not StreamState.FAILED_OVER else None, c.stream_id)
             row["logs"] = {r["log"]: {"lag_records": r["lag_records"], "lag_seconds": r["lag_seconds"], "last_applied": r["last_applied"], "state": r["state"]} for r in status["logs"]}
         except Exception as exc:  # noqa: BLE001 - status shows what it could not measure
             row["logs"] = f"unknown ({getattr(exc, 'message', None) or exc!r})"

@@ -15,6 +15,7 @@ from ...replication.records import StreamConfig, StreamState, default_stream_id
 from ...replication.store import StreamStore
 from ...session import ClusterSession
 from .. import replication as repl
+from .. import streams as stream_ops
 from .decide import STANDBY_STATES, copy_report, only_one_way_source, reverse_exists, still_behind, stream_into, switchover_start
 from .facts import read_checkpoints, read_ends, read_identities, read_progress, read_status, read_streams
 from .fencing import freeze_logs, promote_logs
@@ -71,7 +72,7 @@ def _drain(source: ClusterSession, sink: ClusterSession, stream_id: str, timeout
     current = streams.get_state(stream_id)
     if current.value.state is StreamState.PAUSED:
         streams.set_state(stream_id, current, StreamState.RUNNING, reason="switchover drain")
-    return repl.wait_drain(sink, source, stream_id, timeout=timeout)
+    return stream_ops.wait_drain(sink, source, stream_id, timeout=timeout)
 
 
 def _stop(source: ClusterSession, sink: ClusterSession, config: StreamConfig, wait_workers: float) -> dict[str, Any]:
@@ -100,7 +101,7 @@ def _reverse(source: ClusterSession, sink: ClusterSession, config: StreamConfig)
 
 
 def _retire(source: ClusterSession, sink: ClusterSession, stream_id: str, wait_workers: float) -> dict[str, Any]:
-    apply(repl.delete_plan(sink, source, stream_id, wait_workers=wait_workers))
+    apply(stream_ops.delete_plan(sink, source, stream_id, wait_workers=wait_workers))
     return {"deleted": stream_id}
 
 
