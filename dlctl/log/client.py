@@ -5,6 +5,10 @@ connection, their frames are coalesced into few writes, and a reader (the protoc
 hands each response to its request by id. When the connection drops, every request in flight
 fails with ``AgentUnavailableError`` and the next call reconnects. Entries read back are
 verified with their writer's CRC-32C and checked to be the entry asked for (end to end).
+
+Here are the requests (what each means, how its answer is checked) and the connecting and
+handshake; the connection itself (frames, dispatch by id, deadlines) is
+``dlctl.log.connection``. ``SyncAgentClient`` is the same requests, blocking.
 """
 
 from __future__ import annotations
@@ -22,204 +26,14 @@ from ..errors import ConfigError
 from . import protocol as p
 from .auth import DEFAULT_CONTEXT, ClientHandshake
 from .compression import CorruptCompressed, Decompressor, WireStats
+from .connection import Callback, Connection, RequestTimeout
 from .errors import AgentError, AgentIOError, AgentUnavailableError, BadRequestError
 from .format import HEADER_SIZE, CorruptEntry, Entry, crc32c, decode, decode_header
-from .frame_reader import FrameReader
 from .tls import TlsFiles, bound_context, peer_cert_der
 
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-class _Timeout(AgentUnavailableError):
-    """A request's deadline passed (the public error names the op and the timeout)."""
-
-
-class _Callback:
-    """A request completed by a plain function, called right where its response is parsed (or
-    its deadline swept, or the connection lost): no task, no future, no loop turn. Stands in
-    for the Future in ``_Connection.pending``, so it has the three methods used there."""
-
-    __slots__ = ("_fn", "_done")
-
-    def __init__(self, fn: Callable[[p.Frame | None, BaseException | None], None]) -> None:
-        self._fn = fn
-        self._done = False
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, frame: p.Frame) -> None:
-        self._finish(frame, None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        self._finish(None, exc)
-
-    def _finish(self, frame: p.Frame | None, exc: BaseException | None) -> None:
-        self._done = True
-        try:
-            self._fn(frame, exc)
-        except Exception:  # noqa: BLE001 - a broken caller must not break the connection's reader
-            log.exception("request completion callback failed")
-
-
-class _Connection(asyncio.BufferedProtocol):
-    """One TCP/TLS connection: frame parsing, response dispatch, coalesced writes. The transport
-    writes what it receives into the reader's buffers (``dlctl.log.frame_reader``)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, where: str) -> None:
-        self.loop = loop
-        self.where = where
-        self.transport: asyncio.Transport | None = None
-        self.reader = FrameReader(self._dispatch, body_for=self._body_for)
-        self.into: dict[int, bytearray] = {}  # buffers lent for the answers to these requests (``_call``)
-        self.pending: dict[int, asyncio.Future[p.Frame] | _Callback] = {}
-        # Deadlines are swept by one timer per connection rather than one timer per request:
-        # arming and cancelling a TimerHandle per request costs more than the request itself.
-        self.deadlines: dict[int, float] = {}
-        self._sweep_at: float | None = None
-        self._sweep_handle: asyncio.TimerHandle | None = None
-        self.hello: asyncio.Future[p.Frame] = loop.create_future()
-        self.ready = False  # authenticated and not lost
-        self.lost = False
-        self._out = p.OutQueue()
-        self._writable: asyncio.Future[None] | None = None
-
-    # asyncio.Protocol -----------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.reader.get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        try:
-            self.reader.received(nbytes)
-        except p.ProtocolError as exc:
-            self.abort(f"agent {self.where} sent an invalid frame: {exc}")
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        reason = f"connection to agent {self.where} lost" + (f": {exc}" if exc else "")
-        self._fail_all(reason)
-
-    def pause_writing(self) -> None:
-        if self._writable is None:
-            self._writable = self.loop.create_future()
-
-    def resume_writing(self) -> None:
-        if self._writable is not None:
-            if not self._writable.done():
-                self._writable.set_result(None)
-            self._writable = None
-
-    # -------------------------------------------------------------------------------------------
-    def _body_for(self, request_id: int, size: int) -> memoryview | None:
-        """Where the large answer to ``request_id`` is received: the buffer lent for it, if it fits."""
-        if self.into:
-            buf = self.into.pop(request_id, None)
-            if buf is not None and len(buf) >= size:
-                return memoryview(buf)[:size]
-        return None
-
-    def _dispatch(self, frame: p.Frame) -> None:
-        if not frame.opcode & p.RESPONSE:
-            raise p.ProtocolError(f"request frame (opcode {frame.opcode}) from the agent", fatal=True)
-        if frame.request_id == 0:
-            if not self.hello.done():
-                self.hello.set_result(frame)
-                return
-            # A connection-level error (the agent could not frame our bytes, or is shutting down).
-            try:
-                p.decode_response(frame)
-                message = "unexpected frame with request id 0"
-            except AgentError as exc:
-                message = exc.message
-            self.abort(f"agent {self.where} closed the connection: {message}")
-            return
-        fut = self.pending.pop(frame.request_id, None)
-        if self.into:
-            self.into.pop(frame.request_id, None)  # a small answer (an error): the buffer was not used
-        if fut is not None:  # absent: it timed out or was cancelled
-            self.deadlines.pop(frame.request_id, None)
-            if not fut.done():
-                fut.set_result(frame)
-
-    def _fail_all(self, reason: str) -> None:
-        self.ready = False
-        self.lost = True
-        pending, self.pending = self.pending, {}
-        self.deadlines.clear()
-        self.into.clear()
-        if self._sweep_handle is not None:
-            self._sweep_handle.cancel()
-            self._sweep_handle = None
-        for fut in itertools.chain(pending.values(), (self.hello,)):
-            if not fut.done():
-                fut.set_exception(AgentUnavailableError(reason))
-        self.resume_writing()
-
-    def abort(self, reason: str) -> None:
-        self._fail_all(reason)
-        if self.transport is not None:
-            self.transport.abort()
-
-    def send(self, frame: p.Outgoing) -> None:
-        if self._out.push(frame):
-            # Coalesce every frame queued in this loop iteration into one write.
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        transport = self.transport
-        if self.lost or transport is None or transport.is_closing():
-            transport = None  # going: connection_lost fails what was waiting for these frames
-        self._out.write(transport)
-
-    def flush_now(self) -> None:
-        """Write what is queued now rather than at the end of this loop turn (the call_soon
-        scheduled by ``send`` then finds nothing left)."""
-        if self._out:
-            self._flush()
-
-    async def writable(self) -> None:
-        if self._writable is not None:
-            await asyncio.shield(self._writable)
-
-    def track(self, request_id: int, fut: asyncio.Future[p.Frame] | _Callback, timeout: float) -> None:
-        deadline = self.loop.time() + timeout
-        self.pending[request_id] = fut
-        self.deadlines[request_id] = deadline
-        if self._sweep_at is None or deadline < self._sweep_at:
-            self._arm(deadline)
-
-    def forget(self, request_id: int) -> None:
-        self.pending.pop(request_id, None)
-        self.deadlines.pop(request_id, None)
-        self.into.pop(request_id, None)
-
-    def _arm(self, when: float) -> None:
-        if self._sweep_handle is not None:
-            self._sweep_handle.cancel()
-        self._sweep_at = when
-        self._sweep_handle = self.loop.call_at(when, self._sweep)
-
-    def _sweep(self) -> None:
-        self._sweep_at = self._sweep_handle = None
-        now = self.loop.time()
-        later = None
-        for rid, deadline in list(self.deadlines.items()):
-            if deadline <= now:
-                del self.deadlines[rid]
-                fut = self.pending.pop(rid, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(_Timeout(f"request {rid} to agent {self.where} timed out"))
-            elif later is None or deadline < later:
-                later = deadline
-        if later is not None and not self.lost:
-            self._arm(later)
 
 
 class AgentClient:
@@ -254,14 +68,14 @@ class AgentClient:
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self._auth_context = auth_context
-        self._conn: _Connection | None = None
-        self._connecting: asyncio.Future[_Connection] | None = None
+        self._conn: Connection | None = None
+        self._connecting: asyncio.Future[Connection] | None = None
         self._ids = itertools.count(1)
         self._closed = False
         self._plain_reads = False  # the agent predates FLAG_SKIP_SEEN / FLAG_SUMMARY: whole entries
         # The connection on which the agent refused FLAG_COMPRESS: plain reads on it; a new
         # connection asks again (the agent may have been upgraded, or its switch turned on).
-        self._plain_conn: _Connection | None = None
+        self._plain_conn: Connection | None = None
         self._inflater: Decompressor | None = None  # made on the first compressed answer
 
     def __repr__(self) -> str:  # the secret stays out of reprs and logs
@@ -287,7 +101,7 @@ class AgentClient:
         """Connect and authenticate now (otherwise the first request does it)."""
         await self._connection()
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self) -> Connection:
         conn = self._conn
         if conn is not None and conn.ready:
             return conn
@@ -299,7 +113,7 @@ class AgentClient:
             self._connecting.add_done_callback(self._connect_done)
         return await asyncio.shield(self._connecting)
 
-    def _connect_done(self, fut: asyncio.Future[_Connection]) -> None:
+    def _connect_done(self, fut: asyncio.Future[Connection]) -> None:
         self._connecting = None
         if not fut.cancelled() and fut.exception() is None:
             conn = fut.result()
@@ -308,10 +122,10 @@ class AgentClient:
             else:
                 self._conn = conn
 
-    async def _open(self) -> _Connection:
+    async def _open(self) -> Connection:
         loop = asyncio.get_running_loop()
         where = self.address
-        conn: _Connection | None = None
+        conn: Connection | None = None
         try:
             async with asyncio.timeout(self.connect_timeout):
                 try:
@@ -319,7 +133,7 @@ class AgentClient:
                 except ConfigError as exc:  # unreadable TLS files: this agent cannot be reached now
                     raise AgentUnavailableError(f"cannot connect to agent {where}: {exc.message}") from None
                 transport, conn = await loop.create_connection(
-                    lambda: _Connection(loop, where),
+                    lambda: Connection(loop, where),
                     self.host,
                     self.port,
                     ssl=context,
@@ -366,7 +180,7 @@ class AgentClient:
         self._closed = True
         conn, self._conn = self._conn, None
         if conn is not None and conn.transport is not None:
-            conn._fail_all(f"client of agent {self.address} closed")
+            conn.fail_all(f"client of agent {self.address} closed")
             conn.transport.close()
 
     # Requests -----------------------------------------------------------------------------------
@@ -440,7 +254,7 @@ class AgentClient:
         end of this loop turn. Returns False, having sent nothing, when the connection is not
         ready or is held back by flow control: use ``add`` then."""
         conn = self._conn
-        if conn is None or not conn.ready or conn.lost or conn._writable is not None:
+        if conn is None or not conn.ready or conn.lost or conn.held_back:
             return False
         rid = next(self._ids)
         frame = p.add_entry_request_parts(rid, encoded, False)
@@ -452,11 +266,11 @@ class AgentClient:
                     self._result(conn, rid, p.Op.ADD_ENTRY, reply)
                 except AgentError as error:
                     exc = error
-            elif isinstance(exc, _Timeout):
+            elif isinstance(exc, RequestTimeout):
                 exc = self._timed_out(p.Op.ADD_ENTRY, limit)
             on_done(exc)
 
-        conn.track(rid, _Callback(finished), limit)
+        conn.track(rid, Callback(finished), limit)
         conn.send(frame)
         if flush:
             conn.flush_now()
@@ -640,11 +454,11 @@ class AgentClient:
         conn.send(frame)
         return asyncio.ensure_future(self._appended(conn, rid, fut))
 
-    async def _appended(self, conn: _Connection, rid: int, fut: asyncio.Future[p.Frame]) -> list[tuple[int, int, int]]:
+    async def _appended(self, conn: Connection, rid: int, fut: asyncio.Future[p.Frame]) -> list[tuple[int, int, int]]:
         return p.decode_dlsns(await self._reply(conn, rid, p.Op.APPEND, fut, self.request_timeout))
 
     async def _reply(
-        self, conn: _Connection, rid: int, op: int, fut: asyncio.Future[p.Frame], limit: float, whole: bool = False, in_place: bool = False,
+        self, conn: Connection, rid: int, op: int, fut: asyncio.Future[p.Frame], limit: float, whole: bool = False, in_place: bool = False,
         wire: WireStats | None = None,
     ) -> bytes:
         """Wait for the response to request ``rid``; its result body, or its typed error.
@@ -654,7 +468,7 @@ class AgentClient:
         compressed (``_counted``)."""
         try:
             reply = await fut
-        except _Timeout:
+        except RequestTimeout:
             raise self._timed_out(op, limit) from None
         except BaseException:
             conn.forget(rid)  # cancelled: a late response is dropped
@@ -663,7 +477,7 @@ class AgentClient:
             return self._counted(conn, rid, op, reply, wire)
         return self._result(conn, rid, op, reply, whole, in_place)
 
-    def _counted(self, conn: _Connection, rid: int, op: int, reply: p.Frame, wire: WireStats) -> bytes:
+    def _counted(self, conn: Connection, rid: int, op: int, reply: p.Frame, wire: WireStats) -> bytes:
         """The result of ``reply``, decompressed when the agent compressed it (FLAG_COMPRESSED),
         its bytes counted in ``wire`` as received and as decoded. A compressed result that
         claims too much or does not decompress closes the connection, as any invalid response."""
@@ -685,7 +499,7 @@ class AgentClient:
     def _timed_out(self, op: int, limit: float) -> AgentUnavailableError:
         return AgentUnavailableError(f"{p.Op(op).name} request to agent {self.address} timed out after {limit:g}s")
 
-    def _result(self, conn: _Connection, rid: int, op: int, reply: p.Frame, whole: bool = False, in_place: bool = False) -> bytes:
+    def _result(self, conn: Connection, rid: int, op: int, reply: p.Frame, whole: bool = False, in_place: bool = False) -> bytes:
         """The result body of response ``reply`` to request ``rid``, or its typed error (``whole``,
         ``in_place``: as ``_reply``)."""
         try:

@@ -1,3 +1,5 @@
+# Over ~600 lines (about 620): LogProducer's submit, its in-flight requests, their resends to the
+# owner wherever it moves and the exactly-once sequencing are one protocol with one state.
 """Appending to a log through write proxies (DESIGN.md §5): many producers, one owner.
 
 ``LogProducer`` is the client library applications, the CLI and replication workers use. It

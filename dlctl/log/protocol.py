@@ -1,3 +1,6 @@
+# Over ~600 lines (about 1,110), deliberately: its docstring (165 lines) is the wire protocol's
+# specification and the codec follows it op by op, so the spec and the code that implements it
+# are read and changed together; the codec is pure functions over bytes, one small pair per op.
 """The agent wire protocol: a binary frame codec (pure functions, no I/O). This docstring is the spec.
 
 Transport: one TCP (optionally TLS) connection carries a stream of frames in both directions.

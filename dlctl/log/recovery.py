@@ -1,3 +1,5 @@
+# Over ~600 lines (about 630): the four steps of segment recovery (fence, read back, re-replicate,
+# close) act on one segment's state in turn; unclean recovery is the same steps with fewer replicas.
 """Fencing and recovery of an in-progress segment (BookKeeper's ledger recovery, DESIGN.md §5).
 
 A new owner (or ``dlctl recover``) makes an in-progress segment final in four steps:

@@ -21,7 +21,7 @@ differs from what a strict majority of its peers hold (a deep survey compares th
 majority the conflict is reported, never settled by a guess); (3) the entries are copied from healthy members with
 recovery adds — idempotent for identical bytes, so a short replica keeps what it has and an
 interrupted repair is simply redone — and (4) the target's digest of the range must equal the
-digest of what was read (``rereplication.copy_replica``).
+digest of what was read (``rereplication_copy.copy_replica``).
 
 The top of the module is pure (tests/unit/test_repair_plan.py); the survey and repair below it do
 the I/O.
@@ -43,7 +43,8 @@ from ..ratelimit import TokenBucket
 from .errors import AgentError, NoSuchSegmentError
 from .protocol import SegmentInfo
 from .quorum import write_set_of
-from .rereplication import CopyProgress, CopyResult, StuckError, copy_replica, entries_on, lost_ranges, members, spans
+from .rereplication import entries_on, lost_ranges, members, spans
+from .rereplication_copy import CopyProgress, CopyResult, StuckError, copy_replica
 from .pool import ReplicaPool
 
 log = logging.getLogger(__name__)

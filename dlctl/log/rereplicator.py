@@ -26,18 +26,8 @@ from typing import Any
 from ..errors import ConflictError, NotFoundError
 from .errors import AgentError
 from .recovery import recover_log
-from .rereplication import (
-    CopyProgress,
-    LostRange,
-    StuckError,
-    choose_target,
-    commit_replacements,
-    copy_replica,
-    drop_orphan,
-    entries_on,
-    lost_ranges,
-    members,
-)
+from .rereplication import LostRange, choose_target, entries_on, lost_ranges, members
+from .rereplication_copy import CopyProgress, StuckError, commit_replacements, copy_replica, drop_orphan
 from ..meta.operations import OperationRecord
 from ..meta.records import SegmentRecord, SegmentState
 from ..meta import policy as placement_store

@@ -75,6 +75,19 @@ def put(
         raise (missing or conflict)() from None
 
 
+def delete(client: Any, path: str, version: int, *, conflict: Callable[[], DlctlError] | None = None) -> bool:
+    """Delete ``path`` if it is still at ``version``: True when deleted, False when it was gone
+    already (deleting is idempotent); ``conflict()`` (default: ``changed_concurrently``) when
+    someone changed it since it was read."""
+    try:
+        client.delete(path, version=version)
+        return True
+    except BadVersionError:
+        raise (conflict or (lambda: changed_concurrently(path, version)))() from None
+    except NoNodeError:
+        return False
+
+
 def update(
     read: Callable[[], Versioned[S]],
     change: Callable[[S], T | None],
@@ -130,4 +143,4 @@ def _read_when_reachable(read: Callable[[], Versioned[S]], what: str) -> Version
             pause = min(pause * 2, 1.0)
 
 
-__all__ = ["ABSENT", "changed_concurrently", "put", "update"]
+__all__ = ["ABSENT", "changed_concurrently", "delete", "put", "update"]

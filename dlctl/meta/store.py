@@ -199,13 +199,7 @@ class MetaStore:
     def delete_segment(self, name: str, current: Versioned[SegmentRecord]) -> None:
         if current.value.state is SegmentState.INPROGRESS:
             raise RefusedError(f"segment {current.value.seq} of log {name!r} is in progress; it is never deleted")
-        path = paths.segment(self.cluster, name, current.value.seq)
-        try:
-            self.client.delete(path, version=current.version)
-        except BadVersionError:
-            raise self._conflict(path, current.version) from None
-        except NoNodeError:
-            pass  # already gone: deletion is idempotent
+        cas.delete(self.client, paths.segment(self.cluster, name, current.value.seq), current.version)
 
     # -- ownership --------------------------------------------------------------------------
 
@@ -360,13 +354,7 @@ class MetaStore:
         return Versioned(record, version)
 
     def delete_op(self, op_id: str, current: Versioned[dict]) -> None:
-        path = self._op_path(op_id)
-        try:
-            self.client.delete(path, version=current.version)
-        except BadVersionError:
-            raise self._conflict(path, current.version) from None
-        except NoNodeError:
-            pass
+        cas.delete(self.client, self._op_path(op_id), current.version)
 
     # -- bulk copies (bootstrap, DESIGN.md §8): numbers reserved up front, segments committed at once --
 
@@ -457,10 +445,7 @@ class MetaStore:
     # -- errors -----------------------------------------------------------------------------
 
     def _conflict(self, path: str, version: int) -> ConflictError:
-        return ConflictError(
-            f"aborted: {path} changed concurrently (expected version {version})",
-            hint="nothing was overwritten; read it again and retry",
-        )
+        return cas.changed_concurrently(path, version)
 
     def _commit(self, tx, what: str, conflict_path: str | None = None, version: int | None = None) -> None:
         results = tx.commit()

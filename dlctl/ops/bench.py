@@ -1,3 +1,6 @@
+# Over ~600 lines (about 690), deliberately: `dlctl bench write` and `bench read` share their
+# figures' code (percentiles, targets, the machine's conditions) and the paced writer process
+# that both the read benchmark and `bench replication` (bench_lag) drive.
 """``dlctl bench write|read``: throughput and latency of a log on the configured cluster.
 
 What is measured, and how (issue 4):

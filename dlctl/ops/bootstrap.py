@@ -27,6 +27,7 @@ from ..log.errors import AgentError
 from ..meta.pins import PinRecord, PinStore
 from ..plan import Plan, Step
 from ..spark import job as J
+from ..spark import jobplan
 from ..spark import plan as SP
 from ..spark.engine import EngineOptions, parse_conf
 from ..spark.engines import DEFAULT_LOCAL_BELOW, Engines
@@ -38,13 +39,13 @@ BootstrapResult = J.BootstrapResult
 Progress = J.Progress
 
 
-def plan(source: ClusterSession, sink: ClusterSession, *, logs: Sequence[str] | None = None, holder: str | None = None) -> J.JobPlan:
+def plan(source: ClusterSession, sink: ClusterSession, *, logs: Sequence[str] | None = None, holder: str | None = None) -> jobplan.JobPlan:
     """What a bootstrap of ``logs`` (glob patterns; all source logs when None) would do."""
-    names = J.match_logs(source.meta.list_logs(), logs)
-    return J.plan_job(source, sink, names, holder=holder or J.default_holder(source.cluster.name, sink.cluster.name))
+    names = jobplan.match_logs(source.meta.list_logs(), logs)
+    return jobplan.plan_job(source, sink, names, holder=holder or jobplan.default_holder(source.cluster.name, sink.cluster.name))
 
 
-def measure_rate(source: ClusterSession, job: J.JobPlan, sample_bytes: int = 16 * 1024 * 1024, max_seconds: float = 3.0) -> float | None:
+def measure_rate(source: ClusterSession, job: jobplan.JobPlan, sample_bytes: int = 16 * 1024 * 1024, max_seconds: float = 3.0) -> float | None:
     """Bytes per second one copy task manages on the source side (read from the replicas,
     re-encode, digest on both sides), over a sample from the first segments to copy (so small
     segments' per-segment cost counts); None with nothing to copy. Writes to the sink are not
@@ -99,7 +100,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def as_plan(job: J.JobPlan, *, rate: float | None, parallelism: int | None, run: Callable[[str], Any] | None = None) -> Plan:
+def as_plan(job: jobplan.JobPlan, *, rate: float | None, parallelism: int | None, run: Callable[[str], Any] | None = None) -> Plan:
     """The plan ``--dry-run`` prints: one step per log with its range, size, estimate and
     snapshot point; ``run(log)`` applies one log's step on its own."""
     slots = max(1, parallelism or _cores())
@@ -238,7 +239,7 @@ def bootstrap_logs(
     conf: dict[str, str] | Sequence[str] | None = None,
     verbose: int = 0,
     before_release: Callable[[dict[str, J.LogResult]], None] | None = None,
-    job: J.JobPlan | None = None,
+    job: jobplan.JobPlan | None = None,
     local_below: int = DEFAULT_LOCAL_BELOW,
     shared: Engines | None = None,
 ) -> J.BootstrapResult:

@@ -1,3 +1,8 @@
+# Over ~600 lines (about 800), deliberately: StreamWorker is one state machine (read, filter,
+# stamp, append, checkpoint, and the upkeep that rides on the same loop: pins, the sink's view,
+# the source's end, retained data), and its parts share that loop's state (the reader, the clock,
+# the progress, the appender). What has a job of its own is elsewhere: the C path over whole
+# entries (fastpath), clocks (source), filters, causality, the store.
 """One replication worker: applies log ``log`` of a stream from the source to the sink, exactly once.
 
 The loop (DESIGN.md §7):

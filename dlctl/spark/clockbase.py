@@ -31,7 +31,7 @@ clock effect — from which the next segments' vectors are folded — is the eff
 entries only: for a log of local records, the segment's record count less the records before
 the first active entry that the truncation recorded (``skipped``); the clock pre-pass reads the
 copied entries only anyway. When the truncation did not record that count (a base written before
-it did), the bootstrap reads the log's clocks in the pre-pass instead (``job.plan_job``).
+it did), the bootstrap reads the log's clocks in the pre-pass instead (``jobplan.plan_job``).
 
 ``start_vv`` (``start_vectors(..., vv0)``): the source's version vector before the first copied
 record when it is not the empty vector — a source that truncated its log's beginning still

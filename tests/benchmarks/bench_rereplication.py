@@ -4,7 +4,7 @@
 
 Two real agent processes (``SegmentStore`` + ``AgentServer``, fsync on, default group commit)
 share one data disk: the *source* holds a completed segment of ``--mib`` MiB, the *target* gets it
-through ``dlctl.log.rereplication.copy_replica`` (pipelined CRC-checked reads, recovery adds,
+through ``dlctl.log.rereplication_copy.copy_replica`` (pipelined CRC-checked reads, recovery adds,
 digest verification — the exact code ``dlctl recover node`` runs). The baseline is a plain
 sequential write + fdatasync loop (fdatasync every 512 KiB, the agent's group-commit size) of
 the same volume on the same directory, re-measured right before each copy. Median of
@@ -41,7 +41,7 @@ from bench_agent import KIB, MIB, SECRET, baseline_sequential_bandwidth, harness
 
 from dlctl.log import format as fmt
 from dlctl.log.client import AgentClient
-from dlctl.log.rereplication import copy_replica
+from dlctl.log.rereplication_copy import copy_replica
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 
 

@@ -36,7 +36,7 @@ from dlctl.meta.records import LogConfig
 from dlctl.session import ClusterSession
 from dlctl.replication.causal import SourceClock
 from dlctl.replication.origin import SOURCE_POSITION, Origin, decode_source_position, encode_source_position
-from dlctl.spark import job as J
+from dlctl.spark import jobplan
 from harness.logcluster import read_back
 from harness.procs import pid_alive, process_tree
 
@@ -252,7 +252,7 @@ ENGINE_ARGS = {"local": (), "spark": ("--local-below", "0")}
 def test_killing_the_driver_midway_leaves_nothing_visible_and_a_rerun_copies_only_unverified_segments(sandbox, tmp_path, engine):
     name = f"killed-{engine}"
     create_source_log(sandbox, name, segments=24, per_segment=50, size=2000)
-    holder = J.default_holder(SOURCE, SINK)
+    holder = jobplan.default_holder(SOURCE, SINK)
     proc = start_dlctl(
         sandbox, "-o", "json", "--yes", "bootstrap", "--source", SOURCE, "--sink", SINK, "--logs", name, "--parallelism", "1", "--throttle", "400K", *ENGINE_ARGS[engine],
         log=tmp_path / "first.log",
@@ -261,7 +261,7 @@ def test_killing_the_driver_midway_leaves_nothing_visible_and_a_rerun_copies_onl
     def verified() -> set[int]:
         with session(sandbox, SINK) as s:
             try:
-                record = s.meta.get_op(J.op_id(holder, name)).value
+                record = s.meta.get_op(jobplan.op_id(holder, name)).value
             except Exception:  # noqa: BLE001 - not created yet
                 return set()
             return {int(k) for k in record.get("progress", {}).get("verified", {})}
@@ -375,8 +375,8 @@ def test_truncating_the_source_during_the_job_cannot_remove_pinned_segments(sand
     name = "truncated-meanwhile"
     create_source_log(sandbox, name, segments=16, per_segment=40, size=2000)
     expected = records_of(sandbox, SOURCE, name)
-    holder = J.default_holder(SOURCE, SINK)
-    proc = start_dlctl(sandbox, "-o", "json", "--yes", "bootstrap", "--source", SOURCE, "--sink", SINK, "--logs", name, "--parallelism", "1", "--throttle", "300K", log=tmp_path / "job.log")
+    holder = jobplan.default_holder(SOURCE, SINK)
+    proc = start_dlctl(sandbox, "-o", "json", "--yes", "bootstrap", "--source", SOURCE, "--sink", SINK, "--logs", name, "--parallelism", "1", "--throttle", "100K", log=tmp_path / "job.log")
     try:
         with session(sandbox, SOURCE) as src:
             pins = PinStore(src.meta)

@@ -17,7 +17,8 @@ import pytest
 from dlctl.log.errors import BadRequestError, NoSuchSegmentError
 from dlctl.log.format import Entry, decode_header, encode
 from dlctl.log.pool import AgentPool
-from dlctl.log.rereplication import copy_replica, digest_of, entries_on
+from dlctl.log.rereplication import digest_of, entries_on
+from dlctl.log.rereplication_copy import copy_replica
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 from dlctl.meta.store import MetaStore
 from harness.agents import AgentNode, harness_credentials

@@ -20,7 +20,8 @@ from dlctl.log.auth import generate_secret
 from dlctl.log.client import AgentClient
 from dlctl.log.errors import LimboError, NoSuchEntryError
 from dlctl.log.format import Entry, decode_header, encode
-from dlctl.log.rereplication import CopyProgress, StuckError, copy_replica, digest_of, entries_on
+from dlctl.log.rereplication import digest_of, entries_on
+from dlctl.log.rereplication_copy import CopyProgress, StuckError, copy_replica
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 from dlctl.ratelimit import TokenBucket
 

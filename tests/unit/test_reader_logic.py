@@ -9,7 +9,8 @@ import random
 import pytest
 
 from dlctl.log.dlsn import DLSN
-from dlctl.log.reader import POLL_GRACE, LogReader
+from dlctl.log.fetcher import POLL_GRACE
+from dlctl.log.reader import LogReader
 from dlctl.log.readpolicy import (
     AdaptiveTimeout,
     ReadAhead,

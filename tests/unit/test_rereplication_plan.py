@@ -10,11 +10,6 @@ import pytest
 
 from dlctl.log.format import Entry, encode
 from dlctl.log.rereplication import (
-    _batches,
-    _Budget,
-    _Piece,
-    _runs,
-    _stages,
     choose_target,
     digest_of,
     entries_on,
@@ -24,6 +19,7 @@ from dlctl.log.rereplication import (
     spans,
     with_replacements,
 )
+from dlctl.log.rereplication_copy import _batches, _Budget, _Piece, _runs, _stages
 from dlctl.meta.records import EnsembleChange, SegmentRecord, SegmentState
 
 
