@@ -25,6 +25,7 @@ from .records import (
     SegmentRecord,
     SegmentState,
     Versioned,
+    load_object,
     log_from_json,
     segment_from_json,
     to_json,
@@ -465,25 +466,12 @@ class MetaStore:
 
 
 def _decode_node(data: bytes, where: str) -> dict:
-    import json
-
-    try:
-        info = json.loads(data)
-    except ValueError:
-        raise ValueError(f"{where}: availability record is not JSON") from None
-    if not isinstance(info, dict) or not isinstance(info.get("address"), str):
+    info = load_object(data, f"{where}: availability record")
+    if not isinstance(info.get("address"), str):
         raise ValueError(f"{where}: availability record has no address")
     return info
 
 
 def _decode_op(data: bytes, where: str) -> dict:
-    import json
-
-    try:
-        record = json.loads(data)
-    except ValueError:
-        raise ValueError(f"{where}: operation record is not JSON") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: operation record is not a JSON object")
-    return record
+    return load_object(data, f"{where}: operation record")
 

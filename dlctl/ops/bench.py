@@ -120,6 +120,17 @@ def _target(figure: str, value: float | None, op: str, goal: float, unit: str, a
     }
 
 
+def _report_head(kind: str, session: ClusterSession, name: str, config: LogConfig, agents: int) -> dict[str, Any]:
+    """What every benchmark report starts with: which benchmark, on which log and cluster."""
+    return {
+        "benchmark": kind,
+        "log": name,
+        "cluster": session.cluster.name,
+        "log_config": {"E": config.ensemble_size, "W": config.write_quorum, "A": config.ack_quorum},
+        "agents": agents,
+    }
+
+
 def _config_note(config: LogConfig, agents: int) -> str:
     e, w, a = TARGET_CONFIG
     if (config.ensemble_size, config.write_quorum, config.ack_quorum) == (e, w, a) and agents == e:
@@ -292,11 +303,7 @@ async def bench_write(session: ClusterSession, name: str, spec: WriteSpec, on_pr
         _target("MB/s (1 KiB records)", mbps, ">=", TARGET_MB_PER_S_1KIB, "MB/s", spec.record_size == 1024 and not note, note or "measured with other than 1 KiB records"),
     ]
     return {
-        "benchmark": "write",
-        "log": name,
-        "cluster": session.cluster.name,
-        "log_config": {"E": config.ensemble_size, "W": config.write_quorum, "A": config.ack_quorum},
-        "agents": agents,
+        **_report_head("write", session, name, config, agents),
         "record_size": spec.record_size,
         "runs_count": len(runs),
         "records_written": written,
@@ -656,11 +663,7 @@ async def bench_read(session: ClusterSession, name: str, spec: ReadSpec, on_prog
     applies = bool(tail) and spec.rate >= TARGET_TAIL_RATE and not note
     why = note or f"measured at {spec.rate} records/s; the target is at {TARGET_TAIL_RATE}"
     return {
-        "benchmark": "read",
-        "log": name,
-        "cluster": session.cluster.name,
-        "log_config": {"E": config.ensemble_size, "W": config.write_quorum, "A": config.ack_quorum},
-        "agents": agents,
+        **_report_head("read", session, name, config, agents),
         "log_records": in_log,
         "records_expected": expected,
         "records_read": runs[len(runs) // 2]["records"] if runs else 0,
