@@ -3,7 +3,7 @@ many are open against the limit (``stat``: ``fds_open``, ``fds_limit``, ``fds_he
 
 Every connection and every open replica file costs a descriptor. Many systems still start
 services with a soft limit of 1,024 (and a hard one far above it): at that limit the default
-connection limits alone (1,024 authenticated + 256 unauthenticated, server.py) and the store's
+connection limits alone (1,024 authenticated + 256 unauthenticated, limits.py) and the store's
 cache of open replica files (512) cannot all fit, and a busy agent fails reads with EMFILE — a
 retryable error since issue 19, but a needless one. The hard limit is the operator's to set
 (systemd ``LimitNOFILE=``, limits.conf); the soft one is ours to raise up to it.

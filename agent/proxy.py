@@ -21,7 +21,8 @@ its events are numbered (its own component) and reach every log in order. The ow
 the highest number held per origin (on claiming: from every stream's checkpoint plus the log's
 last entries) and answers a record at or below it — a worker's resend, or the same event brought
 by a second stream in a mesh of locations — with the DLSN of the copy already in the log instead
-of writing it again. So streams appending through proxies apply each event exactly once.
+of writing it again. So streams appending through proxies apply each event exactly once (what
+the log holds already, and how it is read back on claiming: dedup.py).
 
 Memory. Per log, unacknowledged plus queued bytes are bounded by ``max_log_bytes``: past it,
 the connections that keep sending are held (the server stops reading them: TCP pushes back)
@@ -56,19 +57,16 @@ from dlctl.log.errors import (
     OrderBarrierError,
     ReadOnlyLogError,
 )
-from dlctl.log.idempotence import PRODUCER_HEADER, ProducerMark, ProducerTable, producer_mark
+from dlctl.log.idempotence import ProducerTable
 from dlctl.log.ownership import OwnershipError, owner_info
 from dlctl.log.records import CorruptRecords, Record, decode_records
 from dlctl.log.writer import LogWriter, WriterDeposedError, WriterError, WriterOptions
+from dlctl.meta.access import AccessStore, LogReadOnlyError
 from dlctl.meta.store import MetaStore
 from dlctl.names import validate_name
-from dlctl.meta.access import AccessStore, LogReadOnlyError
-from dlctl.replication.origin import origin_event
-from dlctl.log.tail import records_in_tail
 
+from .dedup import Applied, needs_tail, read_back, replicated, submit_once
 from .forward import Forwarder
-from dlctl.replication.positions import origin_events_of
-from dlctl.replication.store import StreamStore
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +82,6 @@ class ProxyOptions:
     handoff_scan_entries: int = 256  # after a graceful handoff: what the previous owner flushed (max_log_bytes) and then some
     producer_id_ttl: float = 3600.0  # an idempotent producer idle this long is forgotten (its next request: UNKNOWN_PRODUCER)
     max_producers_per_log: int = 10_000  # past this, the least recently seen producer is forgotten
-
-
-def _done(loop: asyncio.AbstractEventLoop, value: DLSN) -> asyncio.Future[DLSN]:
-    fut: asyncio.Future[DLSN] = loop.create_future()
-    fut.set_result(value)
-    return fut
 
 
 class Hold:
@@ -146,18 +138,10 @@ class _OwnedLog:
         self.waiting = False  # a task waits for the writer to become writable
         self.peak_bytes = 0  # high-water mark of queued + unacknowledged bytes (for operators and tests)
         self.last_append = time.monotonic()
-        # Origin locations -> (highest of their event counters held here, future of its DLSN).
-        self.applied: dict[str, tuple[int, asyncio.Future[DLSN]]] = {}
+        self.applied: Applied = {}  # origin locations' highest events held here (dedup.py)
         self.task: asyncio.Task[None] | None = None  # the claim
         self.failed = False
         self.producers: ProducerTable | None = None  # idempotent producers' requests (set once claimed)
-
-
-def _needs_tail(request: _Request) -> bool:
-    """Whether ``request`` can only be written knowing what the log's tail holds: an idempotent
-    producer's (a resend is answered from there) or one carrying replicated events (those the
-    log holds already are dropped)."""
-    return request.mark is not None or any(r.headers and origin_event(r.headers) is not None for r in request.records)
 
 
 def _error_for(exc: BaseException, name: str) -> AgentError:
@@ -177,25 +161,6 @@ def _error_for(exc: BaseException, name: str) -> AgentError:
     if isinstance(exc, WriterError):
         return AgentError(f"log {name!r}: {exc}")
     return AgentError(f"log {name!r}: {type(exc).__name__}: {exc}")
-
-
-def restore_producers(table: ProducerTable, tail: list[tuple[DLSN, Record]], loop: asyncio.AbstractEventLoop, now: float) -> int:
-    """Put the idempotent requests found in ``tail`` (records in log order) into ``table``: a
-    marked record and the records after it that its mark counts (a request's records are
-    consecutive). Records before the first mark belong to a request that started earlier than
-    the tail: left out. Returns how many requests were restored."""
-    restored = 0
-    for i, (_, record) in enumerate(tail):
-        try:
-            mark = producer_mark(record.headers) if record.headers else None
-        except ValueError as exc:
-            log.warning("ignoring a malformed producer mark in the log tail: %s", exc)
-            continue
-        if mark is None or i + mark.count > len(tail):
-            continue
-        table.restore(mark, [_done(loop, dlsn) for dlsn, _ in tail[i : i + mark.count]], now)
-        restored += 1
-    return restored
 
 
 class WriteProxy:
@@ -387,7 +352,10 @@ class WriteProxy:
         self._pump(owned)
         try:
             recovered = await writer.recovery_done()
-            owned.applied, owned.producers = await self._applied_before(name, recovered=bool(recovered), through=writer.taken_over_seq)
+            owned.applied, owned.producers, restored = await read_back(
+                self.meta, self.pool, name, self.options, recovered=bool(recovered), through=writer.taken_over_seq
+            )
+            self.counters["producers_restored"] += restored
         except WriterError as exc:
             self._abandon(owned, _error_for(exc, name))
             return
@@ -397,41 +365,6 @@ class WriteProxy:
             return
         log.info("claimed log %r%s", name, f" (recovered {[r.to_dict() for r in recovered]})" if recovered else "")
         self._pump(owned)
-
-    async def _applied_before(self, name: str, *, recovered: bool, through: int) -> tuple[dict[str, tuple[int, asyncio.Future[DLSN]]], ProducerTable]:
-        """How far each origin location's events are in the log already (see ``_submit_once``),
-        and the idempotent producers' last requests: every stream's checkpoint says what it
-        appended (its sink version vector) up to a moment; the log's last entries add what was
-        appended since — after a dead owner, a longer look, since a request whose
-        acknowledgement was lost sits among its last entries. ``through``: the last segment
-        of the previous owners (ours, after it, holds only requests that needed none of this)."""
-        loop = asyncio.get_running_loop()
-        vectors = await loop.run_in_executor(None, self._checkpointed_vectors, name)
-        scan = self.options.tail_scan_entries if recovered or vectors else self.options.handoff_scan_entries
-        tail = await records_in_tail(self.meta, self.pool, name, max_entries=scan, through_seq=through)
-        producers = ProducerTable(self.options.producer_id_ttl, self.options.max_producers_per_log)
-        self.counters["producers_restored"] += restore_producers(producers, tail, loop, time.monotonic())
-        found, newest = origin_events_of(tail), (tail[-1][0] if tail else None)
-        anchor = newest or DLSN(1, 0, 0)  # a checkpoint-known event's copy: somewhere before the tail's end
-        out: dict[str, tuple[int, asyncio.Future[DLSN]]] = {}
-        for vector in vectors:
-            for origin, counter in vector.items():
-                if counter > out.get(origin, (0, None))[0]:
-                    out[origin] = (counter, _done(loop, anchor))
-        for origin, (counter, sink) in found.items():
-            if counter >= out.get(origin, (0, None))[0]:
-                out[origin] = (counter, _done(loop, sink))
-        return out, producers
-
-    def _checkpointed_vectors(self, name: str) -> list[dict[str, int]]:
-        streams = StreamStore(self.meta)
-        vectors = []
-        for stream_id in streams.list_streams():
-            try:
-                vectors.append(dict(streams.get_checkpoint(stream_id, name).value.sink_vv))
-            except NotFoundError:
-                continue
-        return vectors
 
     # -- moving requests into the writer -----------------------------------------------------------
 
@@ -443,7 +376,7 @@ class WriteProxy:
             if writer.error is not None:
                 self._abandon(owned, _error_for(writer.error, owned.name))
                 return
-            if owned.producers is None and _needs_tail(owned.queue[0]):
+            if owned.producers is None and needs_tail(owned.queue[0].records, owned.queue[0].mark):
                 break  # until the tail is read back (_claim pumps again)
             if writer.pending_bytes > self.options.max_log_bytes:
                 if not owned.waiting:
@@ -529,7 +462,7 @@ class WriteProxy:
         # Found in the log tail after a replicated record of it had been dropped as already
         # held (the mark counts the records written): if every record is replicated, origin
         # deduplication answers each of them; otherwise the positions are not known.
-        if all(r.headers and origin_event(r.headers) is not None for r in request.records):
+        if all(replicated(r) for r in request.records):
             return self._submit_once(owned, owned.writer, request.records, None)  # type: ignore[arg-type]
         raise DuplicateTooOldError(
             f"log {owned.name!r}: request {request.mark[2]} of producer {request.mark[0]:#x} was applied with "
@@ -537,48 +470,9 @@ class WriteProxy:
         )
 
     def _submit_once(self, owned: _OwnedLog, writer: LogWriter, records: list[Record], mark: tuple[int, int, int] | None = None) -> list[asyncio.Future[DLSN]]:
-        """Submit ``records`` minus the replicated ones this log already holds.
-
-        A replicated record is an event of its origin location, numbered by the origin's own
-        component of its vector time, and a location's events reach every log in their order
-        (each log is a linear extension of the causal order). So a record whose number is at
-        or below the highest this log holds for its origin is here already: resent by a worker
-        (at least once through a proxy) or brought a second time by another stream (a mesh of
-        locations). It is answered with the DLSN of the highest copy instead of written again
-        (a worker only uses that as where to resume looking).
-
-        ``mark``: the request is idempotent; its first written record carries ``dl.p`` (the
-        producer, epoch, sequence and how many records were written), so a new owner finds it."""
-        applied = owned.applied
-        highest = {origin: counter for origin, (counter, _) in applied.items()}
-        keep: list[Record] = []
-        slots: list[tuple[bool, Any]] = []  # (new?, its event | the origin of the duplicate)
-        for record in records:
-            event = origin_event(record.headers) if record.headers else None
-            if event is not None:
-                origin, counter = event
-                if counter <= highest.get(origin, 0):
-                    slots.append((False, origin))
-                    continue
-                highest[origin] = counter
-            if record.headers and PRODUCER_HEADER in record.headers:  # owner-assigned: never taken from a client
-                record = Record(record.txid, record.payload, record.key, {k: v for k, v in record.headers.items() if k != PRODUCER_HEADER})
-            keep.append(record)
-            slots.append((True, event))
-        if mark is not None and keep:
-            first = keep[0]
-            keep[0] = Record(first.txid, first.payload, first.key, {**first.headers, PRODUCER_HEADER: ProducerMark(*mark, len(keep)).encode()})
-        new = iter(writer.submit_group(keep) if keep else [])
-        results: list[asyncio.Future[DLSN]] = []
-        for is_new, info in slots:
-            if is_new:
-                fut = next(new)
-                if info is not None:
-                    applied[info[0]] = (info[1], fut)
-                results.append(fut)
-            else:
-                results.append(applied[info][1])
-        self.counters["duplicates_dropped"] += len(records) - len(keep)
+        """``records`` to the writer but for the replicated ones the log holds already (dedup.py)."""
+        results, dropped = submit_once(owned.applied, writer, records, mark)
+        self.counters["duplicates_dropped"] += dropped
         return results
 
     def _pending(self, owned: _OwnedLog) -> int:

@@ -1,11 +1,12 @@
 """Durable segment replica storage (the agent's "bookie" role).
 
-Layout, durability points and recovery rules: see ``store``, ``layout``, ``sync`` and
+Layout, durability points and recovery rules: see ``store``, ``layout``, ``sync``, ``files`` and
 ``recovery``.
 """
 
+from .entries import digest_of
 from .recovery import ScanResult, scan_file
-from .store import SegmentStore, digest_of
+from .store import SegmentStore
 from .types import Digest, FenceResult, LimboRecord, RecoveryReport, SegmentInfo, SyncPolicy, TailCut
 
 __all__ = [

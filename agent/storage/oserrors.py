@@ -1,6 +1,6 @@
 """Which failed reads are evidence of damage and which are only want of a resource.
 
-One classification for every reader of replica files (client reads in store.py, the scrubber in
+One classification for every reader of replica files (client reads in reads.py, the scrubber in
 scrub.py), because the cost of a wrong answer is high both ways: a replica put in limbo stops
 serving and voting until it is copied again from its peers, so an agent out of descriptors
 (EMFILE, from a connection flood or a load spike) must never take it for corruption; while a

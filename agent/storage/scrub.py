@@ -9,7 +9,7 @@ damaged goes to limbo while its peers still hold good copies; a limbo replica re
 fences and votes, so nothing is served from it, and it is re-replicated from its peers.
 
 What a pass checks: every entry of every replica that is not in limbo, exactly as a read does
-(``store.verify_entry``: the stored header matches the index — magic, ids, length, CRC — and the
+(``entries.verify_entry``: the stored header matches the index — magic, ids, length, CRC — and the
 CRC-32C over header and payload holds). Only entries that are durable when their chunk is
 planned: the tail still being written (held in memory) is left to a later pass. Replicas created
 during a pass are checked by the next one; a replica deleted during a pass is dropped from it,
@@ -71,9 +71,10 @@ from typing import Any
 
 from dlctl.log.errors import AgentIOError
 
-from . import oserrors  # which failed reads are damage, which want of a resource (shared with store.py)
+from . import oserrors  # which failed reads are damage, which want of a resource (shared with reads.py)
 from .segment import Segment
-from .store import SegmentStore, verify_entry
+from .entries import verify_entry
+from .store import SegmentStore
 from .sync import PAGE_SIZE
 
 log = logging.getLogger("dlagent.scrub")

@@ -11,6 +11,8 @@ import os
 from collections import OrderedDict
 from pathlib import Path
 
+from dlctl.log.format import HEADER_SIZE
+
 from .index import EntryIndex
 from .layout import Key
 from .types import LimboRecord, SegmentInfo
@@ -56,6 +58,30 @@ class Segment:
     def pinned(self) -> bool:
         """Its fd may be in use by the sync thread, so it must not be closed."""
         return self.durable != self.size
+
+    def durable_entries(self, first: int, max_bytes: int, max_entries: int) -> tuple[list[tuple[int, int, int, int]], int] | None:
+        """Its entries from id ``first`` on that are durable now, for a scrub to check: ([(entry
+        id, offset, bytes, crc)] in id order, the id to go on from). At most ``max_entries``
+        looked at and ``max_bytes`` taken, but at least one entry; entries not yet durable are
+        passed over (left to a later pass). None when it has no entries from ``first`` on."""
+        index, durable = self.index, self.durable
+        if first > index.last_id:
+            return None
+        locs: list[tuple[int, int, int, int]] = []
+        total = looked = 0
+        last = first - 1
+        for entry_id, off, length, crc in index.items(first):
+            n = HEADER_SIZE + length
+            if off + n <= durable:
+                if locs and total + n > max_bytes:
+                    break
+                locs.append((entry_id, off, n, crc))
+                total += n
+            last = entry_id
+            looked += 1
+            if looked >= max_entries:
+                break
+        return locs, last + 1
 
     def info(self) -> SegmentInfo:
         return SegmentInfo(

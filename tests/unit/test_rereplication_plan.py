@@ -120,7 +120,7 @@ def test_target_choice_is_reproducible_for_the_same_seed():
 
 
 def test_digest_matches_the_agents_algorithm():
-    from agent.storage.store import digest_of as agent_digest
+    from agent.storage.entries import digest_of as agent_digest
 
     pairs = [(0, 1), (3, 0xFFFFFFFF), (2**40, 7)]
     assert digest_of(pairs) == agent_digest(pairs)

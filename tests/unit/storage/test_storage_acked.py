@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlagent.storage import SegmentStore
-from dlagent.storage import store as store_module
+from dlagent.storage import upkeep as store_module
 from dlagent.storage.recovery import encode_acked, read_acked
 from dlctl.log.errors import LimboError, NoSuchEntryError, NoSuchSegmentError
 

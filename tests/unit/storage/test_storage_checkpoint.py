@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dlagent.storage import SegmentStore, SyncPolicy
 from dlagent.storage import layout
-from dlagent.storage import store as store_mod
+from dlagent.storage import upkeep as store_mod
 from dlagent.storage.index import EntryIndex
 from dlctl.log.errors import LimboError, NoSuchEntryError
 from dlctl.log.format import HEADER_SIZE

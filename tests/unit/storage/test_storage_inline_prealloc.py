@@ -215,7 +215,7 @@ def test_an_evicted_file_is_trimmed(tmp_path, entry):
 def test_a_segment_left_idle_gives_back_its_preallocation(tmp_path, entry, monkeypatch):
     """A writer that rolls leaves its last segment open and idle: within two trim periods its
     file is back to the data's size, while a segment still taking data keeps growing ahead."""
-    from dlagent.storage import store as store_mod
+    from dlagent.storage import upkeep as store_mod
 
     monkeypatch.setattr(store_mod, "TRIM_IDLE_SECONDS", 0.05)
     idle, busy = tmp_path / LOG_PATH, tmp_path / "segments" / f"{1:016x}" / f"{2:016x}.log"

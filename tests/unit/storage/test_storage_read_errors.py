@@ -17,7 +17,7 @@ import resource
 import pytest
 
 from dlagent.storage import SegmentStore
-from dlagent.storage import store as store_module
+from dlagent.storage import reads as store_module
 from dlctl.log.errors import AgentIOError, AgentResourceError, AgentUnavailableError, LimboError
 
 RESOURCE = ["EMFILE", "ENFILE", "ENOMEM", "EAGAIN", "EINTR", "ENOBUFS"]
