@@ -111,7 +111,12 @@ class AgentClient:
         if self._connecting is None:
             self._connecting = asyncio.ensure_future(self._open())
             self._connecting.add_done_callback(self._connect_done)
-        return await asyncio.shield(self._connecting)
+        conn = await asyncio.shield(self._connecting)
+        if not self._closed and self._conn is not conn:
+            # An attempt that had finished already returns without suspending, before its
+            # callback installed it: ``connection`` must show it now, not a loop turn later.
+            self._conn = conn
+        return conn
 
     def _connect_done(self, fut: asyncio.Future[Connection]) -> None:
         self._connecting = None

@@ -1,4 +1,4 @@
-# Over ~600 lines (about 620): LogProducer's submit, its in-flight requests, their resends to the
+# Over ~600 lines (about 640): LogProducer's submit, its in-flight requests, their resends to the
 # owner wherever it moves and the exactly-once sequencing are one protocol with one state.
 """Appending to a log through write proxies (DESIGN.md §5): many producers, one owner.
 
@@ -261,6 +261,7 @@ class LogProducer:
         self._failing_since: float | None = None
         self._backoff = self.options.backoff_initial
         self._forward_until = float("-inf")  # until then, requests ask the agent to forward them to the owner
+        self._left: set[str] = set()  # agents appends moved away from since one last accepted an append
         self.stats = {"requests": 0, "records": 0, "failovers": 0, "resent_requests": 0, "new_epochs": 0, "ambiguous_failed": 0}
 
     # -- public ----------------------------------------------------------------------------------
@@ -471,9 +472,20 @@ class LogProducer:
             self._fail_waiting(exc)
             await self._sleep_backoff()
             return False
-        self._client, self._token = client, client.connection
+        token = client.connection
+        if token is None:
+            # connect() can return without suspending and without a connection: a finished
+            # attempt another caller started, whose callback that installs the connection
+            # (AgentClient._connect_done) is queued behind this task. Let it run; if there is
+            # still none (lost at once), back off: coming back at once would never yield.
+            await asyncio.sleep(0)
+            token = client.connection
+            if token is None:
+                await self._sleep_backoff()
+                return False
+        self._client, self._token = client, token
         self._needs_reset = True
-        return self._token is not None
+        return True
 
     def _on_reply(self, request: _Request, reply: asyncio.Future[list[tuple[int, int, int]]]) -> None:
         self._inflight.pop(request.seq, None)
@@ -496,6 +508,7 @@ class LogProducer:
         self._confirmed = True
         self._failing_since = None
         self._backoff = self.options.backoff_initial
+        self._left.clear()
         if self.node is not None:
             self.router.owners[self.name] = self.node
 
@@ -558,13 +571,16 @@ class LogProducer:
         self._token = self._client = None
         self._confirmed = False
         self._needs_reset = True
+        if previous is not None:
+            self._left.add(previous)
         if self.node != previous:
             self.stats["failovers"] += 1
             log.info("log %r: appends move from %s to %s (%s)", self.name, previous, self.node, root)
-        if self.node is None or self.node == previous:
-            # No new information (the same agent again, e.g. one that answers for a dead owner
-            # until its session expires, or a stale ownership of its own previous incarnation):
-            # do not hammer it.
+        if self.node is None or self.node in self._left:
+            # No new information (an agent left since the last accepted append again, e.g. one
+            # that answers for a dead owner until its session expires, a stale ownership of its
+            # own previous incarnation, or two agents that name each other as the owner): do
+            # not hammer it. Moving on to agents not tried yet needs no pause: there are few.
             await self._sleep_backoff()
 
     def _new_epoch(self, unsent: list[_Request]) -> None:
