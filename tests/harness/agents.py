@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from kazoo.client import KazooClient
@@ -162,3 +163,17 @@ class AgentNode:
 
     def segment_files(self) -> list[Path]:
         return sorted(p for p in (self.data_dir / "segments").rglob("*") if p.is_file())
+
+
+def heal_agents(agents: Iterable[AgentNode], admin: KazooClient) -> None:
+    """Undo what a test did to ``agents``: resume paused ones, restart dead ones; then wait until
+    each is registered by its current process (a killed predecessor's record lingers until its
+    session expires)."""
+    agents = list(agents)
+    for node in agents:
+        if node.proc is not None and node.proc.paused:
+            node.proc.resume()
+        if node.proc is None or not node.proc.running:
+            node.start(wait=False)
+    for node in agents:
+        node.wait_ready(admin)

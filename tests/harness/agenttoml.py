@@ -18,8 +18,13 @@ secret_file = "secret"
 """
 
 
+def write(tmp_path: Path, text: str) -> Path:
+    """``text`` as tmp_path/agent.toml."""
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    return path
+
+
 def load(tmp_path: Path, extra: str = "") -> agent_config.AgentConfig:
     """``BASE`` plus ``extra`` (tables of the test) written to tmp_path/agent.toml and loaded."""
-    path = tmp_path / "agent.toml"
-    path.write_text(BASE + extra)
-    return agent_config.load(path)
+    return agent_config.load(write(tmp_path, BASE + extra))

@@ -13,7 +13,7 @@ import contextlib
 import re
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,9 +29,9 @@ from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig, SegmentRecord, SegmentState
 from dlctl.meta.store import MetaStore
 
-from .agents import AgentNode, harness_credentials
+from .agents import AgentNode, harness_credentials, heal_agents
 from .procs import ProcessRegistry
-from .zk import ZkNamespace, ZooKeeperServer, bench_zookeeper, make_client
+from .zk import ZkNamespace, ZooKeeperServer, bench_zookeeper, close_all, make_client
 
 T = TypeVar("T")
 CLUSTER = "c1"
@@ -48,13 +48,7 @@ class AgentCluster:
 
     def heal(self) -> None:
         """Resume paused agents, restart dead ones, and wait until all are registered."""
-        for node in self.agents.values():
-            if node.proc is not None and node.proc.paused:
-                node.proc.resume()
-            if node.proc is None or not node.proc.running:
-                node.start(wait=False)
-        for node in self.agents.values():
-            node.wait_ready(self.admin)
+        heal_agents(self.agents.values(), self.admin)
 
 
 def agent_cluster(
@@ -134,12 +128,7 @@ class LogEnv:
         return await LogWriter.open(meta, self.pool(meta, request_timeout), self.name, **options)
 
     def close(self) -> None:
-        for c in self._clients:
-            try:
-                c.stop()
-                c.close()
-            except Exception:  # noqa: BLE001 - teardown goes on
-                pass
+        close_all(self._clients)
 
 
 E = TypeVar("E", bound=LogEnv)
@@ -194,6 +183,21 @@ async def eventually(predicate: Callable[[], Any], timeout: float = 10.0, messag
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def log_writer(meta: MetaStore, name: str) -> AsyncIterator[LogWriter]:
+    """A writer of log ``name`` on an agent pool of its own, both closed after the block (the
+    writer's close completes its segment)."""
+    pool = AgentPool(meta, harness_credentials())
+    try:
+        writer = await LogWriter.open(meta, pool, name)
+        try:
+            yield writer
+        finally:
+            await writer.close()
+    finally:
+        await pool.close()
 
 
 async def read_entry(pool: AgentPool, log_id: int, seg: SegmentRecord, entry_id: int) -> bytes:

@@ -9,6 +9,7 @@ condition: it polls against a deadline and fails naming what was awaited, with l
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import random
 import shlex
@@ -452,6 +453,17 @@ def _log_sections(sources: Iterable[LogSource]) -> str:
         path = src.log_path if isinstance(src, ManagedProcess) else src
         parts.append(f"--- last {LOG_TAIL_LINES} lines of {path} ---\n{tail(path)}")
     return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """This process's umask is ``mask`` inside the block (a process started there inherits it),
+    and what it was after."""
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
 
 
 def wait_until(

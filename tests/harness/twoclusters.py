@@ -28,7 +28,7 @@ from dlctl.log.reader import LogReader, ReadRecord
 from dlctl.meta.store import MetaStore
 from dlctl.session import ClusterSession
 
-from .agents import DEFAULT_SECRET, AgentNode, harness_credentials
+from .agents import DEFAULT_SECRET, AgentNode, harness_credentials, heal_agents
 from .faultproxy import FaultNetwork
 from .tls import tls_dir_for
 from .procs import ProcessRegistry
@@ -77,13 +77,7 @@ class Site:
         self.start_agents()
 
     def heal(self) -> None:
-        for node in self.agents.values():
-            if node.proc is not None and node.proc.paused:
-                node.proc.resume()
-            if node.proc is None or not node.proc.running:
-                node.start(wait=False)
-        for node in self.agents.values():
-            node.wait_ready(self.admin)
+        heal_agents(self.agents.values(), self.admin)
 
 
 @dataclass

@@ -25,7 +25,7 @@ import socket
 import tempfile
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -434,6 +434,39 @@ def close_client(client: KazooClient) -> None:
         client.close()
 
 
+def close_all(clients: Iterable[KazooClient]) -> None:
+    """Close every client, going on past one that fails: teardown closes what it can."""
+    for client in clients:
+        try:
+            close_client(client)
+        except Exception:  # noqa: BLE001 - teardown goes on
+            pass
+
+
+class ZkClients:
+    """The ZooKeeper sessions a test opens as it goes (``new()``: one more, each its own
+    session), closed together by ``close()`` or at the end of a ``with`` block."""
+
+    def __init__(self, connect_string: str, **options: Any) -> None:
+        self.connect_string = connect_string
+        self.options = options
+        self.opened: list[KazooClient] = []
+
+    def new(self) -> KazooClient:
+        client = make_client(self.connect_string, **self.options)
+        self.opened.append(client)
+        return client
+
+    def close(self) -> None:
+        close_all(self.opened)
+
+    def __enter__(self) -> ZkClients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def expire_session(client: KazooClient, connect_string: str, timeout: float = 15.0) -> None:
     """Really expire ``client``'s session, and return once ``client`` has seen it (LOST).
 
@@ -549,11 +582,7 @@ class ZkNamespace:
     def close(self) -> None:
         with self._lock:
             clients, self._clients = self._clients, []
-        for c in clients:
-            try:
-                close_client(c)
-            except Exception:
-                pass
+        close_all(clients)
 
     def __repr__(self) -> str:
         return f"<ZkNamespace {self.connect_string}>"

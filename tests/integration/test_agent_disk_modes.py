@@ -6,7 +6,6 @@ emoji, quotes and backslashes starts a real agent that serves from exactly that 
 
 from __future__ import annotations
 
-import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from dlctl.log import format as fmt
 from harness.agents import AgentNode
-from harness.procs import wait_until
+from harness.procs import umask, wait_until
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
 
@@ -29,11 +28,8 @@ def entry(seq: int, entry_id: int) -> bytes:
 @pytest.fixture
 def open_umask() -> Iterator[None]:
     """The agent inherits the umask of the process that starts it: the widest one here."""
-    old = os.umask(0)
-    try:
+    with umask(0):
         yield
-    finally:
-        os.umask(old)
 
 
 def modes_under(root: Path) -> dict[str, int]:

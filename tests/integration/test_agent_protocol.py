@@ -481,6 +481,15 @@ def test_long_poll_on_another_connection_does_not_block_it(agent: Agent, log_id:
 # Authentication ----------------------------------------------------------------------------------
 
 
+def assert_unauthorized_then_closed(raw: Raw, request_id: int) -> None:
+    """The agent answers ``request_id`` (the first reply) with UNAUTHORIZED, then closes."""
+    reply = raw.frame()
+    assert reply is not None and reply.request_id == request_id
+    with pytest.raises(UnauthorizedError):
+        p.decode_response(reply)
+    assert raw.eof()
+
+
 def test_wrong_secret_is_unauthorized(agent: Agent) -> None:
     with agent.client(secret=b"not the cluster secret at all!!") as c:
         with pytest.raises(UnauthorizedError, match="secret"):
@@ -494,11 +503,7 @@ def test_nothing_is_served_after_a_failed_authentication(agent: Agent, client: S
         nonce, proof = hs.respond(raw.hello())
         # AUTH with a wrong proof, immediately followed by a pipelined add.
         raw.sock.sendall(p.auth_request(1, nonce, proof) + p.add_entry_request(2, entry(log_id, 1, 0)))
-        reply = raw.frame()
-        assert reply is not None and reply.request_id == 1
-        with pytest.raises(UnauthorizedError):
-            p.decode_response(reply)
-        assert raw.eof()
+        assert_unauthorized_then_closed(raw, 1)
     finally:
         raw.close()
     with pytest.raises(NoSuchSegmentError):
@@ -510,11 +515,7 @@ def test_request_before_authentication_is_rejected_and_closed(agent: Agent, clie
     try:
         raw.hello()
         raw.sock.sendall(p.add_entry_request(7, entry(log_id, 1, 0)) + p.stat_request(8))
-        reply = raw.frame()
-        assert reply is not None and reply.request_id == 7
-        with pytest.raises(UnauthorizedError):
-            p.decode_response(reply)
-        assert raw.eof()
+        assert_unauthorized_then_closed(raw, 7)
     finally:
         raw.close()
     with pytest.raises(NoSuchSegmentError):

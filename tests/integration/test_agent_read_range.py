@@ -5,30 +5,21 @@ fatal; a flipped bit on disk is never served."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 import struct
 
 import pytest
-from test_agent_protocol import Agent, Raw, _module_agent, entry
+import test_agent_protocol
+from test_agent_protocol import Agent, Raw, entry
 
 from dlctl.log import protocol as p
-from dlctl.log.auth import generate_secret
 from dlctl.log.client import SyncAgentClient
 from dlctl.log.errors import BadRequestError, LimboError, NoSuchEntryError, NoSuchSegmentError
 from dlctl.log.format import HEADER_SIZE
 
 pytestmark = pytest.mark.agent
 
-
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    yield from _module_agent(tmp_path_factory.mktemp("agent"), generate_secret(), tls=True)
-
-
-@pytest.fixture()
-def client(agent: Agent) -> Iterator[SyncAgentClient]:
-    with agent.client() as c:
-        yield c
+# test_agent_protocol's fixtures, so this module has an agent of its own (module-scoped) and a client of it.
+secret, agent, client = test_agent_protocol.secret, test_agent_protocol.agent, test_agent_protocol.client
 
 
 def test_a_range_comes_back_as_the_entries_written(client: SyncAgentClient) -> None:

@@ -6,43 +6,21 @@ import json
 
 import pytest
 
-from harness.tls import tls_dir_for
+from harness.cli import dlctl, write_inventory
 from harness.zk import close_client, make_client
 from kazoo.exceptions import NoAuthError
 
-from dlctl.cli.main import main
 from dlctl.errors import ExitCode
 from dlctl.meta import paths
-from dlctl.secrets import write_secret_file
 
 pytestmark = pytest.mark.zk
 
 
 @pytest.fixture
 def config(tmp_path, zk, monkeypatch):
-    write_secret_file(tmp_path / "c1.secret", b"cluster-secret-for-cli-tests-0123")
-    tls_dir_for(tmp_path / "c1.secret", "c1")  # the inventory's default tls_dir: the harness CA
-    write_secret_file(tmp_path / "c1.zk-auth", b"dlctl:zk-password-for-cli-tests")
-    path = tmp_path / "config.toml"
-    path.write_text(
-        f"""
-[clusters.c1]
-zookeeper = "{zk.connect_string}"
-secret_file = "c1.secret"
-zk_auth_file = "c1.zk-auth"
-[[clusters.c1.regions.r1.racks.a.nodes]]
-id = "n1"
-host = "127.0.0.1"
-"""
-    )
+    path = write_inventory(tmp_path, zk.connect_string, b"cluster-secret-for-cli-tests-0123", zk_auth=b"dlctl:zk-password-for-cli-tests")
     monkeypatch.setenv("DLCTL_CONFIG", str(path))
     return path
-
-
-def dlctl(capsys, *argv):
-    code = main(["-o", "json", *argv])
-    out, err = capsys.readouterr()
-    return code, (json.loads(out) if out.strip() else None), err
 
 
 def test_create_list_show_delete_round_trip(config, capsys):

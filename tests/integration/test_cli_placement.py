@@ -2,43 +2,31 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from harness.tls import tls_dir_for
+from harness.cli import dlctl, write_inventory
 from harness.zk import close_client, make_client
 
 from dlctl.cli.main import main
 from dlctl.errors import ConflictError, ExitCode
 from dlctl.meta import policy as store
 from dlctl.meta.zk import ZkAuth, connect
-from dlctl.secrets import write_secret_file
 
 pytestmark = pytest.mark.zk
 
 
 @pytest.fixture
 def config(tmp_path, zk, monkeypatch):
-    write_secret_file(tmp_path / "c1.secret", b"cluster-secret-for-cli-tests-0123")
-    tls_dir_for(tmp_path / "c1.secret", "c1")  # the inventory's default tls_dir: the harness CA
-    write_secret_file(tmp_path / "c1.zk-auth", b"dlctl:zk-password-for-cli-tests")
     nodes = "".join(
         f'[[clusters.c1.regions.{region}.racks.{rack}.nodes]]\nid = "{region}-{rack}-{i}"\nhost = "127.0.0.1"\nlisten = "127.0.0.1:{4000 + 10 * r + 2 * k + i}"\n'
         for r, region in enumerate(("east", "west", "north"))
         for k, rack in enumerate(("a", "b"))
         for i in range(2)
     )
-    path = tmp_path / "config.toml"
-    path.write_text(f'[clusters.c1]\nzookeeper = "{zk.connect_string}"\nsecret_file = "c1.secret"\nzk_auth_file = "c1.zk-auth"\n{nodes}')
+    path = write_inventory(tmp_path, zk.connect_string, b"cluster-secret-for-cli-tests-0123", zk_auth=b"dlctl:zk-password-for-cli-tests", nodes=nodes)
     monkeypatch.setenv("DLCTL_CONFIG", str(path))
     return path
-
-
-def dlctl(capsys, *argv):
-    code = main(["-o", "json", *argv])
-    out, err = capsys.readouterr()
-    return code, (json.loads(out) if out.strip() else None), err
 
 
 def test_check_reproduces_the_documented_example_without_a_cluster(capsys, monkeypatch, tmp_path):

@@ -54,11 +54,11 @@ from dlctl.log.records import decode_records
 from dlctl.log.writer import LogWriter, WriterClosedError, WriterDeposedError, WriterError
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
-from harness.agents import AgentNode, harness_credentials
+from harness.agents import AgentNode, harness_credentials, heal_agents
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry, wait_until
 from harness.tls import child_env
-from harness.zk import ZkNamespace, close_client, make_client
+from harness.zk import ZkClients, ZkNamespace
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.slow]
 
@@ -94,14 +94,7 @@ class Cluster:
     def heal(self) -> None:
         """Resume paused agents, restart dead ones, and wait until each is registered by its
         current process (a killed predecessor's record lingers until its session expires)."""
-        for node in self.agents.values():
-            assert node.proc is not None
-            if node.proc.paused:
-                node.proc.resume()
-            if not node.proc.running:
-                node.start(wait=False)
-        for node in self.agents.values():
-            node.wait_ready(self.admin)
+        heal_agents(self.agents.values(), self.admin)
 
 
 @pytest.fixture(scope="module")
@@ -344,7 +337,7 @@ class LogModel(RuleBasedStateMachine):
         self.failed = False
         self.name = f"model-{next(_example_ids)}"
         self.loop = LoopThread(f"{self.name}-readers")  # readers and direct reads
-        self.clients: list[KazooClient] = []
+        self.clients = ZkClients(self.cluster.ns.connect_string, timeout=10.0)
         self.log: list[Rec] = []  # the model: what the log must hold, in order
         self.dropped: list[Submitted] = []  # maybes that recovery dropped: must never appear
         self.owners: list[Owner] = []  # every generation, for the final check and cleanup
@@ -354,7 +347,7 @@ class LogModel(RuleBasedStateMachine):
         self.tailer: asyncio.Task[None] | None = None
         try:
             self.cluster.heal()
-            self.reader_meta = MetaStore(self._zk_client(), CLUSTER)
+            self.reader_meta = MetaStore(self.clients.new(), CLUSTER)
             self.reader_meta.create_log(self.name, MODEL_CONFIG)
             self.reader_pool = AgentPool(self.reader_meta, harness_credentials(), request_timeout=2.0)
             # One reader tails the log for the whole example, across every crash and hand-over.
@@ -377,17 +370,12 @@ class LogModel(RuleBasedStateMachine):
     def writer(self) -> LogWriter:
         return self.owner.writer
 
-    def _zk_client(self) -> KazooClient:
-        client = make_client(self.cluster.ns.connect_string, timeout=10.0)
-        self.clients.append(client)
-        return client
-
     def _avoid(self) -> frozenset[str]:
         return frozenset([self.impaired[0]]) if self.impaired else frozenset()
 
     def _open_owner(self) -> Owner:
         generation = len(self.owners) + 1
-        client = self._zk_client()
+        client = self.clients.new()
         loop = LoopThread(f"{self.name}-owner-{generation}")
         meta = MetaStore(client, CLUSTER)
         pool = AgentPool(meta, harness_credentials(), request_timeout=REQUEST_TIMEOUT)
@@ -847,11 +835,7 @@ class LogModel(RuleBasedStateMachine):
                 pass
             self.loop.close()
         finally:
-            for client in self.clients:
-                try:
-                    close_client(client)
-                except Exception:
-                    pass
+            self.clients.close()
             # The next example (or test) starts with every agent up.
             self.cluster.heal()
 
@@ -882,18 +866,13 @@ def test_reader_never_observes_an_entry_beyond_lac_that_later_disappears(cluster
     keep it, and then the reader delivers it exactly once, in its place."""
     name = f"beyond-lac-{lone_replica}"
     lone, others = "n1", ("n2", "n3")
-    clients: list[KazooClient] = []
-
-    def zk_client() -> KazooClient:
-        client = make_client(cluster.ns.connect_string, timeout=10.0)
-        clients.append(client)
-        return client
+    clients = ZkClients(cluster.ns.connect_string, timeout=10.0)
 
     async def scenario() -> None:
-        reader_meta = MetaStore(zk_client(), CLUSTER)
+        reader_meta = MetaStore(clients.new(), CLUSTER)
         await asyncio.to_thread(reader_meta.create_log, name, LogConfig(3, 3, 2))
         reader_pool = AgentPool(reader_meta, harness_credentials(), request_timeout=2.0)
-        first_client = zk_client()
+        first_client = clients.new()
         first_meta = MetaStore(first_client, CLUSTER)
         first = await LogWriter.open(first_meta, AgentPool(first_meta, harness_credentials(), request_timeout=2.0), name, owner_id="first")
         seen: list[ReadRecord] = []
@@ -950,7 +929,7 @@ def test_reader_never_observes_an_entry_beyond_lac_that_later_disappears(cluster
                 cluster.agents[node].start(wait=False)
             for node in others:
                 await asyncio.to_thread(cluster.agents[node].wait_ready, cluster.admin)
-            second_meta = MetaStore(zk_client(), CLUSTER)
+            second_meta = MetaStore(clients.new(), CLUSTER)
             second = await LogWriter.open(
                 second_meta, AgentPool(second_meta, harness_credentials(), request_timeout=2.0), name, owner_id="second", ownership_wait=10
             )
@@ -997,14 +976,8 @@ def test_reader_never_observes_an_entry_beyond_lac_that_later_disappears(cluster
             await reader.close()
             await reader_pool.close()
 
-    try:
+    with clients:
         run(scenario(), timeout=120)
-    finally:
-        for client in clients:
-            try:
-                close_client(client)
-            except Exception:
-                pass
 
 
 async def _all_have(pool: AgentPool, log_id: int, seq: int, entry_id: int) -> bool:
@@ -1066,12 +1039,7 @@ def test_tailing_reader_continues_without_gaps_when_the_owner_is_sigkilled(clust
     script = tmp_path / "owner.py"
     script.write_text(_OWNER)
     acked_path = tmp_path / "acked.txt"
-    clients: list[KazooClient] = []
-
-    def zk_client() -> KazooClient:
-        client = make_client(cluster.ns.connect_string, timeout=10.0)
-        clients.append(client)
-        return client
+    clients = ZkClients(cluster.ns.connect_string, timeout=10.0)
 
     def acked_lines() -> list[tuple[int, int, DLSN]]:
         text = acked_path.read_text() if acked_path.exists() else ""
@@ -1082,7 +1050,7 @@ def test_tailing_reader_continues_without_gaps_when_the_owner_is_sigkilled(clust
         return rows
 
     async def scenario() -> None:
-        meta = MetaStore(zk_client(), CLUSTER)
+        meta = MetaStore(clients.new(), CLUSTER)
         await asyncio.to_thread(meta.create_log, name, LogConfig(3, 3, 2, roll_bytes=64 * 1024))
         pool = AgentPool(meta, harness_credentials(), request_timeout=2.0)
         seen: list[ReadRecord] = []
@@ -1106,7 +1074,7 @@ def test_tailing_reader_continues_without_gaps_when_the_owner_is_sigkilled(clust
             acked = acked_lines()
             assert [i for i, _, _ in acked] == list(range(len(acked))), "the child's acknowledgements are not in submission order"
             # The next owner waits for the dead one's session to expire, then recovers.
-            second_meta = MetaStore(zk_client(), CLUSTER)
+            second_meta = MetaStore(clients.new(), CLUSTER)
             second = await LogWriter.open(
                 second_meta, AgentPool(second_meta, harness_credentials()), name, owner_id="second", ownership_wait=20
             )
@@ -1147,14 +1115,8 @@ def test_tailing_reader_continues_without_gaps_when_the_owner_is_sigkilled(clust
             await reader.close()
             await pool.close()
 
-    try:
+    with clients:
         run(scenario(), timeout=120)
-    finally:
-        for client in clients:
-            try:
-                close_client(client)
-            except Exception:
-                pass
 
 
 async def _next_seen(seen: list[ReadRecord], index: int, timeout: float) -> ReadRecord | None:
@@ -1201,17 +1163,12 @@ def test_a_deposed_writer_never_creates_a_segment_after_the_next_owner_took_over
     owner's first append then loses its own compare-and-set and it deposes *itself* ("another
     writer created segment 1"): the legitimate owner is thrown out by a dead one."""
     name = "deposed-creates-segment"
-    clients: list[KazooClient] = []
-
-    def zk_client() -> KazooClient:
-        client = make_client(cluster.ns.connect_string, timeout=10.0)
-        clients.append(client)
-        return client
+    clients = ZkClients(cluster.ns.connect_string, timeout=10.0)
 
     async def scenario() -> None:
-        admin = MetaStore(zk_client(), CLUSTER)
+        admin = MetaStore(clients.new(), CLUSTER)
         await asyncio.to_thread(admin.create_log, name, LogConfig(3, 3, 2))
-        first_client = zk_client()
+        first_client = clients.new()
         first_meta = _AnswerLostOnFirstCreate(first_client, CLUSTER)
         first = await LogWriter.open(first_meta, AgentPool(first_meta, harness_credentials()), name, owner_id="first")
         pending = first.submit(b"from the first owner")  # no segment yet: the writer creates one
@@ -1219,7 +1176,7 @@ def test_a_deposed_writer_never_creates_a_segment_after_the_next_owner_took_over
         await asyncio.to_thread(expire, cluster.ns, first_client)
         with pytest.raises(WriterDeposedError):
             await pending
-        second_meta = MetaStore(zk_client(), CLUSTER)
+        second_meta = MetaStore(clients.new(), CLUSTER)
         second = await LogWriter.open(
             second_meta, AgentPool(second_meta, harness_credentials()), name, owner_id="second", ownership_wait=10
         )
@@ -1237,14 +1194,8 @@ def test_a_deposed_writer_never_creates_a_segment_after_the_next_owner_took_over
             await second.close()
             await first.close()
 
-    try:
+    with clients:
         run(scenario(), timeout=60)
-    finally:
-        for client in clients:
-            try:
-                close_client(client)
-            except Exception:
-                pass
 
 
 # -- a ZooKeeper connection blip while choosing an ensemble -------------------------------------------
@@ -1282,17 +1233,12 @@ def test_a_zookeeper_blip_while_a_writer_chooses_its_first_ensemble_does_not_kil
     from dlctl.meta.policy import placement_path
 
     name = "policy-read-blip"
-    clients: list[KazooClient] = []
-
-    def zk_client() -> KazooClient:
-        client = make_client(cluster.ns.connect_string, timeout=10.0)
-        clients.append(client)
-        return client
+    clients = ZkClients(cluster.ns.connect_string, timeout=10.0)
 
     async def scenario() -> None:
-        admin = MetaStore(zk_client(), CLUSTER)
+        admin = MetaStore(clients.new(), CLUSTER)
         await asyncio.to_thread(admin.create_log, name, LogConfig(3, 3, 2))
-        flaky = _PolicyReadLostOnce(zk_client(), placement_path(CLUSTER))
+        flaky = _PolicyReadLostOnce(clients.new(), placement_path(CLUSTER))
         meta = MetaStore(flaky, CLUSTER)  # type: ignore[arg-type]
         writer = await LogWriter.open(meta, AgentPool(meta, harness_credentials()), name, owner_id="blipped")
         try:
@@ -1302,11 +1248,5 @@ def test_a_zookeeper_blip_while_a_writer_chooses_its_first_ensemble_does_not_kil
         finally:
             await writer.close()
 
-    try:
+    with clients:
         run(scenario(), timeout=60)
-    finally:
-        for client in clients:
-            try:
-                close_client(client)
-            except Exception:
-                pass

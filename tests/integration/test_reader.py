@@ -27,7 +27,7 @@ from dlctl.meta import roles
 from dlctl.meta.records import EnsembleChange, LogConfig, SegmentRecord, SegmentState, Versioned
 from dlctl.meta.store import MetaStore
 from dlctl.replication.source import RoutedAgentPool
-from harness.agents import AgentNode, harness_credentials
+from harness.agents import AgentNode, harness_credentials, heal_agents
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually
 from harness.procs import ProcessRegistry
@@ -47,14 +47,7 @@ class Cluster:
 
     def heal(self) -> None:
         """Undo what a test did to the agents: resume paused ones, restart dead ones."""
-        for agent in self.agents.values():
-            assert agent.proc is not None
-            if agent.proc.paused:
-                agent.proc.resume()
-            if not agent.proc.running:
-                agent.start(wait=False)
-        for agent in self.agents.values():
-            agent.wait_ready(self.admin)
+        heal_agents(self.agents.values(), self.admin)
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 from harness.agents import harness_credentials
-from harness.logcluster import eventually, run
+from harness.logcluster import eventually, log_writer, run
 from harness.twoclusters import Sites, origin_of, read_all, sites_for_test
 
 from dlctl.log.dlsn import DLSN
 from dlctl.log.idempotence import PRODUCER_HEADER
 from dlctl.log.pool import AgentPool
-from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig
 from dlctl.ops import replication as ops
 from dlctl.ops import streams as stream_ops
@@ -37,21 +36,14 @@ def sites(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator
 
 
 async def write(meta, name: str, payloads: list[bytes]) -> list[DLSN]:
-    pool = AgentPool(meta, harness_credentials())
-    try:
-        writer = await LogWriter.open(meta, pool, name)
-        try:
-            futures = []
-            for p in payloads:
-                if writer.pending_bytes > 8 * 1024 * 1024:
-                    await writer.wait_writable()
-                futures.append(writer.submit(p))
-            await writer.flush()
-            return [f.result() for f in futures]
-        finally:
-            await writer.close()
-    finally:
-        await pool.close()
+    async with log_writer(meta, name) as writer:
+        futures = []
+        for p in payloads:
+            if writer.pending_bytes > 8 * 1024 * 1024:
+                await writer.wait_writable()
+            futures.append(writer.submit(p))
+        await writer.flush()
+        return [f.result() for f in futures]
 
 
 def setup_stream(sites: Sites, *patterns: str, bidirectional: bool = False) -> ops.InitPlan:
@@ -114,9 +106,7 @@ class Load:
         return self
 
     async def _run(self) -> None:
-        pool = AgentPool(self.meta, harness_credentials())
-        writer = await LogWriter.open(self.meta, pool, self.name)
-        try:
+        async with log_writer(self.meta, self.name) as writer:
             i = 0
             while not self._stop.is_set():
                 batch = [f"rec-{i + k}".encode() for k in range(50)]
@@ -126,9 +116,6 @@ class Load:
                 self.payloads += batch
                 i += len(batch)
                 await asyncio.sleep(0.01 if self.rate is None else len(batch) / self.rate)
-        finally:
-            await writer.close()
-            await pool.close()
 
     async def stop(self) -> None:
         self._stop.set()

@@ -31,13 +31,12 @@ from pathlib import Path
 
 import pytest
 from harness.agents import harness_credentials
-from harness.logcluster import eventually, run
+from harness.logcluster import eventually, log_writer, run
 from harness.twoclusters import Sites, sites_for_test
 from prometheus_client.parser import text_string_to_metric_families
 
 from dlctl.log.pool import AgentPool
 from dlctl.log.reader import LogReader
-from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.ops import replication as ops
 from dlctl.ops import streams as stream_ops
@@ -71,9 +70,7 @@ class TimedLoad:
             self.acked.append((payload, time.time()))
 
     async def _run(self) -> None:
-        pool = AgentPool(self.meta, harness_credentials())
-        writer = await LogWriter.open(self.meta, pool, self.name)
-        try:
+        async with log_writer(self.meta, self.name) as writer:
             i = 0
             while not self._stop.is_set():
                 for _ in range(10):
@@ -82,9 +79,6 @@ class TimedLoad:
                     i += 1
                 await writer.flush()
                 await asyncio.sleep(0.05)  # about 200 records a second: a steady trickle
-        finally:
-            await writer.close()
-            await pool.close()
 
     async def stop(self) -> None:
         self._stop.set()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from harness.agents import DEFAULT_SECRET, AgentNode, harness_credentials
+from harness.agents import DEFAULT_SECRET, AgentNode, harness_credentials, heal_agents
 from harness.logcluster import eventually, run
 from harness.procs import ProcessRegistry
 from harness.tls import tls_dir_for
@@ -64,14 +64,7 @@ class Cluster:
     config: Path
 
     def heal(self) -> None:
-        for agent in self.agents.values():
-            assert agent.proc is not None
-            if agent.proc.paused:
-                agent.proc.resume()
-            if not agent.proc.running:
-                agent.start(wait=False)
-        for agent in self.agents.values():
-            agent.wait_ready(self.admin)
+        heal_agents(self.agents.values(), self.admin)
 
 
 def write_inventory(path: Path, zk_connect: str, agents: dict[str, AgentNode]) -> Path:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from harness.agents import DEFAULT_SECRET, harness_credentials
 from harness.faultproxy import FaultNetwork
-from harness.logcluster import eventually, run
+from harness.logcluster import eventually, log_writer, run
 from harness.procs import ProcessRegistry
 from harness.twoclusters import Sites, origin_of, read_all, replication_sites
 
@@ -30,7 +30,6 @@ from dlctl.errors import ExitCode, RefusedError
 from dlctl.log.client import AgentClient
 from dlctl.log.dlsn import DLSN
 from dlctl.log.pool import AgentPool
-from dlctl.log.writer import LogWriter
 from dlctl.meta.pins import PinRecord, PinStore
 from dlctl.meta.records import LogConfig
 from dlctl.meta.truncation import TruncationStore
@@ -76,35 +75,21 @@ def dlctl(inv: Path, *argv: str) -> tuple[int, dict]:
 
 async def segment(meta, name: str, payloads: list[bytes]) -> list[DLSN]:
     """One completed segment holding ``payloads`` (a writer per call: closing it completes it)."""
-    pool = AgentPool(meta, harness_credentials())
-    try:
-        writer = await LogWriter.open(meta, pool, name)
-        try:
-            futures = [writer.submit(p) for p in payloads]
-            await writer.flush()
-            return [f.result() for f in futures]
-        finally:
-            await writer.close()
-    finally:
-        await pool.close()
+    async with log_writer(meta, name) as writer:
+        futures = [writer.submit(p) for p in payloads]
+        await writer.flush()
+        return [f.result() for f in futures]
 
 
 async def grouped(meta, name: str, groups: list[list[bytes]]) -> list[DLSN]:
     """One completed segment holding ``groups``, each flushed on its own."""
-    pool = AgentPool(meta, harness_credentials())
-    try:
-        writer = await LogWriter.open(meta, pool, name)
-        try:
-            out: list[DLSN] = []
-            for group in groups:
-                futures = [writer.submit(p) for p in group]
-                await writer.flush()
-                out += [f.result() for f in futures]
-            return out
-        finally:
-            await writer.close()
-    finally:
-        await pool.close()
+    async with log_writer(meta, name) as writer:
+        out: list[DLSN] = []
+        for group in groups:
+            futures = [writer.submit(p) for p in group]
+            await writer.flush()
+            out += [f.result() for f in futures]
+        return out
 
 
 def write_segments(site, name: str, count: int, per: int, tag: str) -> list[DLSN]:

@@ -15,29 +15,15 @@ from dlctl.cli.main import main
 from dlctl.errors import ExitCode
 from dlctl.meta import paths
 from dlctl.meta.zk import ZkAuth, acl_for, connect
-from dlctl.secrets import write_secret_file
-from harness.tls import tls_dir_for
+from harness.cli import write_inventory
 from harness.zk import close_client, make_client
 
 pytestmark = pytest.mark.zk
 
 
 def inventory(tmp_path, zk, monkeypatch, *, extra: str = "") -> None:
-    write_secret_file(tmp_path / "c1.secret", b"cluster-secret-for-security-tests-01")
-    tls_dir_for(tmp_path / "c1.secret", "c1")  # the inventory's default tls_dir: the harness CA
-    path = tmp_path / "config.toml"
     # No zk_auth_file: credentials are the default (c1.zk-auth beside the secret).
-    path.write_text(
-        f"""
-[clusters.c1]
-zookeeper = "{zk.connect_string}"
-secret_file = "c1.secret"
-{extra}
-[[clusters.c1.regions.r1.racks.a.nodes]]
-id = "n1"
-host = "127.0.0.1"
-"""
-    )
+    path = write_inventory(tmp_path, zk.connect_string, b"cluster-secret-for-security-tests-01", keys=extra)
     monkeypatch.setenv("DLCTL_CONFIG", str(path))
 
 

@@ -14,26 +14,12 @@ from dlctl.errors import ConfigError, RefusedError
 from dlctl.meta import paths
 from dlctl.names import validate_name
 from dlctl.secrets import read_secret_file, write_secret_file
+from harness.agenttoml import BASE, write
 
-GOOD = """
-node_id = "r1-n1"
-cluster = "east"
-region = "r1"
-rack = "rack-a"
-data_dir = "data"
-listen = "127.0.1.1:3181"
-zookeeper = "127.0.0.1:2181/t"
-secret_file = "secret"
-[storage]
+GOOD = BASE + """[storage]
 sync = "always"
 group_commit_ms = 1.5
 """
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "agent.toml"
-    path.write_text(text)
-    return path
 
 
 def test_good_config_resolves_relative_paths_and_defaults(tmp_path):

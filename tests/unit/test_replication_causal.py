@@ -120,32 +120,30 @@ SINGLE_INBOUND = ("pair", "cycle")
 operations = st.lists(st.tuples(st.sampled_from(["write", "step"]), st.integers(0, 11)), max_size=60)
 
 
-@settings(max_examples=150, deadline=None)
-@given(topology=st.sampled_from(sorted(TOPOLOGIES)), ops=operations)
-def test_any_interleaving_converges_in_causal_order_with_one_filter_per_location(topology, ops):
+def played(topology: str, ops: list[tuple[str, int]], *, shared_filter: bool) -> Network:
+    """The network of ``topology`` after ``ops`` (a write at a location, or a step of one stream,
+    each picked by its number) and then every stream drained."""
     names, edges = TOPOLOGIES[topology]
-    net = Network(names, edges, shared_filter=True)
+    net = Network(names, edges, shared_filter=shared_filter)
     for kind, n in ops:
         if kind == "write":
             net.write(names[n % len(names)])
         else:
             net.step(n % len(edges))
     net.drain()
-    judge(net)
+    return net
+
+
+@settings(max_examples=150, deadline=None)
+@given(topology=st.sampled_from(sorted(TOPOLOGIES)), ops=operations)
+def test_any_interleaving_converges_in_causal_order_with_one_filter_per_location(topology, ops):
+    judge(played(topology, ops, shared_filter=True))
 
 
 @settings(max_examples=150, deadline=None)
 @given(topology=st.sampled_from(SINGLE_INBOUND), ops=operations)
 def test_a_filter_per_stream_suffices_when_each_location_has_one_inbound_stream(topology, ops):
-    names, edges = TOPOLOGIES[topology]
-    net = Network(names, edges, shared_filter=False)
-    for kind, n in ops:
-        if kind == "write":
-            net.write(names[n % len(names)])
-        else:
-            net.step(n % len(edges))
-    net.drain()
-    judge(net)
+    judge(played(topology, ops, shared_filter=False))
 
 
 def test_a_filter_per_stream_duplicates_when_two_streams_feed_one_location():

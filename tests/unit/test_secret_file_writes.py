@@ -13,16 +13,14 @@ import pytest
 from dlctl import secrets as secrets_mod
 from dlctl.errors import RefusedError
 from dlctl.secrets import read_secret_file, write_secret_file
+from harness.procs import umask
 
 
 @pytest.fixture(autouse=True)
 def open_umask() -> Iterator[None]:
     """The widest umask: a mode not asked for explicitly would show as 0666."""
-    old = os.umask(0)
-    try:
+    with umask(0):
         yield
-    finally:
-        os.umask(old)
 
 
 def mode(path: Path) -> int:

@@ -16,6 +16,7 @@ from dlctl.errors import ConfigError
 from dlctl.meta.zk import ZkTls, connect, loopback_only, parse_tls
 from dlctl.sandbox import sandbox
 from dlctl.secrets import write_secret_file
+from harness.agenttoml import load as load_agent
 
 INVENTORY = """
 [clusters.east]
@@ -27,28 +28,11 @@ id = "n1"
 host = "10.0.1.1"
 """
 
-AGENT = """
-node_id = "r1-n1"
-cluster = "east"
-region = "r1"
-rack = "rack-a"
-data_dir = "data"
-listen = "127.0.1.1:3181"
-zookeeper = "10.0.0.5:2281"
-secret_file = "secret"
-{table}
-"""
 
 
 def parse_inventory(tmp_path: Path, table: str) -> inventory.Inventory:
     path = tmp_path / "config.toml"
     return inventory.parse(tomllib.loads(INVENTORY.format(table=table)), path)
-
-
-def load_agent(tmp_path: Path, table: str) -> agent_config.AgentConfig:
-    path = tmp_path / "agent.toml"
-    path.write_text(AGENT.format(table=table))
-    return agent_config.load(path)
 
 
 FULL = """
