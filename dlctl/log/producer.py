@@ -474,15 +474,10 @@ class LogProducer:
             return False
         token = client.connection
         if token is None:
-            # connect() can return without suspending and without a connection: a finished
-            # attempt another caller started, whose callback that installs the connection
-            # (AgentClient._connect_done) is queued behind this task. Let it run; if there is
-            # still none (lost at once), back off: coming back at once would never yield.
-            await asyncio.sleep(0)
-            token = client.connection
-            if token is None:
-                await self._sleep_backoff()
-                return False
+            # Lost as soon as it was made. connect() may not have suspended at all (another
+            # caller's attempt had finished): coming back at once could then never yield.
+            await self._sleep_backoff()
+            return False
         self._client, self._token = client, token
         self._needs_reset = True
         return True
