@@ -525,13 +525,25 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _worker_range(low: int, high: int) -> tuple[int, int]:
+    """This test process's share of ``low..high``: under pytest-xdist each worker picks from a
+    slice of its own, so two workers never hand out the same port (free when each checked it,
+    taken by the first to bind: CI saw an agent fail with EADDRINUSE this way)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return low, high
+    index, share = int(worker[2:]), (high - low + 1) // int(count)
+    return low + index * share, low + (index + 1) * share - 1
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port on ``host`` that is free now and never handed out before in this process.
+    """A port on ``host`` that is free now and never handed out before in this process, nor by
+    another worker of the same test run.
 
     Ports come from below the kernel's ephemeral range so that outgoing connections (which
     take ephemeral source ports) cannot grab a port between this call and the server's bind.
     """
-    low, high = 20000, min(32000, _ephemeral_low() - 1)
+    low, high = _worker_range(20000, min(32000, _ephemeral_low() - 1))
     with _ports_lock:
         for _ in range(500):
             port = _rng.randint(low, high)
