@@ -33,6 +33,7 @@ from .metrics_http import MetricsEndpoint
 from .disk import prepare_data_dir
 from .fdlimit import check_headroom, raise_nofile_limit
 from .pull import RangePuller
+from .segment_pull import SegmentPuller
 from .proxy import ProxyOptions, WriteProxy
 from .registry import Registration
 from .server import AgentServer
@@ -210,6 +211,8 @@ async def _serve(config: AgentConfig, metrics: AgentMetrics, metrics_address: st
     else:
         log.info("re-replication auditor disabled by configuration ([auditor] enabled = false)")
     replication = _start_replication(config, zk, zk_auth, credentials, metrics)
+    # Bootstrap segments pulled from a source cluster (PULL_SEGMENT), through the workers' links.
+    server.segment_puller = SegmentPuller(store, config.node_id, replication.source_link if replication is not None else None)
     # Housekeeping reclaims this agent's stale replicas at once (it may have been down during a
     # collection) and, if elected, applies retention and collects truncated segments' records.
     housekeeping = Housekeeping(zk, config.cluster, config.node_id, store, credentials, config.housekeeping, zk_auth, metrics=metrics).start()

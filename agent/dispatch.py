@@ -103,6 +103,10 @@ class ServingConnection(Connection):
             # Counted at the two answers it may hold at once (dlagent.pull).
             held = 2 * min(args[4], p.MAX_RANGE_BYTES)
             self._spawn(self._run_async(op, rid, handlers.pull_range(*args, uncached=bool(flags & p.FLAG_UNCACHED)), started), held, name="pull-range")
+        elif op is p.Op.PULL_SEGMENT:
+            # Counted at what it holds at once: read-ahead plus the batch being stored (dlctl.spark.segment_pull).
+            held = 2 * p.MAX_RANGE_BYTES
+            self._spawn(self._run_async(op, rid, handlers.pull_segment(*args, uncached=bool(flags & p.FLAG_UNCACHED)), started), held, name="pull-segment")
         else:  # AUTH again
             self.send(p.error_response(op, rid, BadRequestError.status, "already authenticated"))
             self._observe(op, perf_counter() - started)

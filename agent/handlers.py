@@ -107,6 +107,8 @@ class RequestHandlers:
         extra: dict[str, Any] = {"proxy": server.proxy.stat()} if server.proxy is not None else {}
         if server.puller is not None:
             extra["pull"] = dict(server.puller.counters)
+        if server.segment_puller is not None:
+            extra["pull"] = {**extra.get("pull", {}), **server.segment_puller.counters}
         if server.metrics_address is not None:
             extra["metrics"] = server.metrics_address
         return p.encode_stat({**self.store.stat(), "server": server.stat(), **extra})
@@ -117,6 +119,12 @@ class RequestHandlers:
         if puller is None:
             raise AgentUnavailableError("this agent cannot pull yet (it is not connected to its cluster's metadata)")
         return await puller.pull(log_id, seg, first, last, max_bytes, source, uncached)
+
+    async def pull_segment(self, body: bytes, uncached: bool) -> bytes:
+        puller = self.server.segment_puller
+        if puller is None:
+            raise AgentUnavailableError("this agent cannot pull yet (it is not connected to its cluster's metadata)")
+        return await puller.pull(body, uncached)
 
     async def release(self, name: str) -> bytes:
         proxy = self.server.proxy

@@ -60,6 +60,7 @@ REQUEST_OPS: dict[int, str] = {
     Op.APPEND: "append",
     Op.RELEASE: "release",
     Op.PULL_RANGE: "pull_range",
+    Op.PULL_SEGMENT: "pull_segment",
 }
 OTHER_OP = "other"
 ROLES = ("auditor", "housekeeper")

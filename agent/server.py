@@ -57,6 +57,7 @@ class AgentServer:
         self.metrics_address: str | None = None  # where the agent's metrics are served (stat: "metrics")
         self.proxy = proxy  # dlagent.proxy.WriteProxy once ZooKeeper is up; None: APPEND is refused
         self.puller: Any = None  # dlagent.pull.RangePuller once ZooKeeper is up; None: PULL_RANGE is refused
+        self.segment_puller: Any = None  # dlagent.segment_pull.SegmentPuller once ZooKeeper is up; None: PULL_SEGMENT is refused
         self._secret = secret
         self._auth_context = auth_context
         self.host = host

@@ -297,24 +297,34 @@ class ReplicationService:
             delay = min(delay * 2, MAX_RESTART_DELAY)
 
     async def _source(self, config: StreamConfig) -> SourceLink:
-        link = self._sources.get(config.source_cluster)
-        if link is None:
-            settings = declared_source(self.settings, config.source_cluster)
+        return await self.source_link(config.source_cluster, config.source_zookeeper, config.sink_cluster)
+
+    async def source_link(self, cluster: str, connect_string: str | None = None, sink_cluster: str | None = None) -> SourceLink:
+        """The open link to source ``cluster``, declared on this agent (``ConfigError`` if it is
+        not, even when a link opened while it was is still open). ``connect_string``: its
+        ZooKeeper as a stream's record names it, used when the declaration names none; None (a
+        bootstrap's pull, which has no stream) needs one declared."""
+        link = self._sources.get(cluster)
+        settings = declared_source(self.settings, cluster)  # read anew: credentials removed since are not used again
+        if link is None or settings is None:
             if settings is None:
                 # (A stream's record alone is never enough: whoever can write the sink's metadata
                 # could otherwise point its workers, and their credentials, anywhere.)
                 raise ConfigError(
-                    f"source cluster {config.source_cluster!r} is not declared on agent {self.node_id}: install its credentials with "
-                    f"`dlctl init-replication --source {config.source_cluster} --sink {config.sink_cluster}` (its inventory listing this agent), "
-                    f"or declare [replication.sources.{config.source_cluster}] in agent.toml"
+                    f"source cluster {cluster!r} is not declared on agent {self.node_id}: install its credentials with "
+                    f"`dlctl init-replication --source {cluster} --sink {sink_cluster or self.sink_meta.cluster}` (its inventory listing this agent), "
+                    f"or declare [replication.sources.{cluster}] in agent.toml"
                 )
+            zookeeper = settings.zookeeper or connect_string
+            if not zookeeper:
+                raise ConfigError(f"source cluster {cluster!r} is declared on agent {self.node_id} without a zookeeper connect string")
             link = await self._zk(
                 lambda: SourceLink.open(
-                    settings, config.source_zookeeper,
+                    settings, zookeeper,
                     default_secret_file=self._secret_file, default_zk_auth_file=self._zk_auth_file, default_tls=self._tls,
                     default_zookeeper_tls=self._zookeeper_tls,
                     session_timeout=self._session_timeout,
                 )
             )
-            self._sources[config.source_cluster] = link
+            self._sources[cluster] = link
         return link

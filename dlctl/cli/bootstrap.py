@@ -95,6 +95,7 @@ def _progress(app: AppContext) -> Iterator[Any]:
 @click.option("--throttle", metavar="BYTES/S", help="Cap the job's copy rate, e.g. 50M (split evenly over the tasks running at once).")
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="A Spark setting passed through (repeatable). Secrets are refused here: use spark-defaults.conf.")
 @click.option("--local-below", "local_below", metavar="SIZE", default=LOCAL_BELOW_DEFAULT, show_default=True, help=LOCAL_BELOW_HELP)
+@click.option("--relay", is_flag=True, help="Copy every segment through this machine (or the Spark executors), even where the sink agents could read the source themselves.")
 @click.option("--dry-run", is_flag=True, help="Print per log: source range, bytes, segments, estimated time at a rate measured now, snapshot point. Change nothing.")
 @yes_option
 @output_option
@@ -110,6 +111,7 @@ def bootstrap_command(
     throttle: str | None,
     conf: tuple[str, ...],
     local_below: str,
+    relay: bool,
     dry_run: bool,
 ) -> None:
     """Copy logs in bulk from a source cluster to a sink cluster with a Spark job, when streaming
@@ -125,6 +127,10 @@ def bootstrap_command(
     A copy of less than --local-below bytes runs in this process instead (the same tasks on a
     thread pool): for a small copy, starting Spark would cost more than the copy. The result
     names the engine that ran it.
+
+    Sink agents that read the source cluster (it is declared on them, as init-replication does)
+    copy each segment themselves, one network leg instead of two; the tasks then only choose
+    ensembles and verify. --relay moves every byte through the tasks instead.
 
     Local mode runs here. With --spark-master the cluster secrets travel to executors as a Spark
     broadcast, refused unless spark.authenticate, spark.network.crypto.enabled and
@@ -146,7 +152,7 @@ def bootstrap_command(
         holder = f"bootstrap-{stream_id}"
     if not source_name or not sink_name:
         raise UsageError("name the clusters: --source CLUSTER --sink CLUSTER (or --stream ID)")
-    shared = ops.engines(spark_master=spark_master, parallelism=parallelism, conf=list(conf), verbose=max(0, app.verbosity), local_below=threshold)
+    shared = ops.engines(spark_master=spark_master, parallelism=parallelism, conf=list(conf), verbose=max(0, app.verbosity), local_below=threshold, relay=relay)
     with shared, ClusterSession(inventory.cluster(source_name)) as source, ClusterSession(inventory.cluster(sink_name)) as sink:
         if not dry_run and shared.needs_spark(0):
             shared.prestart()  # Spark whatever the size: it starts while the plan is made

@@ -252,6 +252,13 @@ class AgentClient:
             raise AgentIOError(f"PULL_RANGE of {log_id}/{segment_seq}/{first}..{last} from agent {self.address}: it claims {result.entries} entries")
         return result
 
+    async def pull_segment(self, body: bytes, *, uncached: bool = True, timeout: float | None = None) -> dict[str, Any]:
+        """PULL_SEGMENT: have this agent copy a bootstrap segment from a source cluster itself
+        (``body``: a ``dlctl.spark.segment_pull.PullRequest`` as JSON); the answer is the copy's
+        result. ``PullRefusedError``: the agent does not read that cluster (nothing stored). An
+        agent that predates PULL_SEGMENT answers ``BadRequestError`` naming the unknown opcode."""
+        return p.decode_pulled_segment(await self._call(p.Op.PULL_SEGMENT, p.pull_segment_request, body, uncached, timeout=timeout))
+
     def add_nowait(self, encoded: bytes, on_done: Callable[[BaseException | None], None], *, flush: bool = False) -> bool:
         """``add`` without a task, for the writer's hot path: ``on_done(None)`` once the entry is
         durable on the agent, ``on_done(error)`` (the error ``add`` would raise) otherwise,

@@ -119,6 +119,14 @@ class DuplicateTooOldError(AgentError):
     status = 17
 
 
+class PullRefusedError(AgentError):
+    """PULL_SEGMENT: this agent does not read the named cluster (it is not declared as a source
+    here, has no ZooKeeper connect string, or this agent runs no replication workers). Nothing
+    was stored; the copier relays the segment instead."""
+
+    status = 18
+
+
 class AgentUnavailableError(AgentError):
     """Client side: the agent could not be reached, the connection dropped, or a request timed out."""
 
@@ -152,6 +160,7 @@ ERRORS_BY_STATUS: dict[int, type[AgentError]] = {
         OutOfOrderSequenceError,
         UnknownProducerError,
         DuplicateTooOldError,
+        PullRefusedError,
         AgentResourceError,
         AgentUnavailableError,
     )

@@ -87,6 +87,9 @@ Operations (request body -> result on success)::
                                                    first i64, last i64,    reason u16+UTF-8 (empty: all
                                                    max bytes u32, source   of first..last), then each
                                                    u16+UTF-8 (a node id)   stored entry's CRC-32C u32
+    16  PULL_SEGMENT    UNCACHED (0x2)             a JSON object (dlctl.   a JSON object: the copy's
+                                                   spark.segment_pull.     content figures and what
+                                                   PullRequest)            this agent now stores
 
 SEEN (FLAG_SKIP_SEEN: a replication stream's sink) is a location u16+UTF-8, a count u16, then count
 times a location u16+UTF-8 and a counter u64 (its version vector). The entry comes back with the
@@ -132,6 +135,16 @@ their bytes and CRCs, and in ``reason`` why it stopped short (the source's error
 copier carries on from another replica. An error response means the agent itself could not
 store (its disk, a limbo replica, a bad request): nothing beyond the entries of earlier answers
 is acknowledged. The copier verifies the result with DIGEST, as after ADD_BATCHes.
+
+PULL_SEGMENT is the bootstrap's copy with one network leg (dlctl.spark.segment_pull): the sink
+agent asked reads a segment of a log of *another* cluster — only one declared as a source on this
+agent (dlagent.replication_config), reached through that cluster's own availability records,
+never an address from the request — re-encodes every entry as the relayed copy does and stores
+those of its own write sets of the named sink ensemble, durably, before it answers. An agent
+that cannot read the cluster (not declared, no ZooKeeper connect string for it, replication
+workers disabled) answers PULL_REFUSED before it stores anything, and the copier relays the
+segment instead; any other error leaves what it stored to the copier, which clears the sink
+segment before it tries again. The copier verifies the result with DIGEST.
 
 APPEND and RELEASE are the write-proxy ops (DESIGN.md §5): the agent that owns the log batches
 the records of all its clients into entries and answers with each record's DLSN once it is
@@ -217,6 +230,7 @@ FLAG_FORWARD = 0x8  # APPEND: the client cannot reach the owner: a non-owner for
 MAX_LOG_NAME = 255  # bytes of a log name on the wire (names are validated by dlctl.names)
 MAX_RANGE_BYTES = 8 * 1024 * 1024  # the most a READ_RANGE answers beyond its first entry
 MAX_BATCH_BYTES = MAX_RANGE_BYTES  # the most an ADD_BATCH body holds (a READ_RANGE answer of up to this fits)
+MAX_PULL_SEGMENT_BODY = 1024 * 1024  # a PULL_SEGMENT request (its JSON: a segment record and the copy's settings)
 
 STATUS_OK = 0
 STATUS_INTERNAL = 255
@@ -239,12 +253,14 @@ class Op(IntEnum):
     READ_RANGE = 13
     ADD_BATCH = 14
     PULL_RANGE = 15
+    PULL_SEGMENT = 16
 
 
 _ALLOWED_FLAGS: dict[int, int] = {int(op): 0 for op in Op}
 _ALLOWED_FLAGS[Op.ADD_ENTRY] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.ADD_BATCH] = FLAG_RECOVERY | FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.PULL_RANGE] = FLAG_UNCACHED
+_ALLOWED_FLAGS[Op.PULL_SEGMENT] = FLAG_UNCACHED
 _ALLOWED_FLAGS[Op.READ_ENTRY] = FLAG_FENCE | FLAG_SKIP_SEEN | FLAG_SUMMARY | FLAG_COMPRESS
 _ALLOWED_FLAGS[Op.LONG_POLL] = FLAG_SKIP_SEEN | FLAG_COMPRESS
 _ALLOWED_FLAGS[Op.APPEND] = FLAG_RESET_ORDER | FLAG_IDEMPOTENT | FLAG_RETRY | FLAG_FORWARD
@@ -617,6 +633,13 @@ def pull_range_request(request_id: int, log_id: int, segment_seq: int, first: in
     return encode_frame(Op.PULL_RANGE, FLAG_UNCACHED if uncached else 0, request_id, body)
 
 
+def pull_segment_request(request_id: int, body: bytes, uncached: bool = True) -> bytes:
+    """``body``: a ``PullRequest``'s JSON (checked field by field by the agent)."""
+    if not 0 < len(body) <= MAX_PULL_SEGMENT_BODY:
+        raise ValueError(f"PULL_SEGMENT body of {len(body)} bytes: must be 1..{MAX_PULL_SEGMENT_BODY}")
+    return encode_frame(Op.PULL_SEGMENT, FLAG_UNCACHED if uncached else 0, request_id, body)
+
+
 def read_lac_request(request_id: int, log_id: int, segment_seq: int) -> bytes:
     return encode_frame(Op.READ_LAC, 0, request_id, _pack(_SEG, log_id, segment_seq))
 
@@ -784,6 +807,10 @@ def decode_request(frame: Frame, refuse: int = 0) -> Request:
         if max_bytes < 1:
             raise ProtocolError(f"PULL_RANGE request {request_id}: max bytes must be at least 1")
         args = (log_id, seg, first, last, max_bytes, source)
+    elif op is Op.PULL_SEGMENT:
+        if not 0 < len(body) <= MAX_PULL_SEGMENT_BODY:
+            raise ProtocolError(f"PULL_SEGMENT request {request_id}: a body of {len(body)} bytes, must be 1..{MAX_PULL_SEGMENT_BODY}")
+        args = (bytes(body),)
     elif op in (Op.READ_LAC, Op.FENCE, Op.DELETE_SEGMENT):
         args = _unpack_exact(_SEG, body, op.name)
     elif op is Op.LONG_POLL:
@@ -1097,6 +1124,13 @@ def decode_pulled(result: bytes) -> PullResult:
         raise ProtocolError(f"PULL_RANGE result of {len(result)} bytes does not hold a {size}-byte reason and {entries} CRCs")
     reason = result[start : start + size].decode("utf-8", "replace")
     return PullResult(entries, nbytes, reason, struct.unpack_from(f">{entries}I", result, start + size))
+
+
+def decode_pulled_segment(result: bytes) -> dict[str, Any]:
+    data = _json_loads(result, "PULL_SEGMENT")
+    if not isinstance(data, dict):
+        raise ProtocolError("PULL_SEGMENT result is not a JSON object")
+    return data
 
 
 def decode_released(result: bytes) -> bool:

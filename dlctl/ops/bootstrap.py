@@ -196,6 +196,7 @@ def engines(
     conf: dict[str, str] | Sequence[str] | None = None,
     verbose: int = 0,
     local_below: int = DEFAULT_LOCAL_BELOW,
+    relay: bool = False,
 ) -> Engines:
     """The engines of one operation (close it at the end: ``with engines(...) as e``): copies
     below ``local_below`` bytes run in-process, the others share one Spark context (an explicit
@@ -205,7 +206,7 @@ def engines(
     if local_below < 0:
         raise UsageError("--local-below must be a size of at least 0 bytes")
     spark_conf = parse_conf(conf) if conf is not None and not isinstance(conf, dict) else dict(conf or {})
-    return Engines(EngineOptions(master=spark_master, parallelism=parallelism, conf=spark_conf, verbose=verbose), local_below=local_below)
+    return Engines(EngineOptions(master=spark_master, parallelism=parallelism, conf=spark_conf, verbose=verbose, relay=relay), local_below=local_below)
 
 
 def copy_bytes(source: ClusterSession, name: str) -> int:
@@ -242,6 +243,7 @@ def bootstrap_logs(
     job: jobplan.JobPlan | None = None,
     local_below: int = DEFAULT_LOCAL_BELOW,
     shared: Engines | None = None,
+    relay: bool = False,
 ) -> J.BootstrapResult:
     """Copy ``logs`` (names or glob patterns; None: every source log) from the source cluster to
     the sink cluster and commit them atomically per log; returns, per log, the snapshot point
@@ -259,7 +261,7 @@ def bootstrap_logs(
         raise UsageError("--throttle must be a positive number of bytes per second")
     own = shared is None
     if shared is None:
-        shared = engines(spark_master=spark_master, parallelism=parallelism, conf=conf, verbose=verbose, local_below=local_below)
+        shared = engines(spark_master=spark_master, parallelism=parallelism, conf=conf, verbose=verbose, local_below=local_below, relay=relay)
     try:
         if job is None:
             job = plan(source_session, sink_session, logs=logs, holder=holder)

@@ -82,6 +82,7 @@ class EngineOptions:
     verbose: int = 0
     log_dir: Path | None = None
     app_name: str = "dlctl-bootstrap"
+    relay: bool = False  # copy through the tasks even where sink agents could pull (dlctl.spark.segment_pull)
 
     @property
     def effective_master(self) -> str:

@@ -103,6 +103,7 @@ class BootstrapResult:
     spark_log: str | None
     engine: str = "none"  # where the copy ran: "spark", "local" (in-process: a small copy) or "none" (nothing to copy)
     spark_starts: int = 0  # Spark contexts started since the operation began (shared by its copies)
+    pulled_segments: int = 0  # of the copied segments, those the sink agents read from the source themselves (the rest were relayed)
 
     @property
     def bytes_per_second(self) -> float:
@@ -119,6 +120,7 @@ class BootstrapResult:
             "spark_log": self.spark_log,
             "engine": self.engine,
             "spark_starts": self.spark_starts,
+            "pulled_segments": self.pulled_segments,
             "logs": [r.to_dict() for r in self.logs.values()],
         }
 
@@ -201,6 +203,7 @@ def execute(
         progresses[lp.log] = _reserve(sink, lp, records[lp.log])
     engine: Engine | None = None
     copied_bytes = 0
+    pulled = 0
     reused: dict[str, int] = {}
     copied: dict[str, int] = {}
     failures: list[str] = []
@@ -240,6 +243,7 @@ def execute(
             if problem is None:
                 copied[r["log"]] = copied.get(r["log"], 0) + 1
                 copied_bytes += int(r.get("source_bytes", 0))
+                pulled += bool(r.get("pulled"))
             else:
                 failures.append(problem)
     out: dict[str, LogResult] = {}
@@ -262,7 +266,7 @@ def execute(
     result = BootstrapResult(
         job.holder, job.source_cluster, job.sink_cluster, out, time.monotonic() - started, copied_bytes,
         str(engine.log_path) if engine is not None and engine.log_path else None,
-        engine=engine.kind if engine is not None else "none", spark_starts=engines.spark_starts,
+        engine=engine.kind if engine is not None else "none", spark_starts=engines.spark_starts, pulled_segments=pulled,
     )
     if incomplete:
         raise PartialFailure(
@@ -342,6 +346,7 @@ def _endpoints(engine: Engine, source: ClusterSession, sink: ClusterSession, thr
         throttle=(throttle / slots) if throttle else None,  # the limit is the job's: split over the tasks running at once
         source_tls=engine.tls(source.tls, source.cluster.name),
         sink_tls=engine.tls(sink.tls, sink.cluster.name),
+        pull=not options.relay,
     )
 
 

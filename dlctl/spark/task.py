@@ -48,19 +48,19 @@ from ..allocator import keep_large_buffers
 from ..errors import DlctlError, RefusedError
 from ..log.auth import Credentials
 from ..log.client import AgentClient
-from ..log.errors import AgentError, BadRequestError, NoSuchSegmentError
+from ..log.errors import AgentError, BadRequestError, NoSuchSegmentError, PullRefusedError
 from ..log import format as fmt
 from ..log.ensembles import probed_ensemble
 from ..log.quorum import write_set_of
-from ..log.readpolicy import AdaptiveTimeout
 from ..log.records import CorruptRecords
 from ..log.rereplication import digest_of
-from ..log.speculative import EntryReadError, ReplicaReader
-from ..meta.records import SegmentRecord
 from ..ratelimit import TokenBucket
 from .credentials import SecretRef, TlsRef
 from .plan import SegmentTask
-from .transform import Clock, ClockScanner, ContentDigest, EntryCopier
+from .recode import NeedsClock, SegmentRecoder
+from .segment_pull import PullRequest
+from .segment_read import CopyFailed, EncodedReader, read_entries
+from .transform import ClockScanner
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ class Endpoints:
     throttle: float | None = None  # bytes per second for this task (None: unlimited)
     source_tls: TlsRef | None = None
     sink_tls: TlsRef | None = None
+    pull: bool = True  # sink agents that read the source cluster pull each segment themselves (one network leg)
+    pull_throttle: float | None = None  # bytes per second of one pull (set from throttle)
 
     def source_credentials(self) -> Credentials:
         return Credentials(self.source_secret.get(), self.source_tls.get() if self.source_tls else None)
@@ -124,10 +126,6 @@ class StaticPool:
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
-
-
-class CopyFailed(DlctlError):
-    """A segment could not be copied; the message names it and why."""
 
 
 # -- the entry points Spark calls ------------------------------------------------------------------
@@ -198,10 +196,13 @@ async def _copy_segments(tasks: list[SegmentTask], endpoints: Endpoints, attempt
     sink = StaticPool(endpoints.sink_nodes, endpoints.sink_credentials(), endpoints.request_timeout)
     bucket = TokenBucket(endpoints.throttle) if endpoints.throttle else None  # the task's rate, whatever overlaps
     gate = asyncio.Semaphore(overlap)  # FIFO: segments start in order
+    route = _Route(endpoints.pull)
+    if endpoints.throttle:  # each overlapping pull gets its share of the task's rate
+        endpoints = replace(endpoints, pull_throttle=endpoints.throttle / overlap)
 
     async def one(task: SegmentTask) -> dict[str, Any]:
         async with gate:
-            return await _copy_result(task, endpoints, attempt, source, sink, bucket)
+            return await _copy_result(task, endpoints, attempt, source, sink, bucket, route)
 
     try:
         return list(await asyncio.gather(*(one(t) for t in tasks)))
@@ -210,12 +211,14 @@ async def _copy_segments(tasks: list[SegmentTask], endpoints: Endpoints, attempt
         await sink.close()
 
 
-async def _copy_result(task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: TokenBucket | None) -> dict[str, Any]:
+async def _copy_result(
+    task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: TokenBucket | None, route: _Route,
+) -> dict[str, Any]:
     started = time.monotonic()
     base = {"log": task.log, "source_seq": task.source.seq, "sink_seq": task.sink_seq, "first_entry": task.source.min_active_entry, "last_entry": task.source.last_entry_id, "start_vv": dict(task.start_vv)}
     try:
-        result = await _copy(task, endpoints, attempt, source, sink, bucket)
-    except _NeedsClock as exc:
+        result = await _copy(task, endpoints, attempt, source, sink, bucket, route)
+    except NeedsClock as exc:
         return dict(base, error=str(exc), needs_clock=True, seconds=round(time.monotonic() - started, 3))
     except (DlctlError, CorruptRecords, ValueError, OSError) as exc:
         message = exc.message if isinstance(exc, DlctlError) else f"{type(exc).__name__}: {exc}"
@@ -241,153 +244,11 @@ def scan_clock(task: SegmentTask, endpoints: Endpoints) -> dict[str, Any]:
 # -- reading --------------------------------------------------------------------------------------
 
 
-class _NeedsClock(Exception):
-    """The task assumed a log of local records only and met a replicated one."""
-
-
-class EncodedReader(ReplicaReader):
-    """Speculative reads that hand back the encoded entry (CRC-checked by the client, not
-    decoded: the copy splices its bytes)."""
-
-    async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int) -> bytes:  # type: ignore[override]
-        client = await self.pool.client(node)
-        return await client.read(log_id, segment_seq, entry_id)
-
-
-class RangeReader(ReplicaReader):
-    """Speculative reads of *ranges* of consecutive entries (READ_RANGE): the same choice of
-    replicas, adaptive timeout, suspects and hand-over on failure as ``ReplicaReader.read``,
-    for a range that starts at the entry id passed to ``read``; the answer is ``(buffer,
-    spans)``, each span an entry CRC-checked by the client. ``ends`` maps a range's first entry
-    id to its last. An agent that does not know READ_RANGE (older) serves the first entry by
-    READ_ENTRY instead."""
-
-    max_bytes = 4 * 1024 * 1024
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.ends: dict[int, int] = {}
-
-    async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int) -> Any:  # type: ignore[override]
-        client = await self.pool.client(node)
-        try:
-            return await client.read_range(log_id, segment_seq, entry_id, self.ends[entry_id], self.max_bytes)
-        except BadRequestError as exc:
-            if "unknown opcode" not in exc.message:
-                raise
-        data = await client.read(log_id, segment_seq, entry_id)
-        return data, [(0, len(data))]
-
-
-def _whole_ensembles(seg: SegmentRecord) -> bool:
-    """Whether every replica of the segment holds every entry (E = W): then any replica can
-    serve any range. Striped ensembles (E > W) are read entry by entry."""
-    return all(len(change.nodes) == seg.write_quorum for change in seg.ensembles)
-
-
-def _ranges(seg: SegmentRecord, first: int, last: int, target_bytes: int) -> list[tuple[int, int]]:
-    """``first..last`` cut into ranges of about ``target_bytes`` (from the segment's average
-    entry size), never across an ensemble change (a range is served by one write set)."""
-    entries = max(1, last - first + 1)
-    per = max(1, min(4096, target_bytes // max(1, seg.bytes // entries)))
-    cuts = sorted({c.first_entry_id for c in seg.ensembles if first < c.first_entry_id <= last})
-    out = []
-    start = first
-    for stop in [*cuts, last + 1]:
-        while start < stop:
-            end = min(stop, start + per) - 1
-            out.append((start, end))
-            start = end + 1
-    return out
-
-
-Chunk = tuple[bytes, int, int]  # a buffer and where one encoded entry lies in it
-
-
-async def _read_entries(task: SegmentTask, pool: StaticPool, window: int, stats: dict[str, int], range_bytes: int = 2 * 1024 * 1024):
-    """Yield the segment's encoded entries in entry-id order as ``(buffer, start, end)``: whole
-    ranges of entries per request when every replica holds every entry, with ``window`` entries
-    read ahead; else one entry per request."""
-    seg = task.source
-    first, last = max(seg.min_active_entry, 0), seg.last_entry_id
-    if last < first:
-        return
-    if _whole_ensembles(seg):
-        async for chunk in _read_ranges(task, pool, window, stats, first, last, range_bytes):
-            yield chunk
-        return
-    reader = EncodedReader(pool, timeout=AdaptiveTimeout(floor=0.05, ceiling=2.0))  # type: ignore[arg-type]
-    pending: dict[int, asyncio.Task] = {}
-    next_id = first
-
-    async def one(entry_id: int) -> bytes:
-        return await reader.read(task.source_log_id, seg, entry_id)  # type: ignore[return-value]
-
-    try:
-        for entry_id in range(first, last + 1):
-            while next_id <= last and next_id < entry_id + window:
-                pending[next_id] = asyncio.ensure_future(one(next_id))
-                next_id += 1
-            try:
-                entry = await pending.pop(entry_id)
-            except EntryReadError as exc:
-                raise CopyFailed(f"segment {seg.seq} of log {task.log!r} (source): {exc.message}", hint=exc.hint) from None
-            stats["replica_failures"] = reader.stats.replica_failures
-            yield entry, 0, len(entry)
-    finally:
-        for fut in pending.values():
-            fut.cancel()
-        await asyncio.gather(*pending.values(), return_exceptions=True)
-
-
-async def _read_ranges(task: SegmentTask, pool: StaticPool, window: int, stats: dict[str, int], first: int, last: int, range_bytes: int):
-    seg = task.source
-    reader = RangeReader(pool, timeout=AdaptiveTimeout(floor=0.05, ceiling=2.0))  # type: ignore[arg-type]
-    ranges = _ranges(seg, first, last, range_bytes)
-    per_range = max(1, (ranges[0][1] - ranges[0][0] + 1))
-    ahead = max(2, window // per_range)  # ranges in flight: about ``window`` entries
-    pending: list[tuple[int, int, asyncio.Future]] = []
-    todo = iter(ranges)
-
-    def launch(a: int, b: int) -> asyncio.Future:
-        reader.ends[a] = b
-        return asyncio.ensure_future(reader.read(task.source_log_id, seg, a))
-
-    def fill() -> None:
-        while len(pending) < ahead:
-            r = next(todo, None)
-            if r is None:
-                return
-            pending.append((r[0], r[1], launch(*r)))
-
-    try:
-        fill()
-        while pending:
-            a, b, fut = pending.pop(0)
-            fill()
-            while True:
-                try:
-                    data, spans = await fut
-                except EntryReadError as exc:
-                    raise CopyFailed(f"segment {seg.seq} of log {task.log!r} (source): {exc.message}", hint=exc.hint) from None
-                stats["replica_failures"] = reader.stats.replica_failures
-                for start, end in spans:
-                    yield data, start, end
-                a += len(spans)
-                if a > b:
-                    break
-                fut = launch(a, b)  # the replica answered part of the range (its byte cap): the rest
-    finally:
-        for _a, _b, fut in pending:
-            fut.cancel()
-        await asyncio.gather(*(f for _a, _b, f in pending), return_exceptions=True)
-
-
 async def _scan(task: SegmentTask, endpoints: Endpoints) -> tuple[dict, int]:
     pool = StaticPool(endpoints.source_nodes, endpoints.source_credentials(), endpoints.request_timeout)
     scanner = ClockScanner(task.source_cluster)
     try:
-        async for buf, start, _end in _read_entries(task, pool, endpoints.window, {}):
+        async for buf, start, _end in read_entries(task, pool, endpoints.window, {}):
             scanner.add_entry(buf, start)
     finally:
         await pool.close()
@@ -415,13 +276,8 @@ async def _ensemble(task: SegmentTask, pool: StaticPool) -> tuple[str, ...]:
         raise CopyFailed(f"segment {task.source.seq} of log {task.log!r}: no sink ensemble: {exc.message}", hint=exc.hint) from None
 
 
-async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: TokenBucket | None) -> dict[str, Any]:
-    where = f"segment {task.source.seq} of log {task.log!r}"
-    task = replace(task, seed=task.seed + attempt)
-    ensemble = await _ensemble(task, sink)
-    w = task.sink_policy.write_quorum
-    clients = {n: await sink.client(n) for n in ensemble}
-    # A stale replica of this (uncommitted) sink segment from an earlier attempt goes first.
+async def _clear(where: str, task: SegmentTask, clients: dict[str, AgentClient]) -> None:
+    """A stale replica of this (uncommitted) sink segment from an earlier attempt goes first."""
     for node, client in clients.items():
         try:
             await client.delete_segment(task.sink_log_id, task.sink_seq)
@@ -430,22 +286,97 @@ async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: S
         except AgentError as exc:
             raise CopyFailed(f"{where}: cannot clear sink agent {node} before copying: {exc.message}") from None
 
-    copier = EntryCopier(
-        source_cluster=task.source_cluster,
-        source_seq=task.source.seq,
-        sink_log_id=task.sink_log_id,
-        sink_seq=task.sink_seq,
-        clock=Clock(task.source_cluster, task.start_vv, settled=task.settled),
+
+class _Route:
+    """How the segments of one task travel: pulled by the sink agents while they all can, else
+    relayed through this process (decided once, at the first segment a member refuses)."""
+
+    def __init__(self, pull: bool) -> None:
+        self.pull = pull
+
+
+async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: StaticPool, sink: StaticPool, bucket: TokenBucket | None, route: _Route) -> dict[str, Any]:
+    where = f"segment {task.source.seq} of log {task.log!r}"
+    task = replace(task, seed=task.seed + attempt)
+    ensemble = await _ensemble(task, sink)
+    clients = {n: await sink.client(n) for n in ensemble}
+    await _clear(where, task, clients)
+    if route.pull:
+        pulled = await _pull(task, endpoints, ensemble, clients, where)
+        if pulled is not None:
+            return pulled
+        route.pull = False
+        await _clear(where, task, clients)  # what members that did pull stored
+    return await _relay(task, endpoints, ensemble, clients, where, source, bucket)
+
+
+PULL_RATE_FLOOR = 1024 * 1024  # bytes/s below which a pull is taken to have hung (its timeout)
+
+
+async def _pull(task: SegmentTask, endpoints: Endpoints, ensemble: tuple[str, ...], clients: dict[str, AgentClient], where: str) -> dict[str, Any] | None:
+    """Every member of the sink ensemble pulls the segment itself (``dlctl.spark.segment_pull``),
+    then each one's DIGEST must match what it says it stored, for the entries its write sets
+    hold, and the members must agree on the content. None: a member does not read the source
+    cluster (or predates PULL_SEGMENT): the segment is relayed instead."""
+    w = task.sink_policy.write_quorum
+    request = PullRequest(
+        log=task.log, source_cluster=task.source_cluster, source_log_id=task.source_log_id, source=task.source,
+        sink_log_id=task.sink_log_id, sink_seq=task.sink_seq, ensemble=ensemble, write_quorum=w, start_vv=dict(task.start_vv),
+        settled=dict(task.settled), assume_local=task.assume_local, window=endpoints.window, throttle=endpoints.pull_throttle,
     )
-    source_digest = ContentDigest()
-    sink_digest = ContentDigest()
+    body = request.to_json()
+    timeout = endpoints.request_timeout + task.source.bytes / (request.throttle or PULL_RATE_FLOOR)
+    answers = await asyncio.gather(*(clients[n].pull_segment(body, timeout=timeout) for n in ensemble), return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException) and not isinstance(answer, AgentError):
+            raise answer
+    refused = {n: a.message for n, a in zip(ensemble, answers) if _refused(a)}
+    if refused:
+        log.info("%s: relayed, not pulled: %s", where, "; ".join(f"sink agent {n}: {m}" for n, m in refused.items()))
+        return None
+    failed = [f"sink agent {n}: {a.message}" for n, a in zip(ensemble, answers) if isinstance(a, AgentError)]
+    if failed:
+        raise CopyFailed(f"{where}: " + "; ".join(failed[:3]), hint="check the source and sink agents; re-run to resume")
+    results: list[dict[str, Any]] = [a for a in answers if isinstance(a, dict)]
+    for result in results:
+        if result.get("needs_clock"):
+            raise NeedsClock(str(result.get("error")))
+    content = [{k: v for k, v in r.items() if k not in ("replica_entries", "replica_digest")} for r in results]
+    if any(c != content[0] for c in content[1:]):
+        digests = ", ".join(f"{n}: {str(c.get('sink_digest'))[:16]}…" for n, c in zip(ensemble, content))
+        raise CopyFailed(f"{where}: the sink agents' copies differ in content ({digests})", hint="re-run to copy the segment again")
+    expected, entries, check = {}, {}, {}
+    for node, result in zip(ensemble, results):
+        want = request.entries_of(node)
+        try:
+            got = await clients[node].digest(task.sink_log_id, task.sink_seq)
+        except AgentError as exc:
+            raise CopyFailed(f"{where}: cannot verify the copy on sink agent {node}: {exc.message}") from None
+        expected[node], entries[node] = str(result.get("replica_digest")), want
+        ok = result.get("replica_entries") == want and got.entries == want and got.digest == expected[node]
+        check[node] = "ok" if ok else f"holds {got.entries} entries (its write sets hold {want}, it says it stored {result.get('replica_entries')}), digest {got.digest[:16]}… (it says {expected[node][:16]}…)"
+    return dict(content[0], ensemble=list(ensemble), replica_expected=expected, replica_entries=entries, replica_check=check, replica_failures=0, pulled=True)
+
+
+def _refused(answer: object) -> bool:
+    return isinstance(answer, PullRefusedError) or (isinstance(answer, BadRequestError) and "unknown opcode" in answer.message)
+
+
+async def _relay(
+    task: SegmentTask, endpoints: Endpoints, ensemble: tuple[str, ...], clients: dict[str, AgentClient], where: str, source: StaticPool, bucket: TokenBucket | None,
+) -> dict[str, Any]:
+    """Read the segment here, re-encode it and add every entry to its write set's members."""
+    w = task.sink_policy.write_quorum
+    recoder = SegmentRecoder(
+        log=task.log, source_cluster=task.source_cluster, source_seq=task.source.seq, first_entry=max(task.source.min_active_entry, 0),
+        sink_log_id=task.sink_log_id, sink_seq=task.sink_seq, start_vv=task.start_vv, settled=task.settled, assume_local=task.assume_local,
+    )
     crcs: dict[str, list[tuple[int, int]]] = {n: [] for n in ensemble}
     outstanding = 0
     room = asyncio.Condition()
     failures: list[str] = []
     adds: set[asyncio.Future] = set()
     read_stats: dict[str, int] = {}
-    source_bytes = 0
     limit = endpoints.max_outstanding_bytes
 
     async def add(node: str, encoded: bytearray, entry_id: int) -> None:
@@ -461,16 +392,10 @@ async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: S
                 room.notify_all()
 
     try:
-        async for buf, start, end in _read_entries(task, source, endpoints.window, read_stats):
+        async for buf, start, end in read_entries(task, source, endpoints.window, read_stats):
             if failures:
                 break
-            source_bytes += end - start
-            source_digest.add_entry(buf, start)
-            before = copier.stats.records - copier.stats.local_records
-            out = copier.copy(buf, start)
-            if task.assume_local and copier.stats.records - copier.stats.local_records > before:
-                raise _NeedsClock(f"{where} holds records replicated from another location; its clock needs a pre-pass")
-            sink_digest.add_entry(out)
+            out = recoder.recode(buf, start, end)
             entry_id, crc = fmt.stored_entry_id(out), fmt.stored_crc(out)
             if bucket is not None:
                 await bucket.take(len(out))
@@ -501,32 +426,10 @@ async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: S
             raise CopyFailed(f"{where}: cannot verify the copy on sink agent {node}: {exc.message}") from None
         ok = got.digest == expected[node] and got.entries == len(crcs[node])
         check[node] = "ok" if ok else f"holds {got.entries} entries (sent {len(crcs[node])}), digest {got.digest[:16]}… (expected {expected[node][:16]}…)"
-    stats = copier.stats
-    result = {
-        "ensemble": list(ensemble),
-        "entries": stats.entries,
-        "records": stats.records,
-        "source_records": source_digest.records,
-        "local_records": stats.local_records,
-        "source_bytes": source_bytes,
-        "sink_bytes": stats.sink_bytes,
-        "first_txid": stats.first_txid,
-        "last_txid": stats.last_txid,
-        "last_data_slot": list(stats.last_data_slot) if stats.last_data_slot else None,
-        "end_vv": dict(copier.clock.vv),
-        "source_digest": source_digest.hexdigest(),
-        "sink_digest": sink_digest.hexdigest(),
-        "replica_expected": expected,
-        "replica_entries": {n: len(p) for n, p in crcs.items()},
-        "replica_check": check,
-        "replica_failures": read_stats.get("replica_failures", 0),
-    }
-    differs = source_digest.first_difference(sink_digest)
-    if differs is not None:
-        result["content_differs_at_entry"] = max(task.source.min_active_entry, 0) + differs
-    return result
-
-
+    return dict(
+        recoder.result(), ensemble=list(ensemble), replica_expected=expected, replica_entries={n: len(p) for n, p in crcs.items()},
+        replica_check=check, replica_failures=read_stats.get("replica_failures", 0),
+    )
 
 
 __all__ = ["CopyFailed", "EncodedReader", "Endpoints", "StaticPool", "copy_segment", "copy_segments", "scan_clock", "scan_clocks"]

@@ -352,6 +352,8 @@ def main() -> int:
     if args.quick:
         args.gib = min(args.gib, 0.25)
 
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # a --dir that does not exist yet is made
     work = Path(tempfile.mkdtemp(prefix="dlctl-bench-", dir=args.dir))
     agent = None
     try:

@@ -90,6 +90,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'held':>8} {'files':>6} {'entries':>9} {'open':>11} {'time':>11} {'read':>10} {'cache':>7}")
     for gib in args.gib:
+        if args.dir is not None:
+            args.dir.mkdir(parents=True, exist_ok=True)  # a --dir that does not exist yet is made
         root = Path(tempfile.mkdtemp(prefix="bench-startup-", dir=args.dir))
         try:
             files, entries = fill(root, gib, args.entry_kib, args.segment_mib)

@@ -21,6 +21,11 @@ policy (W = 3) the bootstrap writes three replicas where the file copy writes on
 measures a one-replica sink log too (apples to apples), and for W > 1 a second baseline, the same
 plain copy writing W copies of every file, is printed next to the first. Exit 0 unless --strict.
 
+Routes (issue 27 item 3): ``pull`` (the sink agents read each segment from the source themselves,
+``dlctl.spark.segment_pull``: the source's credentials are installed on them first, as
+``dlctl init-replication`` does) and ``relay`` (``dlctl bootstrap --relay``: every byte through
+the copying process), each run once per engine, next to the same baselines.
+
 Engines (issue 27 item 3): each copy runs once per ``--engine``: ``spark`` (forced:
 ``local_below=0``) and ``local`` (the in-process thread pool a copy below ``--local-below`` takes),
 one after the other on the same log, each next to the baselines measured just before it. Then,
@@ -48,6 +53,7 @@ from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig
 from dlctl.ops.bootstrap import bootstrap_logs
+from dlctl.ops.source_credentials import credentials_step
 from dlctl.session import ClusterSession
 
 MIB = 1024 * 1024
@@ -164,6 +170,14 @@ def drop_sink_copy(dst: ClusterSession) -> None:
     dst.meta.delete_log(LOG)
 
 
+def declare_source(src: ClusterSession, dst: ClusterSession) -> None:
+    """Install the source's credentials on the sink agents, as ``dlctl init-replication`` does:
+    then they can read it, and pull the copy's segments themselves."""
+    step, _note = credentials_step(src.cluster, dst.cluster)
+    assert step is not None and step.run is not None
+    step.run()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gib", type=float, default=2.0)
@@ -172,9 +186,12 @@ def main() -> int:
     parser.add_argument("--parallelism", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--sink-w", type=int, nargs="+", default=[3])
     parser.add_argument("--engine", nargs="+", choices=("spark", "local"), default=["spark", "local"], help="where the copy runs: Spark (forced) and/or in-process")
+    parser.add_argument("--route", nargs="+", choices=("pull", "relay"), default=["pull", "relay"], help="who moves the bytes: the sink agents (pull) and/or the copying process (relay)")
     parser.add_argument("--dir", type=Path, help="where the sandbox lives (default: a temporary directory)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a W=1 run misses 40 %% of the baseline")
     args = parser.parse_args()
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # a --dir that does not exist yet is made
     work = Path(tempfile.mkdtemp(prefix="bench-bootstrap-", dir=args.dir))
     env = {"DLCTL_SANDBOX_DIR": str(work / "sbx"), "DLCTL_CONFIG": str(work / "sbx" / "config.toml")}
     config = Path(env["DLCTL_CONFIG"])
@@ -191,6 +208,7 @@ def main() -> int:
             nbytes = sum(s.value.bytes for s in segs)
             print(f"source: {nbytes / MIB:.0f} MiB in {len(segs)} segments, records of {args.record_kib:g} KiB (written in {seconds:.1f}s)", flush=True)
             files = source_files(config, src)
+            declare_source(src, dst)
             # The first context of a process also launches the JVM (PySpark keeps it for the next
             # ones): ``dlctl bootstrap`` pays that every time, the runs below only once, before.
             launch = spark_fixed_cost(args.parallelism[0])
@@ -200,25 +218,27 @@ def main() -> int:
             for w in args.sink_w:
                 for parallelism in args.parallelism:
                     seconds_by_engine = {}
-                    for engine in args.engine:
+                    for engine, route in [(e, r) for e in args.engine for r in args.route]:
                         base, copied = plain_copy_rate(files, work)
                         base_w = plain_copy_rate(files, work, replicas=w)[0] if w != 1 else base
                         if w != 3:
                             dst.meta.create_log(LOG, LogConfig(ensemble_size=w, write_quorum=w, ack_quorum=w))
                         local_below = 0 if engine == "spark" else 2**62
-                        result = bootstrap_logs(src, dst, [LOG], holder="bootstrap-bench", parallelism=parallelism, local_below=local_below)
+                        result = bootstrap_logs(src, dst, [LOG], holder="bootstrap-bench", parallelism=parallelism, local_below=local_below, relay=route == "relay")
                         assert result.engine == engine, result.engine
                         (res,) = result.logs.values()
-                        seconds_by_engine[engine] = result.seconds
+                        assert result.pulled_segments == (res.copied if route == "pull" else 0), (route, result.pulled_segments, res.copied)
+                        if route == args.route[0]:
+                            seconds_by_engine[engine] = result.seconds
                         rate = nbytes / result.seconds
                         fixed_here = fixed[parallelism] if engine == "spark" else 0.0
                         net = nbytes / max(0.001, result.seconds - fixed_here)
-                        row = {"engine": engine, "sink_w": w, "parallelism": parallelism, "seconds": round(result.seconds, 2), "mib_per_s": round(rate / MIB, 1),
+                        row = {"engine": engine, "route": route, "sink_w": w, "parallelism": parallelism, "seconds": round(result.seconds, 2), "mib_per_s": round(rate / MIB, 1),
                                "baseline_mib_per_s": round(base / MIB, 1), "ratio": round(rate / base, 3),
                                "baseline_w_replicas_mib_per_s": round(base_w / MIB, 1), "ratio_w_replicas": round(rate / base_w, 3), "segments": res.segments, "records": res.records,
                                "spark_fixed_seconds": round(fixed_here, 2), "mib_per_s_without_spark_fixed": round(net / MIB, 1)}
                         rows.append(row)
-                        print(f"{engine:5} sink W={w} parallelism {parallelism}: {nbytes / MIB:.0f} MiB in {result.seconds:.1f}s = {rate / MIB:.1f} MiB/s; "
+                        print(f"{engine:5} {route:5} sink W={w} parallelism {parallelism}: {nbytes / MIB:.0f} MiB in {result.seconds:.1f}s = {rate / MIB:.1f} MiB/s; "
                               f"plain file copy of the same {copied / MIB:.0f} MiB: {base / MIB:.1f} MiB/s ({rate / base:.0%}); "
                               + (f"to {w} copies: {base_w / MIB:.1f} MiB/s ({rate / base_w:.0%}); " if w != 1 else "")
                               + (f"without Spark's fixed {fixed_here:.1f}s: {net / MIB:.1f} MiB/s ({net / base:.0%})" if engine == "spark" else "no Spark start"), flush=True)

@@ -147,6 +147,8 @@ def main() -> int:
     if args.serve:
         serve(Path(args.serve[0]), Path(args.serve[1]), json.loads(args.serve[2]))
         return 0
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # a --dir that does not exist yet is made
     work = Path(tempfile.mkdtemp(prefix="bench-rerepl-", dir=args.dir))
     procs = []
     try:

@@ -240,6 +240,8 @@ def main() -> int:
 
     rate = ScrubSettings().bytes_per_second
     load = os.getloadavg()  # others' work on the machine shows in the spread of the rounds
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # a --dir that does not exist yet is made
     work = Path(tempfile.mkdtemp(prefix="dlctl-bench-scrub-", dir=args.dir))
     proc = None
     try:

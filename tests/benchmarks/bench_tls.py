@@ -152,6 +152,8 @@ def main() -> int:
     if args.serve:
         serve(Path(args.serve[0]), Path(args.serve[1]), args.serve[2])
         return 0
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # a --dir that does not exist yet is made
     work = Path(tempfile.mkdtemp(prefix="bench-tls-", dir=args.dir))
     procs = []
     try:

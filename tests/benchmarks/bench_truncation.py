@@ -263,6 +263,8 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, help="where agents keep their data (default: a temporary directory)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args()
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # a --dir that does not exist yet is made
     work = Path(tempfile.mkdtemp(prefix="bench-truncation-", dir=args.dir))
     registry = None
     try:

@@ -87,9 +87,10 @@ def up(args: argparse.Namespace) -> int:
         return 1
     import asyncio
 
-    with B.session(Path(env["DLCTL_CONFIG"]), "east") as src:
+    with B.session(Path(env["DLCTL_CONFIG"]), "east") as src, B.session(Path(env["DLCTL_CONFIG"]), "west") as dst:
         seconds = asyncio.run(B.fill(src, int(args.gib * GIB), args.segments, int(args.record_kib * 1024)))
         nbytes = sum(s.value.bytes for s in src.meta.segments(B.LOG))
+        B.declare_source(src, dst)  # the sink agents can pull (run --relay: they do not)
     print(f"source: {nbytes / 2**20:.0f} MiB in {args.segments} segments (written in {seconds:.1f}s)")
     return 0
 
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
             started = time.monotonic()
             # In-process: the engine a copy below --local-below takes (dlctl.spark.local), on
             # --parallelism threads; --spark: forced onto Spark.
-            result = bootstrap_logs(src, dst, [B.LOG], holder="bootstrap-profile", parallelism=args.parallelism, local_below=0 if args.spark else 1 << 62)
+            result = bootstrap_logs(src, dst, [B.LOG], holder="bootstrap-profile", parallelism=args.parallelism, local_below=0 if args.spark else 1 << 62, relay=args.relay)
             wall = time.monotonic() - started
             if args.spark:
                 stop.set()
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         own = (t1.user - t0.user) + (t1.system - t0.system)
         kids = sum(v - kids_before.get(p, 0.0) for p, v in kids_seen.items())
         gib = nbytes / GIB
-        print(f"{'spark' if args.spark else 'in-process'} copy{' (Python loops)' if args.no_speedups else ''}, sink W={args.sink_w}, parallelism {args.parallelism}: {nbytes / 2**20:.0f} MiB in {wall:.2f}s = {nbytes / 2**20 / wall:.1f} MiB/s (job's own figure {result.seconds:.2f}s); plain file copy {base / 2**20:.0f} MiB/s ({nbytes / wall / base:.0%})")
+        print(f"{'relayed' if args.relay else f'pulled ({result.pulled_segments} segments)'}, {'spark' if args.spark else 'in-process'} copy{' (Python loops)' if args.no_speedups else ''}, sink W={args.sink_w}, parallelism {args.parallelism}: {nbytes / 2**20:.0f} MiB in {wall:.2f}s = {nbytes / 2**20 / wall:.1f} MiB/s (job's own figure {result.seconds:.2f}s); plain file copy {base / 2**20:.0f} MiB/s ({nbytes / wall / base:.0%})")
         print(f"CPU s/GiB: copy process {own / gib:.2f}" + (f", Spark JVM + workers {kids / gib:.2f}" if args.spark else "") + f", source agents {(after['east'] - before['east']) / gib:.2f}, sink agents {(after['west'] - before['west']) / gib:.2f}")
         if args.spark and args.verbose:
             for p, v in sorted(kids_seen.items(), key=lambda kv: -kv[1]):
@@ -182,6 +183,7 @@ def main() -> int:
     parser.add_argument("--record-kib", type=float, default=4)
     parser.add_argument("--sink-w", type=int, default=1)
     parser.add_argument("--spark", action="store_true")
+    parser.add_argument("--relay", action="store_true", help="every byte through the copying process, not pulled by the sink agents")
     parser.add_argument("--parallelism", type=int, default=1)
     parser.add_argument("--cprofile", type=int, default=0)
     parser.add_argument("--no-speedups", action="store_true", help="in-process: the Python loops instead of dlctl._speedups")

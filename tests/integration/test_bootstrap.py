@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from dlctl.log.writer import LogWriter
 from dlctl.meta import roles
 from dlctl.meta.pins import PinStore
 from dlctl.meta.records import LogConfig
+from dlctl.ops.source_credentials import credentials_step, source_dir
 from dlctl.session import ClusterSession
 from dlctl.replication.causal import SourceClock
 from dlctl.replication.origin import SOURCE_POSITION, Origin, decode_source_position, encode_source_position
@@ -485,3 +487,100 @@ def test_the_bootstrap_stamps_a_log_with_a_raised_clock_exactly_as_a_stream_does
     assert [vt[SOURCE] for vt in got] == list(range(1, 31)) + list(range(1001, 1031)), "records after the step count from the raised floor"
     (logres,) = json.loads(result.stdout)["logs"]
     assert logres["source_vv"] == {SOURCE: 1030}
+
+
+# -- sink agents that read the source pull the segments themselves (PULL_SEGMENT) -----------------
+
+
+@pytest.fixture
+def declared(sandbox):
+    """The source's credentials installed on every sink agent, as ``init-replication`` does, so
+    they can read it; removed afterwards (the module's other tests relay)."""
+    with session(sandbox, SOURCE) as src, session(sandbox, SINK) as dst:
+        step, _note = credentials_step(src.cluster, dst.cluster)
+        assert step is not None and step.run is not None
+        step.run()
+        dirs = {n.id: Path(source_dir(n, SOURCE)) for n in dst.cluster.nodes}
+    assert all((d / "source.toml").exists() for d in dirs.values())
+    yield dirs
+    for d in dirs.values():
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def pull_counters(env: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Each sink agent's own count of the pulls it ran and refused (its STAT)."""
+    with session(env, SINK) as s:
+        out = {}
+        for node, info in s.meta.available_nodes().items():
+            host, _, port = info["address"].rpartition(":")
+            with SyncAgentClient(host, int(port), s.secret, tls=s.tls) as client:
+                out[node] = dict(client.stat().get("pull", {}))
+        return out
+
+
+def pulls_since(before: dict, after: dict, key: str = "segment_pulls") -> dict[str, int]:
+    return {node: after[node].get(key, 0) - before.get(node, {}).get(key, 0) for node in after}
+
+
+def test_sink_agents_that_read_the_source_pull_every_segment_and_the_sink_holds_every_record_once_in_order(sandbox, declared):
+    name = "pulled"
+    create_source_log(sandbox, name, segments=6, per_segment=200, size=2000)
+    before = pull_counters(sandbox)
+    result = bootstrap(sandbox, name)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["pulled_segments"] == 6, report
+    # The agents' own counters, not the job's word: each member of each W = 3 ensemble pulled.
+    assert pulls_since(before, pull_counters(sandbox)) == {n: 6 for n in declared}
+    assert_sink_holds_source(records_of(sandbox, SOURCE, name), records_of(sandbox, SINK, name))
+
+
+def test_with_relay_or_a_sink_agent_that_does_not_read_the_source_every_segment_is_relayed(sandbox, declared):
+    name = "relayed"
+    create_source_log(sandbox, name, segments=3, per_segment=100, size=2000)
+    before = pull_counters(sandbox)
+    result = bootstrap(sandbox, name, "--relay")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["pulled_segments"] == 0
+    assert pulls_since(before, pull_counters(sandbox)) == {n: 0 for n in declared}
+    assert_sink_holds_source(records_of(sandbox, SOURCE, name), records_of(sandbox, SINK, name))
+
+    # One member without the source's credentials refuses before storing anything; every
+    # ensemble (E = W = 3) includes it, so the job relays, and the copy is whole.
+    missing = sorted(declared)[0]
+    shutil.rmtree(declared[missing])
+    name = "relayed-after-refusal"
+    create_source_log(sandbox, name, segments=3, per_segment=100, size=2000)
+    before = pull_counters(sandbox)
+    result = bootstrap(sandbox, name)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["pulled_segments"] == 0
+    assert pulls_since(before, pull_counters(sandbox), "segment_pulls_refused")[missing] >= 1
+    assert_sink_holds_source(records_of(sandbox, SOURCE, name), records_of(sandbox, SINK, name))
+
+
+def test_pulls_carry_on_from_the_last_source_replica_while_two_of_three_are_paused(sandbox, declared, tmp_path):
+    name = "pulled-paused"
+    create_source_log(sandbox, name, segments=4, per_segment=400, size=2000)
+    before = pull_counters(sandbox)
+    status = json.loads(dlctl(sandbox, "-o", "json", "sandbox", "status").stdout)
+    sources = sorted((n["node"], n["pid"]) for n in status["nodes"] if n["cluster"] == SOURCE)
+    paused = [pid for _node, pid in sources[:2]]
+    proc = start_dlctl(
+        sandbox, "-o", "json", "--yes", "bootstrap", "--source", SOURCE, "--sink", SINK, "--logs", name, "--parallelism", "1", "--throttle", "600K",
+        log=tmp_path / "job.log",
+    )
+    try:
+        wait_for(lambda: sum(pulls_since(before, pull_counters(sandbox)).values()) or proc.poll() is not None, 120, "the sink agents to start pulling")
+        assert proc.poll() is None, "the job finished before the source agents could be paused; slow it down further"
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        assert proc.wait(180) == 0, (tmp_path / "job.log").read_text()
+    finally:
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads((tmp_path / "job.log").read_text()[(tmp_path / "job.log").read_text().index("{"):])
+    assert report["pulled_segments"] == 4, report
+    assert_sink_holds_source(records_of(sandbox, SOURCE, name), records_of(sandbox, SINK, name))

@@ -22,7 +22,7 @@ from dlctl.spark import plan as P
 from dlctl.spark.credentials import SecretRef, secure_spark_conf_problems
 from dlctl.spark.engine import EngineOptions, parse_conf
 from dlctl.log.records import CorruptRecords
-from dlctl.spark import task as T
+from dlctl.spark import segment_read as R
 from dlctl.spark.transform import Clock, ClockEffect, ClockScanner, ContentDigest, EntryCopier, content_digest
 
 
@@ -265,11 +265,11 @@ def test_records_that_do_not_parse_are_refused_naming_the_byte_by_the_copy_and_b
 
 def test_ranges_cover_the_segment_in_pieces_of_about_the_target_size_never_across_an_ensemble_change():
     s = SegmentRecord(5, SegmentState.COMPLETED, (EnsembleChange(0, ("a", "b", "c")), EnsembleChange(10, ("a", "b", "d"))), 3, 2, 0.0, last_entry_id=24, records=25, bytes=25 * 1000)
-    ranges = T._ranges(s, 0, 24, 4000)
+    ranges = R._ranges(s, 0, 24, 4000)
     assert ranges == [(0, 3), (4, 7), (8, 9), (10, 13), (14, 17), (18, 21), (22, 24)]
-    assert T._ranges(s, 22, 24, 10**9) == [(22, 24)]
-    assert T._whole_ensembles(s)
-    assert not T._whole_ensembles(SegmentRecord(5, SegmentState.COMPLETED, (EnsembleChange(0, ("a", "b", "c")),), 2, 2, 0.0, last_entry_id=3))
+    assert R._ranges(s, 22, 24, 10**9) == [(22, 24)]
+    assert R._whole_ensembles(s)
+    assert not R._whole_ensembles(SegmentRecord(5, SegmentState.COMPLETED, (EnsembleChange(0, ("a", "b", "c")),), 2, 2, 0.0, last_entry_id=3))
 
 
 def test_the_clock_scanner_summarises_a_segment_as_a_clock_effect():
@@ -372,7 +372,7 @@ def test_a_range_read_from_an_agent_without_read_range_falls_back_to_reading_its
             return OldAgent()
 
     s = SegmentRecord(5, SegmentState.COMPLETED, (EnsembleChange(0, ("a", "b", "c")),), 3, 2, 0.0, last_entry_id=9)
-    reader = T.RangeReader(Pool())
+    reader = R.RangeReader(Pool())
     reader.ends[4] = 9
     assert asyncio.run(reader.read(7, s, 4)) == (b"entry 4", [(0, 7)])
     assert reader.stats.replica_failures == 0
