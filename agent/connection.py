@@ -220,8 +220,10 @@ class Connection(asyncio.Protocol):
         self._wake_room()
         for task in self.tasks:
             # Long polls are pure waits; adds, fences and deletes run to completion so the store
-            # never sees an operation abandoned half-way.
-            if task.get_name() == "long-poll":
+            # never sees an operation abandoned half-way. A segment pull stops between batches
+            # (a batch already handed to the store is still written): whoever asked for it is
+            # gone and will not verify it, and a re-run clears the segment before copying again.
+            if task.get_name() in ("long-poll", "pull-segment"):
                 task.cancel()
 
     def eof_received(self) -> bool:

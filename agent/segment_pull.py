@@ -9,6 +9,7 @@ not read is refused with PULL_REFUSED before anything is stored, and the copier 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -34,7 +35,11 @@ class SegmentPuller:
         self.store = store
         self.node_id = node_id
         self.links = links
-        self.counters = {"segment_pulls": 0, "segment_pulls_refused": 0, "segment_pulls_failed": 0, "segment_pulled_bytes": 0}
+        self.counters = {
+            "segment_pulls": 0, "segment_pulls_running": 0, "segment_pulls_refused": 0, "segment_pulls_failed": 0,
+            "segment_pulls_abandoned": 0,  # the requester's connection closed: the pull stopped
+            "segment_pulled_bytes": 0,
+        }
 
     async def pull(self, body: bytes, uncached: bool) -> bytes:
         try:
@@ -43,9 +48,14 @@ class SegmentPuller:
             raise BadRequestError(f"{exc}; nothing stored") from None
         link = await self._link(request.source_cluster)
         self.counters["segment_pulls"] += 1
+        self.counters["segment_pulls_running"] += 1
         where = f"PULL_SEGMENT of segment {request.source.seq} of log {request.log!r} from cluster {request.source_cluster!r}"
         try:
             result = await pull_segment(request, link.pool, self.node_id, lambda batch: self.store.add_batch(batch, uncached=uncached))
+        except asyncio.CancelledError:
+            self.counters["segment_pulls_abandoned"] += 1
+            log.info("%s abandoned: the requester's connection closed", where)
+            raise
         except NeedsClock as exc:
             return json.dumps({"needs_clock": True, "error": str(exc)}).encode()
         except CopyFailed as exc:
@@ -59,6 +69,8 @@ class SegmentPuller:
         except AgentError:
             self.counters["segment_pulls_failed"] += 1
             raise
+        finally:
+            self.counters["segment_pulls_running"] -= 1
         self.counters["segment_pulled_bytes"] += int(result["source_bytes"])
         return json.dumps(result, separators=(",", ":")).encode()
 

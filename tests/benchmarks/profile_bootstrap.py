@@ -46,6 +46,20 @@ def _cpu(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / _TICK
 
 
+def _machine() -> list[int]:
+    """The machine's CPU time so far (/proc/stat, in ticks): user+nice, system+irq+softirq, idle, iowait."""
+    with open("/proc/stat") as f:
+        u, n, s, i, w, q, sq, st = (int(x) for x in f.readline().split()[1:9])
+    return [u + n, s + q + sq, i, w, st]
+
+
+def _machine_shares(before: list[int], after: list[int]) -> str:
+    """How the machine's cores spent the interval: is the copy bound by CPU or by waiting?"""
+    delta = [b - a for a, b in zip(before, after)]
+    total = max(1, sum(delta))
+    return ", ".join(f"{name} {d / total:.0%}" for name, d in zip(("user", "system", "idle", "iowait", "steal"), delta))
+
+
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -146,11 +160,13 @@ def run(args: argparse.Namespace) -> int:
 
                 watcher = threading.Thread(target=watch, daemon=True)
                 watcher.start()
+            machine_before = _machine()
             started = time.monotonic()
             # In-process: the engine a copy below --local-below takes (dlctl.spark.local), on
             # --parallelism threads; --spark: forced onto Spark.
             result = bootstrap_logs(src, dst, [B.LOG], holder="bootstrap-profile", parallelism=args.parallelism, local_below=0 if args.spark else 1 << 62, relay=args.relay)
             wall = time.monotonic() - started
+            machine_after = _machine()
             if args.spark:
                 stop.set()
                 watcher.join()
@@ -165,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         gib = nbytes / GIB
         print(f"{'relayed' if args.relay else f'pulled ({result.pulled_segments} segments)'}, {'spark' if args.spark else 'in-process'} copy{' (Python loops)' if args.no_speedups else ''}, sink W={args.sink_w}, parallelism {args.parallelism}: {nbytes / 2**20:.0f} MiB in {wall:.2f}s = {nbytes / 2**20 / wall:.1f} MiB/s (job's own figure {result.seconds:.2f}s); plain file copy {base / 2**20:.0f} MiB/s ({nbytes / wall / base:.0%})")
         print(f"CPU s/GiB: copy process {own / gib:.2f}" + (f", Spark JVM + workers {kids / gib:.2f}" if args.spark else "") + f", source agents {(after['east'] - before['east']) / gib:.2f}, sink agents {(after['west'] - before['west']) / gib:.2f}")
+        print(f"the machine's cores during the copy: {_machine_shares(machine_before, machine_after)}")
         if args.spark and args.verbose:
             for p, v in sorted(kids_seen.items(), key=lambda kv: -kv[1]):
                 print(f"  pid {p}: {v - kids_before.get(p, 0.0):.2f} CPU s  {names.get(p, '?')}")

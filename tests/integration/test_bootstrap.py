@@ -584,3 +584,30 @@ def test_pulls_carry_on_from_the_last_source_replica_while_two_of_three_are_paus
     report = json.loads((tmp_path / "job.log").read_text()[(tmp_path / "job.log").read_text().index("{"):])
     assert report["pulled_segments"] == 4, report
     assert_sink_holds_source(records_of(sandbox, SOURCE, name), records_of(sandbox, SINK, name))
+
+
+def test_killing_the_driver_stops_the_sink_agents_pulls_at_once_and_a_rerun_copies_everything(sandbox, declared, tmp_path):
+    name = "pulled-killed"
+    create_source_log(sandbox, name, segments=2, per_segment=2000, size=2000)
+    before = pull_counters(sandbox)
+    # 4 MB segments at 50 KB/s each: a pull left running would go on for over a minute.
+    proc = start_dlctl(
+        sandbox, "-o", "json", "--yes", "bootstrap", "--source", SOURCE, "--sink", SINK, "--logs", name, "--parallelism", "1", "--throttle", "100K",
+        log=tmp_path / "first.log",
+    )
+    try:
+        wait_for(lambda: sum(pulls_since(before, pull_counters(sandbox)).values()) or proc.poll() is not None, 120, "the sink agents to start pulling")
+        assert proc.poll() is None, (tmp_path / "first.log").read_text()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Each agent's own gauge: no pull of the dead driver's goes on storing into the sink.
+    wait_for(lambda: not any(c.get("segment_pulls_running", 0) for c in pull_counters(sandbox).values()), 15, "the sink agents to stop the dead driver's pulls")
+    assert sum(pulls_since(before, pull_counters(sandbox), "segment_pulls_abandoned").values()) >= 1
+    assert sink_segments(sandbox, name) == []
+    result = bootstrap(sandbox, name)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["pulled_segments"] == 2
+    assert_sink_holds_source(records_of(sandbox, SOURCE, name), records_of(sandbox, SINK, name))
