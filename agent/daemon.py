@@ -212,7 +212,7 @@ async def _serve(config: AgentConfig, metrics: AgentMetrics, metrics_address: st
         log.info("re-replication auditor disabled by configuration ([auditor] enabled = false)")
     replication = _start_replication(config, zk, zk_auth, credentials, metrics)
     # Bootstrap segments pulled from a source cluster (PULL_SEGMENT), through the workers' links.
-    server.segment_puller = SegmentPuller(store, config.node_id, replication.source_link if replication is not None else None)
+    server.segment_puller = SegmentPuller(store, config.node_id, replication.source_link if replication is not None else None, server.puller.pool)
     # Housekeeping reclaims this agent's stale replicas at once (it may have been down during a
     # collection) and, if elected, applies retention and collects truncated segments' records.
     housekeeping = Housekeeping(zk, config.cluster, config.node_id, store, credentials, config.housekeeping, zk_auth, metrics=metrics).start()

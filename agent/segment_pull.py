@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from dlctl.errors import ConfigError
+from dlctl.log import protocol as p
 from dlctl.log.errors import AgentError, BadRequestError, PullRefusedError
 from dlctl.log.records import CorruptRecords
 from dlctl.spark.recode import NeedsClock
@@ -31,14 +32,15 @@ class SegmentPuller:
     """Serves PULL_SEGMENT: ``links`` opens the link to a declared source (None: this agent
     runs no replication workers and reads no other cluster), ``store`` keeps the copy."""
 
-    def __init__(self, store: Any, node_id: str, links: SourceLinks | None) -> None:
+    def __init__(self, store: Any, node_id: str, links: SourceLinks | None, peers: Any = None) -> None:
         self.store = store
         self.node_id = node_id
         self.links = links
+        self.peers = peers  # an AgentPool of this agent's own cluster: the other members get their entries through it
         self.counters = {
             "segment_pulls": 0, "segment_pulls_running": 0, "segment_pulls_refused": 0, "segment_pulls_failed": 0,
             "segment_pulls_abandoned": 0,  # the requester's connection closed: the pull stopped
-            "segment_pulled_bytes": 0,
+            "segment_pulled_bytes": 0, "segment_forwarded_bytes": 0,
         }
 
     async def pull(self, body: bytes, uncached: bool) -> bytes:
@@ -51,7 +53,10 @@ class SegmentPuller:
         self.counters["segment_pulls_running"] += 1
         where = f"PULL_SEGMENT of segment {request.source.seq} of log {request.log!r} from cluster {request.source_cluster!r}"
         try:
-            result = await pull_segment(request, link.pool, self.node_id, lambda batch: self.store.add_batch(batch, uncached=uncached))
+            result = await pull_segment(
+                request, link.pool, self.node_id, lambda batch: self.store.add_batch(batch, uncached=uncached),
+                self._forward if self.peers is not None else None,
+            )
         except asyncio.CancelledError:
             self.counters["segment_pulls_abandoned"] += 1
             log.info("%s abandoned: the requester's connection closed", where)
@@ -73,6 +78,19 @@ class SegmentPuller:
             self.counters["segment_pulls_running"] -= 1
         self.counters["segment_pulled_bytes"] += int(result["source_bytes"])
         return json.dumps(result, separators=(",", ":")).encode()
+
+    async def _forward(self, node: str, batch: Sequence[bytearray]) -> None:
+        """Hand ``node`` (a member of the sink ensemble) its entries, durably: ADD_BATCH, or
+        ADD_ENTRY for one entry too large for a batch. A failure names the member."""
+        try:
+            client = await self.peers.client(node)
+            if len(batch) == 1 and len(batch[0]) > p.MAX_BATCH_BYTES:
+                await client.add(batch[0], uncached=True)
+            else:
+                await client.add_batch(list(batch), uncached=True)
+        except AgentError as exc:
+            raise AgentError(f"sink agent {node} did not store what this agent forwarded: {exc.message}") from None
+        self.counters["segment_forwarded_bytes"] += sum(len(b) for b in batch)
 
     async def _link(self, cluster: str) -> Any:
         if self.links is None:

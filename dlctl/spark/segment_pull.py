@@ -4,10 +4,10 @@ The relay copy (``dlctl.spark.task``) reads a source segment into an executor, r
 adds every entry to the W sink agents: each byte crosses two connections (two TLS encryptions and
 two decryptions) and three processes. A sink agent that can read the source cluster — a declared
 source (``dlagent.replication_config``), as its replication workers read it — is asked instead to
-read the source segment itself, re-encode it with the same ``SegmentRecoder`` and store the
-entries of its own write sets: one connection, two processes, and no third process's CPU. Every
-member of the sink ensemble pulls for itself (the source serves W reads, as a relay serves W
-adds), and the re-encoding is deterministic, so the W members report the same content.
+read the source segment itself, re-encode it with the same ``SegmentRecoder``, store the entries
+of its own write sets and hand the other members theirs (ADD_BATCH, as re-replication does): the
+source is read once and each entry re-encoded once, whatever W, and no third process spends CPU
+on the copy. Members take turns at pulling, segment by segment, so the work spreads.
 
 Here are the two halves the agent and the task share: ``PullRequest`` (the request's JSON body,
 checked field by field: it comes from the network) and ``pull_segment``, the copy the agent runs
@@ -15,8 +15,9 @@ given a pool that reaches the source's agents and a function that stores a batch
 
 The task still decides where the segment goes (the sink ensemble), clears stale replicas first,
 and verifies the result as it verifies a relayed copy: every member's DIGEST of what it stores
-must equal the digest of what it says it stored, for the number of entries its write sets hold,
-and the members' content digests must agree (``dlctl.spark.task``).
+must equal the digest of the entries the puller says it handed that member, for exactly the
+number of entries the member's write sets hold (``dlctl.spark.task``); the job then compares the
+source and sink content digests.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..log import protocol as p
 from ..log.format import stored_crc, stored_entry_id
 from ..log.quorum import write_set_of
 from ..log.rereplication import digest_of
@@ -57,6 +59,7 @@ class PullRequest:
     assume_local: bool = False
     window: int = 32  # source entries read ahead
     throttle: float | None = None  # bytes per second for this pull (None: unlimited)
+    forward: bool = False  # also hand the other members their write sets' entries (ADD_BATCH)
 
     def to_json(self) -> bytes:
         raw = {
@@ -64,6 +67,7 @@ class PullRequest:
             "source": json.loads(to_json(self.source)), "sink_log_id": self.sink_log_id, "sink_seq": self.sink_seq,
             "ensemble": list(self.ensemble), "write_quorum": self.write_quorum, "start_vv": self.start_vv,
             "settled": self.settled, "assume_local": self.assume_local, "window": self.window, "throttle": self.throttle,
+            "forward": self.forward,
         }
         return json.dumps(raw, separators=(",", ":")).encode()
 
@@ -98,8 +102,8 @@ class PullRequest:
         return cls(
             log=log, source_cluster=cluster, source_log_id=_int(raw, "source_log_id", 0), source=source,
             sink_log_id=_int(raw, "sink_log_id", 0), sink_seq=_int(raw, "sink_seq", 0), ensemble=tuple(ensemble), write_quorum=w,
-            start_vv=_counters(raw, "start_vv"), settled=_counters(raw, "settled"), assume_local=bool(raw.get("assume_local", False)),
-            window=_window(raw), throttle=float(throttle) if throttle is not None else None,
+            start_vv=_counters(raw, "start_vv"), settled=_counters(raw, "settled"), assume_local=_flag(raw, "assume_local"),
+            window=_window(raw), throttle=float(throttle) if throttle is not None else None, forward=_flag(raw, "forward"),
         )
 
     @property
@@ -112,7 +116,7 @@ class PullRequest:
 
 
 _REQUIRED = {"log", "source_cluster", "source_log_id", "source", "sink_log_id", "sink_seq", "ensemble", "write_quorum"}
-_FIELDS = _REQUIRED | {"start_vv", "settled", "assume_local", "window", "throttle"}
+_FIELDS = _REQUIRED | {"start_vv", "settled", "assume_local", "window", "throttle", "forward"}
 
 
 def _text(raw: dict, name: str) -> str:
@@ -126,6 +130,13 @@ def _int(raw: dict, name: str, least: int) -> int:
     value = raw[name]
     if not isinstance(value, int) or isinstance(value, bool) or not least <= value < 2**63:
         raise ValueError(f"PULL_SEGMENT {name!r} must be an integer >= {least}, got {value!r}")
+    return value
+
+
+def _flag(raw: dict, name: str) -> bool:
+    value = raw.get(name, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"PULL_SEGMENT {name!r} must be true or false, got {value!r}")
     return value
 
 
@@ -145,56 +156,86 @@ def _counters(raw: dict, name: str) -> dict[str, int]:
     return dict(value)
 
 
-StoreBatch = Callable[[Sequence[bytearray]], Awaitable[Any]]
+StoreBatch = Callable[[Sequence[bytearray]], Awaitable[Any]]  # entries -> durable here
+PeerBatch = Callable[[str, Sequence[bytearray]], Awaitable[Any]]  # (member, entries) -> durable there
 
 
-async def pull_segment(request: PullRequest, source_pool: Any, node_id: str, store: StoreBatch) -> dict[str, Any]:
-    """Copy the request's segment from the source agents (``source_pool``) into this agent:
-    every entry is read and re-encoded, and those of ``node_id``'s write sets are handed to
-    ``store`` in batches of about ``BATCH_BYTES`` — one being stored while the next is read.
-    Returns the content figures (``SegmentRecoder.result``) plus ``replica_entries`` and
-    ``replica_digest``: what this agent now holds, for the task to check against its DIGEST.
-    Raises ``CopyFailed`` (the source cannot serve), ``NeedsClock``, or what ``store`` raises."""
+class _Outlet:
+    """The entries bound for one member, in batches of about ``BATCH_BYTES``: one batch on its
+    way (being stored, or sent and stored there) while the next fills, so memory stays bounded."""
+
+    def __init__(self, send: Callable[[Sequence[bytearray]], Awaitable[Any]]) -> None:
+        self.send = send
+        self.pairs: list[tuple[int, int]] = []  # (entry id, CRC) of every entry handed over
+        self.batch: list[bytearray] = []
+        self.size = 0
+        self.sending: asyncio.Future | None = None
+
+    async def put(self, entry_id: int, out: bytearray) -> None:
+        if self.batch and self.size + len(out) > p.MAX_BATCH_BYTES:
+            await self.flush()
+        self.pairs.append((entry_id, stored_crc(out)))
+        self.batch.append(out)
+        self.size += len(out)
+        if self.size >= BATCH_BYTES:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if self.sending is not None:
+            await self.sending
+        self.sending = asyncio.ensure_future(self.send(self.batch)) if self.batch else None
+        self.batch, self.size = [], 0
+
+    async def drain(self) -> None:
+        """Everything handed over is durable at its member."""
+        await self.flush()
+        await self.flush()
+
+    async def abandon(self) -> None:
+        if self.sending is not None and not self.sending.done():
+            self.sending.cancel()
+            await asyncio.gather(self.sending, return_exceptions=True)
+
+
+async def pull_segment(request: PullRequest, source_pool: Any, node_id: str, store: StoreBatch, peers: PeerBatch | None = None) -> dict[str, Any]:
+    """Copy the request's segment from the source agents (``source_pool``) into the sink
+    ensemble: every entry is read and re-encoded once; those of ``node_id``'s write sets go to
+    ``store``, and with ``request.forward`` those of the other members' write sets go to them
+    through ``peers`` (ADD_BATCH) — in batches of about ``BATCH_BYTES``, one per member on its
+    way while the next is read. Returns the content figures (``SegmentRecoder.result``) plus
+    ``replicas``: per member, how many entries it was handed and their digest, for the task to
+    check against the member's own DIGEST. Raises ``CopyFailed`` (the source cannot serve),
+    ``NeedsClock``, or what ``store`` and ``peers`` raise (nothing is then acknowledged)."""
     if node_id not in request.ensemble:
         raise ValueError(f"PULL_SEGMENT to {node_id}: it is not in the sink ensemble {list(request.ensemble)}")
+    if request.forward and peers is None:
+        raise ValueError(f"PULL_SEGMENT to {node_id}: it cannot forward to the other members (it is not connected to its own cluster yet)")
     recoder = SegmentRecoder(
         log=request.log, source_cluster=request.source_cluster, source_seq=request.source.seq, first_entry=request.first,
         sink_log_id=request.sink_log_id, sink_seq=request.sink_seq, start_vv=request.start_vv, settled=request.settled, assume_local=request.assume_local,
     )
     bucket = TokenBucket(request.throttle) if request.throttle else None
     ensemble, w = request.ensemble, request.write_quorum
-    stored: list[tuple[int, int]] = []
-    batch: list[bytearray] = []
-    size = 0
-    storing: asyncio.Future | None = None
-
-    async def flush() -> None:
-        nonlocal storing, batch, size
-        if storing is not None:
-            await storing  # at most one batch in the store at a time: memory stays bounded
-        storing = asyncio.ensure_future(store(batch)) if batch else None
-        batch, size = [], 0
-
+    outlets = {node_id: _Outlet(store)}
+    if request.forward:
+        assert peers is not None
+        for node in ensemble:
+            if node != node_id:
+                outlets[node] = _Outlet(lambda batch, node=node: peers(node, batch))
     try:
         async for buf, start, end in read_entries(request, source_pool, request.window, {}):
             out = recoder.recode(buf, start, end)
             entry_id = stored_entry_id(out)
-            if node_id not in write_set_of(ensemble, w, entry_id):
-                continue
-            if bucket is not None:
+            members = [n for n in write_set_of(ensemble, w, entry_id) if n in outlets]
+            if members and bucket is not None:
                 await bucket.take(len(out))
-            stored.append((entry_id, stored_crc(out)))
-            batch.append(out)
-            size += len(out)
-            if size >= BATCH_BYTES:
-                await flush()
-        await flush()
-        await flush()  # the last batch is durable
+            for node in members:
+                await outlets[node].put(entry_id, out)
+        await asyncio.gather(*(o.drain() for o in outlets.values()))
     finally:
-        if storing is not None and not storing.done():
-            storing.cancel()
-            await asyncio.gather(storing, return_exceptions=True)
-    return dict(recoder.result(), replica_entries=len(stored), replica_digest=digest_of(stored))
+        await asyncio.gather(*(o.abandon() for o in outlets.values()))
+    replicas = {node: {"entries": len(o.pairs), "digest": digest_of(o.pairs)} for node, o in outlets.items()}
+    return dict(recoder.result(), replicas=replicas)
 
 
 __all__ = ["BATCH_BYTES", "PullRequest", "pull_segment"]

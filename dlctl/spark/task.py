@@ -314,48 +314,43 @@ PULL_RATE_FLOOR = 1024 * 1024  # bytes/s below which a pull is taken to have hun
 
 
 async def _pull(task: SegmentTask, endpoints: Endpoints, ensemble: tuple[str, ...], clients: dict[str, AgentClient], where: str) -> dict[str, Any] | None:
-    """Every member of the sink ensemble pulls the segment itself (``dlctl.spark.segment_pull``),
-    then each one's DIGEST must match what it says it stored, for the entries its write sets
-    hold, and the members must agree on the content. None: a member does not read the source
-    cluster (or predates PULL_SEGMENT): the segment is relayed instead."""
+    """One member of the sink ensemble (members take turns, segment by segment) pulls the
+    segment and hands the others their entries (``dlctl.spark.segment_pull``); then each
+    member's DIGEST must match what the puller says it handed that member, for exactly the
+    entries the member's write sets hold. None: the puller does not read the source cluster (or
+    predates PULL_SEGMENT): the segment is relayed instead."""
     w = task.sink_policy.write_quorum
     request = PullRequest(
         log=task.log, source_cluster=task.source_cluster, source_log_id=task.source_log_id, source=task.source,
         sink_log_id=task.sink_log_id, sink_seq=task.sink_seq, ensemble=ensemble, write_quorum=w, start_vv=dict(task.start_vv),
-        settled=dict(task.settled), assume_local=task.assume_local, window=endpoints.window, throttle=endpoints.pull_throttle,
+        settled=dict(task.settled), assume_local=task.assume_local, window=endpoints.window, throttle=endpoints.pull_throttle, forward=True,
     )
-    body = request.to_json()
+    puller = ensemble[task.source.seq % len(ensemble)]
     timeout = endpoints.request_timeout + task.source.bytes / (request.throttle or PULL_RATE_FLOOR)
-    answers = await asyncio.gather(*(clients[n].pull_segment(body, timeout=timeout) for n in ensemble), return_exceptions=True)
-    for answer in answers:
-        if isinstance(answer, BaseException) and not isinstance(answer, AgentError):
-            raise answer
-    refused = {n: a.message for n, a in zip(ensemble, answers) if _refused(a)}
-    if refused:
-        log.info("%s: relayed, not pulled: %s", where, "; ".join(f"sink agent {n}: {m}" for n, m in refused.items()))
-        return None
-    failed = [f"sink agent {n}: {a.message}" for n, a in zip(ensemble, answers) if isinstance(a, AgentError)]
-    if failed:
-        raise CopyFailed(f"{where}: " + "; ".join(failed[:3]), hint="check the source and sink agents; re-run to resume")
-    results: list[dict[str, Any]] = [a for a in answers if isinstance(a, dict)]
-    for result in results:
-        if result.get("needs_clock"):
-            raise NeedsClock(str(result.get("error")))
-    content = [{k: v for k, v in r.items() if k not in ("replica_entries", "replica_digest")} for r in results]
-    if any(c != content[0] for c in content[1:]):
-        digests = ", ".join(f"{n}: {str(c.get('sink_digest'))[:16]}…" for n, c in zip(ensemble, content))
-        raise CopyFailed(f"{where}: the sink agents' copies differ in content ({digests})", hint="re-run to copy the segment again")
+    try:
+        result = await clients[puller].pull_segment(request.to_json(), timeout=timeout)
+    except AgentError as exc:
+        if _refused(exc):
+            log.info("%s: relayed, not pulled: sink agent %s: %s", where, puller, exc.message)
+            return None
+        raise CopyFailed(f"{where}: sink agent {puller} could not pull it: {exc.message}", hint="check the source and sink agents; re-run to resume") from None
+    if result.get("needs_clock"):
+        raise NeedsClock(str(result.get("error")))
+    replicas = result.pop("replicas", None)
+    if not isinstance(replicas, dict) or sorted(replicas) != sorted(ensemble):
+        raise CopyFailed(f"{where}: sink agent {puller} answered for members {sorted(replicas or {})}, not the ensemble {sorted(ensemble)}")
     expected, entries, check = {}, {}, {}
-    for node, result in zip(ensemble, results):
+    for node in ensemble:
         want = request.entries_of(node)
+        said = replicas[node] if isinstance(replicas[node], dict) else {}
         try:
             got = await clients[node].digest(task.sink_log_id, task.sink_seq)
         except AgentError as exc:
             raise CopyFailed(f"{where}: cannot verify the copy on sink agent {node}: {exc.message}") from None
-        expected[node], entries[node] = str(result.get("replica_digest")), want
-        ok = result.get("replica_entries") == want and got.entries == want and got.digest == expected[node]
-        check[node] = "ok" if ok else f"holds {got.entries} entries (its write sets hold {want}, it says it stored {result.get('replica_entries')}), digest {got.digest[:16]}… (it says {expected[node][:16]}…)"
-    return dict(content[0], ensemble=list(ensemble), replica_expected=expected, replica_entries=entries, replica_check=check, replica_failures=0, pulled=True)
+        expected[node], entries[node] = str(said.get("digest")), want
+        ok = said.get("entries") == want and got.entries == want and got.digest == expected[node]
+        check[node] = "ok" if ok else f"holds {got.entries} entries (its write sets hold {want}; {puller} says it handed it {said.get('entries')}), digest {got.digest[:16]}… (expected {expected[node][:16]}…)"
+    return dict(result, ensemble=list(ensemble), replica_expected=expected, replica_entries=entries, replica_check=check, replica_failures=0, pulled=True, puller=puller)
 
 
 def _refused(answer: object) -> bool:

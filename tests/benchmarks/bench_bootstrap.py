@@ -228,8 +228,7 @@ def main() -> int:
                         assert result.engine == engine, result.engine
                         (res,) = result.logs.values()
                         assert result.pulled_segments == (res.copied if route == "pull" else 0), (route, result.pulled_segments, res.copied)
-                        if route == args.route[0]:
-                            seconds_by_engine[engine] = result.seconds
+                        seconds_by_engine[engine, route] = result.seconds
                         rate = nbytes / result.seconds
                         fixed_here = fixed[parallelism] if engine == "spark" else 0.0
                         net = nbytes / max(0.001, result.seconds - fixed_here)
@@ -243,11 +242,13 @@ def main() -> int:
                               + (f"to {w} copies: {base_w / MIB:.1f} MiB/s ({rate / base_w:.0%}); " if w != 1 else "")
                               + (f"without Spark's fixed {fixed_here:.1f}s: {net / MIB:.1f} MiB/s ({net / base:.0%})" if engine == "spark" else "no Spark start"), flush=True)
                         drop_sink_copy(dst)
-                    if len(seconds_by_engine) == 2:
-                        size = crossover(seconds_by_engine["local"], seconds_by_engine["spark"], fixed[parallelism], nbytes)
-                        print(f"      sink W={w} parallelism {parallelism}: Spark's fixed {fixed[parallelism]:.1f}s (a CLI run also launches the JVM: {launch:.1f}s) "
+                    for route in args.route:
+                        if ("local", route) not in seconds_by_engine or ("spark", route) not in seconds_by_engine:
+                            continue
+                        size = crossover(seconds_by_engine["local", route], seconds_by_engine["spark", route], fixed[parallelism], nbytes)
+                        print(f"      {route:5} sink W={w} parallelism {parallelism}: Spark's fixed {fixed[parallelism]:.1f}s (a CLI run also launches the JVM: {launch:.1f}s) "
                               + (f"is paid back above {size / MIB:.0f} MiB" if size is not None else "is never paid back: the in-process copy is as fast per byte"), flush=True)
-                        rows.append({"engine": "crossover", "sink_w": w, "parallelism": parallelism, "spark_pays_back_above_mib": round(size / MIB) if size is not None else None})
+                        rows.append({"engine": "crossover", "route": route, "sink_w": w, "parallelism": parallelism, "spark_pays_back_above_mib": round(size / MIB) if size is not None else None})
     finally:
         dlctl(env, "--yes", "sandbox", "down", "--purge")
         shutil.rmtree(work, ignore_errors=True)
