@@ -29,13 +29,13 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 # Below this many bytes to copy, a copy runs in-process. Measured on the 2-core sandbox VM
-# (bench_bootstrap.py --gib 1 --sink-w 1 3 --parallelism 2, one run): Spark's fixed cost 1.9 s
-# (3.9 s with the JVM launch every `dlctl` run pays); 1 GiB in-process 4.0 s (W=1) / 6.9 s (W=3),
-# on Spark 6.3 s / 8.7 s. Per byte the in-process copy kept up with local[2] at W=1, and at W=3
-# Spark would pay its start back only above ~20 GiB: Spark cannot win below 1 GiB here. Kept at
-# 1 GiB rather than higher because the thread pool shares one interpreter lock, and on more
-# cores Spark's worker processes scale where it does not.
-DEFAULT_LOCAL_BELOW = 1024 * MIB
+# (bench_bootstrap.py --gib 1 --segments 100 --sink-w 1 3 --parallelism 2, one run, session 17):
+# Spark's fixed cost 1.7 s (2.8 s with the JVM launch every `dlctl` run pays). Where Spark's
+# start is paid back: relayed copies above 2.2 GiB (W=1) / 1.9 GiB (W=3); copies the sink agents
+# pull (dlctl.spark.segment_pull), where the copying process only steers and verifies, above
+# 9.8 / 6.0 GiB. The default is the smaller of those, so neither route loses to Spark below it;
+# the thread pool's one interpreter lock matters little once the agents do the copying.
+DEFAULT_LOCAL_BELOW = 2048 * MIB
 
 Engine = Union[LocalEngine, SparkEngine]
 
