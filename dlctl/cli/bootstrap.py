@@ -159,11 +159,11 @@ def bootstrap_command(
         job = ops.plan(source, sink, logs=patterns, holder=holder)
         if dry_run:
             measured = ops.measure_rate(source, job)
-            app.render(ops.as_plan(job, rate=measured, parallelism=parallelism))
+            app.render(ops.as_plan(job, rate=measured, parallelism=parallelism, relay=relay))
             return
         if job.blockers:
             raise RefusedError("bootstrap refused: " + "; ".join(job.blockers), hint="nothing was changed; --dry-run shows the plan")
-        plan = ops.as_plan(job, rate=None, parallelism=parallelism)
+        plan = ops.as_plan(job, rate=None, parallelism=parallelism, relay=relay)
         app.confirm(plan)
         hook = ops.stream_hook(source, sink, stream_id) if stream_id else None
         with _progress(app) as update:

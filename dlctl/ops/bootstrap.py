@@ -100,7 +100,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def as_plan(job: jobplan.JobPlan, *, rate: float | None, parallelism: int | None, run: Callable[[str], Any] | None = None) -> Plan:
+def as_plan(job: jobplan.JobPlan, *, rate: float | None, parallelism: int | None, run: Callable[[str], Any] | None = None, relay: bool = False) -> Plan:
     """The plan ``--dry-run`` prints: one step per log with its range, size, estimate and
     snapshot point; ``run(log)`` applies one log's step on its own."""
     slots = max(1, parallelism or _cores())
@@ -130,6 +130,11 @@ def as_plan(job: jobplan.JobPlan, *, rate: float | None, parallelism: int | None
         notes.append(f"estimates use a read+re-encode rate of {_size(rate)}/s per task measured on the source now; writing W sink replicas costs extra")
     if job.total_segments:
         notes.insert(0, f"{job.total_segments} segment(s), {_size(job.total_bytes)} from {job.source_cluster} to {job.sink_cluster} (pin holder {job.holder})")
+        notes.append(
+            "every segment is relayed through the copying tasks (--relay)" if relay else
+            f"{job.sink_cluster}'s agents that read {job.source_cluster} (its credentials installed, as init-replication does) pull the segments themselves; "
+            "the others' segments are relayed through the copying tasks"
+        )
     return Plan.of("bootstrap", steps, notes=notes)
 
 

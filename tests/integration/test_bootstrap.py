@@ -414,6 +414,9 @@ def test_dry_run_prints_range_size_estimate_and_snapshot_and_changes_nothing(san
     assert info["source_range"] == [1, 3] and info["segments"] == 3 and info["snapshot"] == "4/0/0"
     assert info["bytes"] > 60 * 1000 and info["records"] == 60
     assert info["estimated_seconds"] is not None and info["measured_rate_bytes_per_second"] > 0
+    assert any("agents that read east" in n and "pull the segments themselves" in n for n in plan["notes"]), plan["notes"]
+    relayed = json.loads(dlctl(sandbox, "-o", "json", "bootstrap", "--source", SOURCE, "--sink", SINK, "--logs", "plan*", "--dry-run", "--relay").stdout)
+    assert any("relayed through the copying tasks (--relay)" in n for n in relayed["notes"]), relayed["notes"]
     with session(sandbox, SINK) as dst:
         assert name not in dst.meta.list_logs()
     with session(sandbox, SOURCE) as src:
