@@ -95,13 +95,14 @@ def plain_copy_rate(files: list[Path], work: Path, replicas: int = 1, rounds: in
     """Source bytes per second of copying the files (read, write, fsync each) to ``replicas``
     fresh directories on the same disk — one replica: the issue's baseline; W replicas: what a
     file copy must do to leave as many copies as a sink log of write quorum W. The median of
-    ``rounds`` (the disk's write-back makes single runs noisy)."""
+    ``rounds`` (the disk's write-back makes single runs noisy), each begun with nothing dirty."""
     total = sum(f.stat().st_size for f in files)
     rates = []
     for _ in range(rounds):
         outs = [work / f"plain-copy-{time.monotonic_ns()}-{r}" for r in range(replicas)]
         for out in outs:
             out.mkdir()
+        os.sync()  # the previous round's deletes and write-back are not this round's cost
         started = time.monotonic()
         for f in files:
             for out in outs:
@@ -224,6 +225,7 @@ def main() -> int:
                         if w != 3:
                             dst.meta.create_log(LOG, LogConfig(ensemble_size=w, write_quorum=w, ack_quorum=w))
                         local_below = 0 if engine == "spark" else 2**62
+                        os.sync()  # as before each baseline round: nothing left dirty by what ran before
                         result = bootstrap_logs(src, dst, [LOG], holder="bootstrap-bench", parallelism=parallelism, local_below=local_below, relay=route == "relay")
                         assert result.engine == engine, result.engine
                         (res,) = result.logs.values()
