@@ -52,7 +52,8 @@ class RangeReader(ReplicaReader):
     async def _read_one(self, node: str, log_id: int, segment_seq: int, entry_id: int) -> Any:  # type: ignore[override]
         client = await self.pool.client(node)
         try:
-            return await client.read_range(log_id, segment_seq, entry_id, self.ends[entry_id], self.max_bytes)
+            # in place: the copy only reads the answer (re-encoding copies out of it), nothing keeps it
+            return await client.read_range(log_id, segment_seq, entry_id, self.ends[entry_id], self.max_bytes, in_place=True)
         except BadRequestError as exc:
             if "unknown opcode" not in exc.message:
                 raise

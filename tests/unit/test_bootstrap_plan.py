@@ -359,7 +359,7 @@ def test_a_range_read_from_an_agent_without_read_range_falls_back_to_reading_its
     from dlctl.log.errors import BadRequestError
 
     class OldAgent:  # what an agent from before READ_RANGE answers
-        async def read_range(self, *args):
+        async def read_range(self, *args, **options):
             raise BadRequestError("unknown opcode 13 in request 4")
 
         async def read(self, log_id, seq, entry_id):
