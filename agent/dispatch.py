@@ -104,7 +104,8 @@ class ServingConnection(Connection):
             held = 2 * min(args[4], p.MAX_RANGE_BYTES)
             self._spawn(self._run_async(op, rid, handlers.pull_range(*args, uncached=bool(flags & p.FLAG_UNCACHED)), started), held, name="pull-range")
         elif op is p.Op.PULL_SEGMENT:
-            # Counted at what it holds at once: read-ahead plus the batch being stored (dlctl.spark.segment_pull).
+            # Counted at about what it holds at once for itself: read-ahead plus a batch on its way
+            # (each member it forwards to adds up to two batches of BATCH_BYTES; dlctl.spark.segment_pull).
             held = 2 * p.MAX_RANGE_BYTES
             self._spawn(self._run_async(op, rid, handlers.pull_segment(*args, uncached=bool(flags & p.FLAG_UNCACHED)), started), held, name="pull-segment")
         else:  # AUTH again

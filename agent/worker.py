@@ -304,17 +304,17 @@ class ReplicationService:
         not, even when a link opened while it was is still open). ``connect_string``: its
         ZooKeeper as a stream's record names it, used when the declaration names none; None (a
         bootstrap's pull, which has no stream) needs one declared."""
-        link = self._sources.get(cluster)
         settings = declared_source(self.settings, cluster)  # read anew: credentials removed since are not used again
-        if link is None or settings is None:
-            if settings is None:
-                # (A stream's record alone is never enough: whoever can write the sink's metadata
-                # could otherwise point its workers, and their credentials, anywhere.)
-                raise ConfigError(
-                    f"source cluster {cluster!r} is not declared on agent {self.node_id}: install its credentials with "
-                    f"`dlctl init-replication --source {cluster} --sink {sink_cluster or self.sink_meta.cluster}` (its inventory listing this agent), "
-                    f"or declare [replication.sources.{cluster}] in agent.toml"
-                )
+        if settings is None:
+            # (A stream's record alone is never enough: whoever can write the sink's metadata
+            # could otherwise point its workers, and their credentials, anywhere.)
+            raise ConfigError(
+                f"source cluster {cluster!r} is not declared on agent {self.node_id}: install its credentials with "
+                f"`dlctl init-replication --source {cluster} --sink {sink_cluster or self.sink_meta.cluster}` (its inventory listing this agent), "
+                f"or declare [replication.sources.{cluster}] in agent.toml"
+            )
+        link = self._sources.get(cluster)
+        if link is None:
             zookeeper = settings.zookeeper or connect_string
             if not zookeeper:
                 raise ConfigError(f"source cluster {cluster!r} is declared on agent {self.node_id} without a zookeeper connect string")

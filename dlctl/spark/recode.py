@@ -22,6 +22,14 @@ class NeedsClock(Exception):
 
 
 class SegmentRecoder:
+    @classmethod
+    def of(cls, copy: Any) -> SegmentRecoder:
+        """For ``copy``: a ``SegmentTask`` or a ``PullRequest`` (the same names for the same things)."""
+        return cls(
+            log=copy.log, source_cluster=copy.source_cluster, source_seq=copy.source.seq, first_entry=max(copy.source.min_active_entry, 0),
+            sink_log_id=copy.sink_log_id, sink_seq=copy.sink_seq, start_vv=copy.start_vv, settled=copy.settled, assume_local=copy.assume_local,
+        )
+
     def __init__(
         self, *, log: str, source_cluster: str, source_seq: int, first_entry: int, sink_log_id: int, sink_seq: int,
         start_vv: Mapping[str, int], settled: Mapping[str, int], assume_local: bool,

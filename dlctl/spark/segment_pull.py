@@ -189,7 +189,9 @@ class _Outlet:
     async def drain(self) -> None:
         """Everything handed over is durable at its member."""
         await self.flush()
-        await self.flush()
+        if self.sending is not None:
+            await self.sending
+            self.sending = None
 
     async def abandon(self) -> None:
         if self.sending is not None and not self.sending.done():
@@ -210,10 +212,7 @@ async def pull_segment(request: PullRequest, source_pool: Any, node_id: str, sto
         raise ValueError(f"PULL_SEGMENT to {node_id}: it is not in the sink ensemble {list(request.ensemble)}")
     if request.forward and peers is None:
         raise ValueError(f"PULL_SEGMENT to {node_id}: it cannot forward to the other members (it is not connected to its own cluster yet)")
-    recoder = SegmentRecoder(
-        log=request.log, source_cluster=request.source_cluster, source_seq=request.source.seq, first_entry=request.first,
-        sink_log_id=request.sink_log_id, sink_seq=request.sink_seq, start_vv=request.start_vv, settled=request.settled, assume_local=request.assume_local,
-    )
+    recoder = SegmentRecoder.of(request)
     bucket = TokenBucket(request.throttle) if request.throttle else None
     ensemble, w = request.ensemble, request.write_quorum
     outlets = {node_id: _Outlet(store)}

@@ -51,6 +51,7 @@ from ..log.client import AgentClient
 from ..log.errors import AgentError, BadRequestError, NoSuchSegmentError, PullRefusedError
 from ..log import format as fmt
 from ..log.ensembles import probed_ensemble
+from ..log.protocol import SegmentDigest
 from ..log.quorum import write_set_of
 from ..log.records import CorruptRecords
 from ..log.rereplication import digest_of
@@ -288,8 +289,8 @@ async def _clear(where: str, task: SegmentTask, clients: dict[str, AgentClient])
 
 
 class _Route:
-    """How the segments of one task travel: pulled by the sink agents while they all can, else
-    relayed through this process (decided once, at the first segment a member refuses)."""
+    """How the segments of one task travel: pulled by the sink agents until a puller refuses,
+    then relayed through this process for the rest of the task."""
 
     def __init__(self, pull: bool) -> None:
         self.pull = pull
@@ -305,8 +306,7 @@ async def _copy(task: SegmentTask, endpoints: Endpoints, attempt: int, source: S
         pulled = await _pull(task, endpoints, ensemble, clients, where)
         if pulled is not None:
             return pulled
-        route.pull = False
-        await _clear(where, task, clients)  # what members that did pull stored
+        route.pull = False  # (a refusal comes before the puller stores anything: nothing to clear)
     return await _relay(task, endpoints, ensemble, clients, where, source, bucket)
 
 
@@ -340,17 +340,24 @@ async def _pull(task: SegmentTask, endpoints: Endpoints, ensemble: tuple[str, ..
     if not isinstance(replicas, dict) or sorted(replicas) != sorted(ensemble):
         raise CopyFailed(f"{where}: sink agent {puller} answered for members {sorted(replicas or {})}, not the ensemble {sorted(ensemble)}")
     expected, entries, check = {}, {}, {}
-    for node in ensemble:
+    for node, got in (await _digests(where, task, clients)).items():
         want = request.entries_of(node)
         said = replicas[node] if isinstance(replicas[node], dict) else {}
-        try:
-            got = await clients[node].digest(task.sink_log_id, task.sink_seq)
-        except AgentError as exc:
-            raise CopyFailed(f"{where}: cannot verify the copy on sink agent {node}: {exc.message}") from None
         expected[node], entries[node] = str(said.get("digest")), want
         ok = said.get("entries") == want and got.entries == want and got.digest == expected[node]
         check[node] = "ok" if ok else f"holds {got.entries} entries (its write sets hold {want}; {puller} says it handed it {said.get('entries')}), digest {got.digest[:16]}… (expected {expected[node][:16]}…)"
     return dict(result, ensemble=list(ensemble), replica_expected=expected, replica_entries=entries, replica_check=check, replica_failures=0, pulled=True, puller=puller)
+
+
+async def _digests(where: str, task: SegmentTask, clients: dict[str, AgentClient]) -> dict[str, SegmentDigest]:
+    """Each member's own DIGEST of the sink segment: what it stores, whatever it was told."""
+    out = {}
+    for node, client in clients.items():
+        try:
+            out[node] = await client.digest(task.sink_log_id, task.sink_seq)
+        except AgentError as exc:
+            raise CopyFailed(f"{where}: cannot verify the copy on sink agent {node}: {exc.message}") from None
+    return out
 
 
 def _refused(answer: object) -> bool:
@@ -362,10 +369,7 @@ async def _relay(
 ) -> dict[str, Any]:
     """Read the segment here, re-encode it and add every entry to its write set's members."""
     w = task.sink_policy.write_quorum
-    recoder = SegmentRecoder(
-        log=task.log, source_cluster=task.source_cluster, source_seq=task.source.seq, first_entry=max(task.source.min_active_entry, 0),
-        sink_log_id=task.sink_log_id, sink_seq=task.sink_seq, start_vv=task.start_vv, settled=task.settled, assume_local=task.assume_local,
-    )
+    recoder = SegmentRecoder.of(task)
     crcs: dict[str, list[tuple[int, int]]] = {n: [] for n in ensemble}
     outstanding = 0
     room = asyncio.Condition()
@@ -414,11 +418,7 @@ async def _relay(
     # Verify: each replica's own digest of what it stores = the digest of what was sent to it.
     expected = {n: digest_of(pairs) for n, pairs in crcs.items()}
     check: dict[str, str] = {}
-    for node, client in clients.items():
-        try:
-            got = await client.digest(task.sink_log_id, task.sink_seq)
-        except AgentError as exc:
-            raise CopyFailed(f"{where}: cannot verify the copy on sink agent {node}: {exc.message}") from None
+    for node, got in (await _digests(where, task, clients)).items():
         ok = got.digest == expected[node] and got.entries == len(crcs[node])
         check[node] = "ok" if ok else f"holds {got.entries} entries (sent {len(crcs[node])}), digest {got.digest[:16]}… (expected {expected[node][:16]}…)"
     return dict(

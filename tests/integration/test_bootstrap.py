@@ -590,7 +590,8 @@ def test_pulls_carry_on_from_the_last_source_replica_while_two_of_three_are_paus
             os.kill(pid, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
-    report = json.loads((tmp_path / "job.log").read_text()[(tmp_path / "job.log").read_text().index("{"):])
+    out = (tmp_path / "job.log").read_text()
+    report = json.loads(out[out.index("{"):])
     assert report["pulled_segments"] == 4, report
     assert_sink_holds_source(records_of(sandbox, SOURCE, name), records_of(sandbox, SINK, name))
 
