@@ -192,7 +192,7 @@ class EntryFetcher:
         loop = asyncio.get_running_loop()
         now = loop.time()
         since = self._readable_at.setdefault(entry_id, now)
-        if now - since >= POLL_GRACE:
+        if now >= since + POLL_GRACE:  # the very sum the wake-up below is armed at (no rounding between the two)
             return False
         # Look again when the grace is over. Armed at every look, not once: the loop may run a
         # timer up to its clock resolution early, and a wake-up that finds the grace a hair short
