@@ -335,7 +335,9 @@ def _reserve(sink: ClusterSession, lp: LogPlan, record: _Record) -> P.LogProgres
 
 
 def _endpoints(engine: Engine, source: ClusterSession, sink: ClusterSession, throttle: float | None, options: EngineOptions) -> Endpoints:
-    slots = max(1, options.parallelism or 1)
+    # The engine's own count, not --parallelism: without it the engine still runs every core's
+    # worth of tasks at once, and a throttle left whole would let the job run that many times over.
+    slots = _slots(engine)
     return Endpoints(
         source_cluster=source.cluster.name,
         source_nodes=source.meta.available_nodes(),
