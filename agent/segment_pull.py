@@ -54,7 +54,7 @@ class SegmentPuller:
         where = f"PULL_SEGMENT of segment {request.source.seq} of log {request.log!r} from cluster {request.source_cluster!r}"
         try:
             result = await pull_segment(
-                request, link.pool, self.node_id, lambda batch: self.store.add_batch(batch, uncached=uncached),
+                request, link.pool, self.node_id, lambda batch: self._store(batch, uncached),
                 self._forward if self.peers is not None else None,
             )
         except asyncio.CancelledError:
@@ -91,6 +91,12 @@ class SegmentPuller:
         except AgentError as exc:
             raise AgentError(f"sink agent {node} did not store what this agent forwarded: {exc.message}") from None
         self.counters["segment_forwarded_bytes"] += sum(len(b) for b in batch)
+
+    def _store(self, batch: Sequence[bytearray], uncached: bool) -> Awaitable[int]:
+        """Keep this agent's share of a pull: the re-encoded entries as they are (read-only views:
+        the copy never changes an entry it handed over, so the store need not copy it), their
+        CRCs not recomputed (``sealed_here``: the recoder just computed them from these bytes)."""
+        return self.store.add_batch([memoryview(e).toreadonly() for e in batch], uncached=uncached, sealed_here=True)
 
     async def _link(self, cluster: str) -> Any:
         if self.links is None:

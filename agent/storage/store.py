@@ -280,16 +280,20 @@ class SegmentStore(Upkeep):
         self._queue.accept(seg, encoded, n, entry_id, lac, length, crc, recovery, callback, uncached)
         return True
 
-    async def add_batch(self, entries: Sequence[bytes | memoryview], *, recovery: bool = False, uncached: bool = False) -> int:
+    async def add_batch(self, entries: Sequence[bytes | memoryview], *, recovery: bool = False, uncached: bool = False, sealed_here: bool = False) -> int:
         """Store several encoded entries of one segment (ids strictly increasing) durably, each
         exactly as ``add`` stores it, all or nothing: every entry is checked (header, ids,
         CRC, the fenced and limbo rules, an id stored with other bytes) before any is queued, so
         a refused batch stored nothing; the error names the entry. Returns how many entries the
         batch held, once all are durable. Read-only memoryviews (slices of a request's body)
-        are kept as they are, not copied: their owner must not change them."""
+        are kept as they are, not copied: their owner must not change them. ``sealed_here``:
+        this process encoded the entries and computed their CRCs (a pull's re-encoded copy),
+        nothing received them, so the CRCs are not computed a second time; every other check
+        stays."""
         self._check()
         parsed = parse_batch(entries)
-        check_batch_crcs(parsed)
+        if not sealed_here:
+            check_batch_crcs(parsed)
         key = parsed[0][2], parsed[0][3]
         seg = self._segments.get(key)
         if seg is None:

@@ -91,7 +91,7 @@ def _progress(app: AppContext) -> Iterator[Any]:
 @click.option("--stream", "stream_id", metavar="ID", shell_complete=complete_stream, help="Bootstrap a replication stream: its source, sink and logs; afterwards its checkpoints are set to the snapshot point.")
 @click.option("--logs", "logs", multiple=True, metavar="PATTERN", help="Logs to copy (shell globs; repeat or separate with commas). Default: every source log (or the stream's).")
 @click.option("--spark-master", metavar="URL", help="Run the job on this Spark master instead of local mode (local[N] by default).")
-@click.option("--parallelism", type=click.IntRange(1, 1024), default=None, help="Segments copied at the same time (local[N]); default: every core.")
+@click.option("--parallelism", type=click.IntRange(1, 1024), default=None, help="Segments copied at the same time (local[N]); default: every core, and an in-process copy the sink agents pull keeps two pulls per sink agent going (at most 32).")
 @click.option("--throttle", metavar="BYTES/S", help="Cap the job's copy rate, e.g. 50M (split evenly over the tasks running at once).")
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE", help="A Spark setting passed through (repeatable). Secrets are refused here: use spark-defaults.conf.")
 @click.option("--local-below", "local_below", metavar="SIZE", default=LOCAL_BELOW_DEFAULT, show_default=True, help=LOCAL_BELOW_HELP)

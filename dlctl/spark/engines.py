@@ -74,12 +74,13 @@ class Engines:
         """Whether a copy of ``nbytes`` runs on Spark: an explicit master, or not small."""
         return self.options.master is not None or nbytes >= self.local_below
 
-    def for_copy(self, nbytes: int) -> Engine:
-        """The engine for a copy of ``nbytes``: the shared Spark context (started now, or the one
-        a ``prestart`` is starting), or a fresh in-process engine."""
+    def for_copy(self, nbytes: int, *, sink_agents: int = 0) -> Engine:
+        """The engine for a copy of ``nbytes`` to a cluster of ``sink_agents`` available agents:
+        the shared Spark context (started now, or the one a ``prestart`` is starting), or a fresh
+        in-process engine (whose default parallelism follows the agents that pull, unless relaying)."""
         if self.needs_spark(nbytes):
             return self.spark()
-        return LocalEngine(self.options.parallelism)
+        return LocalEngine(self.options.parallelism, pulling_agents=0 if self.options.relay else sink_agents)
 
     def prestart(self) -> None:
         """Begin starting Spark on a background thread, unless it is started or starting."""

@@ -208,7 +208,7 @@ def execute(
     copied: dict[str, int] = {}
     failures: list[str] = []
     if to_copy is not None:
-        engine = engines.for_copy(to_copy)
+        engine = engines.for_copy(to_copy, sink_agents=len(sink.meta.available_nodes()))
         endpoints = _endpoints(engine, source, sink, throttle, engines.options)
         effects = _clock_effects(engine, endpoints, job, [lp for lp in work if not lp.assume_local and lp.selection.copy], progresses, progress)
         for lp in work:

@@ -33,14 +33,33 @@ from .engine import StageProgress
 log = logging.getLogger(__name__)
 
 
+# Pulls kept running per sink agent by default. A pull is a pipeline with waits in it (reads
+# from the source, its own previous batch's fdatasync): a second pull on the same agent fills
+# them. Measured (bench_bootstrap.py --gib 1 --engine local --route pull, 3 sink agents on the
+# 2-core sandbox, session 18): parallelism 2 / 6 / 12 copied 329 / 475 / 490 MiB/s at W=1 and
+# 185 / 211 / 221 MiB/s at W=3; relayed copies were no slower at 6 or 12 than at 2.
+PULLS_PER_SINK_AGENT = 2
+# However many sink agents: each slot is a thread with its own connections to every agent.
+MAX_DEFAULT_SLOTS = 32
+
+
+def default_slots(sink_agents: int = 0) -> int:
+    """Tasks to run at once when the operator did not say: one per core (the copy runs here),
+    and when the sink agents pull the segments (the slots here only steer and wait) at least
+    ``PULLS_PER_SINK_AGENT`` per sink agent, up to ``MAX_DEFAULT_SLOTS``."""
+    cores = os.cpu_count() or 1
+    return max(cores, min(MAX_DEFAULT_SLOTS, PULLS_PER_SINK_AGENT * sink_agents))
+
+
 class LocalEngine:
     """``SparkEngine``'s interface (``secret``, ``tls``, ``run``, ``slots``), without Spark."""
 
     kind = "local"
     log_path: Path | None = None  # no Spark, no Spark log
 
-    def __init__(self, parallelism: int | None = None) -> None:
-        self.slots = max(1, parallelism or os.cpu_count() or 1)
+    def __init__(self, parallelism: int | None = None, *, pulling_agents: int = 0) -> None:
+        """``pulling_agents``: the sink agents that will pull the segments (0: the copy is relayed here)."""
+        self.slots = max(1, parallelism or default_slots(pulling_agents))
 
     def start(self) -> None:
         pass
@@ -112,4 +131,4 @@ class LocalEngine:
         return [r for index in sorted(results) for r in results[index]]
 
 
-__all__ = ["LocalEngine"]
+__all__ = ["MAX_DEFAULT_SLOTS", "PULLS_PER_SINK_AGENT", "LocalEngine", "default_slots"]

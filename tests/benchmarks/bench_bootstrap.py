@@ -124,17 +124,22 @@ def plain_copy_rate(files: list[Path], work: Path, replicas: int = 1, rounds: in
 
 
 def spark_fixed_cost(parallelism: int) -> float:
-    """Seconds to start a SparkContext as the bootstrap does, run one no-op stage on it and stop it."""
+    """Seconds to start a SparkContext as the bootstrap does, run one no-op stage on it and stop it
+    (``parallelism`` 0: Spark's default, as ``dlctl bootstrap`` without ``--parallelism``)."""
     from dlctl.spark.engine import EngineOptions, SparkEngine
 
     started = time.monotonic()
-    engine = SparkEngine(EngineOptions(parallelism=parallelism))
+    engine = SparkEngine(EngineOptions(parallelism=parallelism or None))
     engine.start()
     try:
-        engine.run(_noop, list(range(parallelism)), description="noop")
+        engine.run(_noop, list(range(engine.slots)), description="noop")
     finally:
         engine.stop()
     return time.monotonic() - started
+
+
+def _slots(parallelism: int) -> str:
+    return str(parallelism) if parallelism else "default"
 
 
 def _noop(item: int) -> list[dict]:
@@ -184,7 +189,7 @@ def main() -> int:
     parser.add_argument("--gib", type=float, default=2.0)
     parser.add_argument("--segments", type=int, default=100)
     parser.add_argument("--record-kib", type=float, default=4)
-    parser.add_argument("--parallelism", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--parallelism", type=int, nargs="+", default=[1, 2, 4], help="tasks at once; 0: the default dlctl bootstrap chooses")
     parser.add_argument("--sink-w", type=int, nargs="+", default=[3])
     parser.add_argument("--engine", nargs="+", choices=("spark", "local"), default=["spark", "local"], help="where the copy runs: Spark (forced) and/or in-process")
     parser.add_argument("--route", nargs="+", choices=("pull", "relay"), default=["pull", "relay"], help="who moves the bytes: the sink agents (pull) and/or the copying process (relay)")
@@ -212,10 +217,13 @@ def main() -> int:
             declare_source(src, dst)
             # The first context of a process also launches the JVM (PySpark keeps it for the next
             # ones): ``dlctl bootstrap`` pays that every time, the runs below only once, before.
-            launch = spark_fixed_cost(args.parallelism[0])
-            fixed = {p: spark_fixed_cost(p) for p in args.parallelism}
-            print(f"Spark's fixed cost (start a context, one no-op stage, stop): first in a process (with the JVM launch) {launch:.1f}s; "
-                  "then " + ", ".join(f"parallelism {p}: {t:.1f}s" for p, t in fixed.items()), flush=True)
+            if "spark" in args.engine:
+                launch = spark_fixed_cost(args.parallelism[0])
+                fixed = {p: spark_fixed_cost(p) for p in args.parallelism}
+                print(f"Spark's fixed cost (start a context, one no-op stage, stop): first in a process (with the JVM launch) {launch:.1f}s; "
+                      "then " + ", ".join(f"parallelism {_slots(p)}: {t:.1f}s" for p, t in fixed.items()), flush=True)
+            else:
+                launch, fixed = 0.0, {p: 0.0 for p in args.parallelism}
             for w in args.sink_w:
                 for parallelism in args.parallelism:
                     seconds_by_engine = {}
@@ -226,7 +234,7 @@ def main() -> int:
                             dst.meta.create_log(LOG, LogConfig(ensemble_size=w, write_quorum=w, ack_quorum=w))
                         local_below = 0 if engine == "spark" else 2**62
                         os.sync()  # as before each baseline round: nothing left dirty by what ran before
-                        result = bootstrap_logs(src, dst, [LOG], holder="bootstrap-bench", parallelism=parallelism, local_below=local_below, relay=route == "relay")
+                        result = bootstrap_logs(src, dst, [LOG], holder="bootstrap-bench", parallelism=parallelism or None, local_below=local_below, relay=route == "relay")
                         assert result.engine == engine, result.engine
                         (res,) = result.logs.values()
                         assert result.pulled_segments == (res.copied if route == "pull" else 0), (route, result.pulled_segments, res.copied)
@@ -239,7 +247,7 @@ def main() -> int:
                                "baseline_w_replicas_mib_per_s": round(base_w / MIB, 1), "ratio_w_replicas": round(rate / base_w, 3), "segments": res.segments, "records": res.records,
                                "spark_fixed_seconds": round(fixed_here, 2), "mib_per_s_without_spark_fixed": round(net / MIB, 1)}
                         rows.append(row)
-                        print(f"{engine:5} {route:5} sink W={w} parallelism {parallelism}: {nbytes / MIB:.0f} MiB in {result.seconds:.1f}s = {rate / MIB:.1f} MiB/s; "
+                        print(f"{engine:5} {route:5} sink W={w} parallelism {_slots(parallelism)}: {nbytes / MIB:.0f} MiB in {result.seconds:.1f}s = {rate / MIB:.1f} MiB/s; "
                               f"plain file copy of the same {copied / MIB:.0f} MiB: {base / MIB:.1f} MiB/s ({rate / base:.0%}); "
                               + (f"to {w} copies: {base_w / MIB:.1f} MiB/s ({rate / base_w:.0%}); " if w != 1 else "")
                               + (f"without Spark's fixed {fixed_here:.1f}s: {net / MIB:.1f} MiB/s ({net / base:.0%})" if engine == "spark" else "no Spark start"), flush=True)
@@ -248,7 +256,7 @@ def main() -> int:
                         if ("local", route) not in seconds_by_engine or ("spark", route) not in seconds_by_engine:
                             continue
                         size = crossover(seconds_by_engine["local", route], seconds_by_engine["spark", route], fixed[parallelism], nbytes)
-                        print(f"      {route:5} sink W={w} parallelism {parallelism}: Spark's fixed {fixed[parallelism]:.1f}s (a CLI run also launches the JVM: {launch:.1f}s) "
+                        print(f"      {route:5} sink W={w} parallelism {_slots(parallelism)}: Spark's fixed {fixed[parallelism]:.1f}s (a CLI run also launches the JVM: {launch:.1f}s) "
                               + (f"is paid back above {size / MIB:.0f} MiB" if size is not None else "is never paid back: the in-process copy is as fast per byte"), flush=True)
                         rows.append({"engine": "crossover", "route": route, "sink_w": w, "parallelism": parallelism, "spark_pays_back_above_mib": round(size / MIB) if size is not None else None})
     finally:

@@ -10,7 +10,7 @@ import pytest
 from dlctl.errors import DlctlError, RefusedError
 from dlctl.spark.engine import EngineOptions
 from dlctl.spark.engines import DEFAULT_LOCAL_BELOW, Engines
-from dlctl.spark.local import LocalEngine
+from dlctl.spark.local import MAX_DEFAULT_SLOTS, PULLS_PER_SINK_AGENT, LocalEngine
 
 MIB = 1024 * 1024
 
@@ -21,6 +21,18 @@ def test_a_copy_below_the_threshold_runs_in_process_and_one_at_or_above_it_needs
     small = engines.for_copy(MIB)
     assert isinstance(small, LocalEngine) and small.kind == "local" and small.slots == 3
     assert engines.spark_starts == 0
+
+
+def test_by_default_an_in_process_copy_keeps_two_pulls_per_sink_agent_going_and_a_relay_one_per_core(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    pulled = Engines(EngineOptions()).for_copy(MIB, sink_agents=5)
+    assert pulled.slots == PULLS_PER_SINK_AGENT * 5 == 10
+    # Relayed, the copy runs on this process's cores, whatever the sink.
+    assert Engines(EngineOptions(relay=True)).for_copy(MIB, sink_agents=5).slots == 2
+    # Never fewer than the cores, never more than the cap, and --parallelism always wins.
+    assert Engines(EngineOptions()).for_copy(MIB, sink_agents=0).slots == 2
+    assert Engines(EngineOptions()).for_copy(MIB, sink_agents=1000).slots == MAX_DEFAULT_SLOTS
+    assert Engines(EngineOptions(parallelism=3)).for_copy(MIB, sink_agents=5).slots == 3
 
 
 def test_an_explicit_master_or_a_zero_threshold_always_means_spark():

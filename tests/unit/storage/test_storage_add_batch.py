@@ -61,6 +61,30 @@ def test_a_batch_is_stored_as_its_single_adds_would_be(tmp_path, entry, threaded
     asyncio.run(body())
 
 
+def test_a_pulls_own_entries_are_kept_as_the_views_it_hands_over_and_read_back_verified(tmp_path, entry, threaded):
+    # A pull hands its share as read-only views of the entries it sealed (sealed_here: no second
+    # CRC pass over them); they are stored as given and read back through the CRC-checked reads.
+    sealed = [bytearray(entry(1, 1, i, payload=os.urandom(300 + i))) for i in range(5)]
+
+    async def body():
+        store = SegmentStore(tmp_path, threaded)
+        await store.open()
+        handed = [memoryview(e).toreadonly() for e in sealed]
+        assert await store.add_batch(handed, sealed_here=True) == 5
+        for i, e in enumerate(sealed):
+            assert store.read(1, 1, i) == bytes(e)
+        # Other rules still hold: the same ids with other bytes are refused, sealed here or not.
+        with pytest.raises(BadRequestError):
+            await store.add_batch([memoryview(bytes(entry(1, 1, 0, payload=b"other"))).toreadonly()], sealed_here=True)
+        await store.close()
+        store = SegmentStore(tmp_path)
+        await store.open()
+        assert [store.read(1, 1, i) for i in range(5)] == [bytes(e) for e in sealed]
+        await store.close()
+
+    asyncio.run(body())
+
+
 def test_a_striped_replica_batch_may_skip_ids(tmp_path, entry):
     entries = [entry(1, 1, i) for i in (0, 2, 3, 5, 6)]
 
