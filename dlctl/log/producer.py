@@ -54,7 +54,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,12 +171,18 @@ class ProxyRouter:
         until = self._suspects.get(node_id)
         return until is not None and until > time.monotonic()
 
-    def choose(self, name: str, hint: str | None = None) -> str | None:
-        """The agent to ask next: the hinted owner, the cached owner, else the best candidate."""
-        for node_id in ([hint] if hint else []) + ([self.owners[name]] if name in self.owners else []) + self.candidates(name):
-            if node_id in self.pool.nodes and not self.is_suspect(node_id):
-                return node_id
-        return None
+    def choose(self, name: str, hint: str | None = None, *, avoid: Collection[str] = ()) -> str | None:
+        """The agent to ask next: the hinted owner, the cached owner, else the best candidate;
+        one in ``avoid`` (the caller could not reach it lately) only when every other agent is
+        suspect or avoided too. A suspicion is short (``suspect_seconds``) while finding out
+        that an agent is out of reach can take a connect timeout, and the next choice may wait
+        for a read of the availability records: without ``avoid`` an unreachable first choice
+        is no longer suspect by then, and is chosen again and again."""
+        usable = [
+            node_id for node_id in ([hint] if hint else []) + ([self.owners[name]] if name in self.owners else []) + self.candidates(name)
+            if node_id in self.pool.nodes and not self.is_suspect(node_id)
+        ]
+        return next((node_id for node_id in usable if node_id not in avoid), usable[0] if usable else None)
 
 
 class _Item:
@@ -261,8 +267,8 @@ class LogProducer:
         self._failing_since: float | None = None
         self._backoff = self.options.backoff_initial
         self._forward_until = float("-inf")  # until then, requests ask the agent to forward them to the owner
-        self._left: set[str] = set()  # agents appends moved away from since one last accepted an append
-        self.stats = {"requests": 0, "records": 0, "failovers": 0, "resent_requests": 0, "new_epochs": 0, "ambiguous_failed": 0}
+        self._left: set[str] = set()  # agents appends moved away from, or could not reach, since one last accepted an append
+        self.stats = {"requests": 0, "records": 0, "failovers": 0, "unreachable": 0, "resent_requests": 0, "new_epochs": 0, "ambiguous_failed": 0}
 
     # -- public ----------------------------------------------------------------------------------
 
@@ -453,10 +459,10 @@ class LogProducer:
         """Pick the agent to send to and open its connection; False to come back later."""
         if self.node is None:
             await self.router.refresh()
-            self.node = self.router.choose(self.name)
+            self.node = self.router.choose(self.name, avoid=self._left)
             if self.node is None:
                 await self.router.refresh(force=True)
-                self.node = self.router.choose(self.name)
+                self.node = self.router.choose(self.name, avoid=self._left)
             if self.node is None:
                 self._fail_waiting(AgentUnavailableError(f"no agent of cluster {self.pool.meta.cluster!r} is available"))
                 await self._sleep_backoff()
@@ -466,6 +472,8 @@ class LogProducer:
             await client.connect()
         except AgentError as exc:
             self.router.suspect(self.node)
+            self._left.add(self.node)  # the next choice tries the other agents first
+            self.stats["unreachable"] += 1
             self._forward_until = time.monotonic() + self.options.forward_seconds
             log.info("agent %s unreachable for log %r: %s", self.node, self.name, exc)
             self.node = None

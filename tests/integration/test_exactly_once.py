@@ -313,22 +313,26 @@ def test_acknowledged_records_land_exactly_once_in_order_through_kill_pause_and_
 
             # (c) cut the producers from the owner, from the agents they append through now (one
             # may be forwarding for the owner: a cut of the owner alone would go unnoticed), and
-            # from ZooKeeper, until every producer has seen a request time out and resent it,
-            # producers have looked elsewhere, and every metadata session is cut off.
+            # from ZooKeeper, until every producer has noticed (a request of its timed out and
+            # was resent, or, for one that was between connections at the cut, a connection
+            # attempt failed), requests were resent, producers have looked elsewhere, and every
+            # metadata session is cut off.
             mark = total()
             await eventually(lambda: total() >= mark + 3_000, timeout=30, message="3,000 more acknowledgements before the partition")
             cut_from = owner_node(env)
             assert cut_from is not None
             before = resent()
+            unreachable = [p.stats["unreachable"] for p in producers]
             failovers = [p.stats["failovers"] for p in producers]
             used = sorted({p.node for p in producers if p.node is not None} - {cut_from})
             network.partition_nodes(CLIENTS, [cut_from, *used, "zk"])
             note(f"(c) producers cut from owner {cut_from}, from {used} and from ZooKeeper at {total()} acks")
             def cut_seen() -> bool:
                 return (
-                    all(r > b for r, b in zip(resent(), before))
-                    # (each resent; one may have found its way again on the agent it was using,
-                    # back from a suspicion, before the others moved)
+                    all(r > b or p.stats["unreachable"] > u for r, b, p, u in zip(resent(), before, producers, unreachable))
+                    and any(r > b for r, b in zip(resent(), before))
+                    # (one may have found its way again on the agent it was using, back from a
+                    # suspicion, before the others moved)
                     and any(p.stats["failovers"] > f for p, f in zip(producers, failovers))
                     and all(m.client.state != "CONNECTED" for m in metas)
                 )
@@ -337,7 +341,7 @@ def test_acknowledged_records_land_exactly_once_in_order_through_kill_pause_and_
                 await eventually(cut_seen, timeout=30, message="every producer to resend, producers to fail over, and every one to lose its ZooKeeper connection")
             except AssertionError as exc:
                 raise AssertionError(
-                    f"{exc}: resent {before} -> {resent()}, failovers {failovers} -> {[p.stats['failovers'] for p in producers]}, "
+                    f"{exc}: resent {before} -> {resent()}, unreachable {unreachable} -> {[p.stats['unreachable'] for p in producers]}, failovers {failovers} -> {[p.stats['failovers'] for p in producers]}, "
                     f"ZooKeeper {[m.client.state for m in metas]}, nodes {[p.node for p in producers]}; timeline: {timeline}; "
                     f"senders: {sender_stacks(producers)}"
                 ) from None
