@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 # 2-core sandbox, session 18): parallelism 2 / 6 / 12 copied 329 / 475 / 490 MiB/s at W=1 and
 # 185 / 211 / 221 MiB/s at W=3; relayed copies were no slower at 6 or 12 than at 2.
 PULLS_PER_SINK_AGENT = 2
-# However many sink agents: each slot is a thread with its own connections to every agent.
+# However many sink agents: each slot is a thread with an event loop and connections of its own.
 MAX_DEFAULT_SLOTS = 32
 
 
