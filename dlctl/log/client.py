@@ -569,9 +569,21 @@ class SyncAgentClient:
         try:
             self._run(self._client.close())
         finally:
+            # A connection attempt a timed-out request left running would otherwise be dropped
+            # with the closed loop, half-way through its handshake (and complain when collected).
+            self._run(_cancel_the_others())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
+
+
+async def _cancel_the_others() -> None:
+    """Cancel every other task of the running loop and wait for them to finish."""
+    me = asyncio.current_task()
+    others = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 _SYNC_METHODS = frozenset(

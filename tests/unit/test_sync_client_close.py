@@ -1,0 +1,34 @@
+"""``SyncAgentClient.close`` leaves nothing running on the private loop it closes.
+
+A request that gives up while its connection attempt is still under way leaves the attempt
+running (callers share it, shielded). Closing the client then closed the loop under it: the
+attempt was dropped half-way through its handshake and complained when collected (a warning
+seen in CI)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+from dlctl.log.client import SyncAgentClient
+
+
+def test_closing_cancels_a_connection_attempt_a_caller_gave_up_on():
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never says HELLO
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        client = SyncAgentClient("127.0.0.1", silent.getsockname()[1], b"s" * 32, connect_timeout=60)
+        inner = client._client
+        caller = asyncio.run_coroutine_threadsafe(inner.connect(), client._loop)
+        deadline = time.monotonic() + 10
+        while inner._connecting is None and not caller.done():
+            assert time.monotonic() < deadline, "the connection attempt never started"
+            time.sleep(0.001)
+        attempt = inner._connecting
+        assert attempt is not None and not attempt.done()
+        caller.cancel()  # the caller gives up; the shared attempt goes on
+        client.close()
+        assert client._loop.is_closed()
+        assert attempt.done(), "the connection attempt was left running on the closed loop"
+        assert not [t for t in asyncio.all_tasks(client._loop) if not t.done()]
