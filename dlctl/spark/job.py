@@ -208,8 +208,9 @@ def execute(
     copied: dict[str, int] = {}
     failures: list[str] = []
     if to_copy is not None:
-        engine = engines.for_copy(to_copy, sink_agents=len(sink.meta.available_nodes()))
-        endpoints = _endpoints(engine, source, sink, throttle, engines.options)
+        sink_nodes = sink.meta.available_nodes()  # read once: the engine's size and the tasks' endpoints
+        engine = engines.for_copy(to_copy, sink_agents=len(sink_nodes))
+        endpoints = _endpoints(engine, source, sink, sink_nodes, throttle, engines.options)
         effects = _clock_effects(engine, endpoints, job, [lp for lp in work if not lp.assume_local and lp.selection.copy], progresses, progress)
         for lp in work:
             tasks[lp.log] = _tasks(job, lp, progresses[lp.log], effects.get(lp.log))
@@ -334,7 +335,7 @@ def _reserve(sink: ClusterSession, lp: LogPlan, record: _Record) -> P.LogProgres
     return fresh
 
 
-def _endpoints(engine: Engine, source: ClusterSession, sink: ClusterSession, throttle: float | None, options: EngineOptions) -> Endpoints:
+def _endpoints(engine: Engine, source: ClusterSession, sink: ClusterSession, sink_nodes: dict[str, dict], throttle: float | None, options: EngineOptions) -> Endpoints:
     # The engine's own count, not --parallelism: without it the engine still runs every core's
     # worth of tasks at once, and a throttle left whole would let the job run that many times over.
     slots = _slots(engine)
@@ -343,7 +344,7 @@ def _endpoints(engine: Engine, source: ClusterSession, sink: ClusterSession, thr
         source_nodes=source.meta.available_nodes(),
         source_secret=engine.secret(source.cluster.secret_file, source.cluster.name),
         sink_cluster=sink.cluster.name,
-        sink_nodes=sink.meta.available_nodes(),
+        sink_nodes=sink_nodes,
         sink_secret=engine.secret(sink.cluster.secret_file, sink.cluster.name),
         throttle=(throttle / slots) if throttle else None,  # the limit is the job's: split over the tasks running at once
         source_tls=engine.tls(source.tls, source.cluster.name),

@@ -164,7 +164,7 @@ class _Outlet:
     """The entries bound for one member, in batches of about ``BATCH_BYTES``: one batch on its
     way (being stored, or sent and stored there) while the next fills, so memory stays bounded."""
 
-    def __init__(self, send: Callable[[Sequence[bytearray]], Awaitable[Any]]) -> None:
+    def __init__(self, send: StoreBatch) -> None:
         self.send = send
         self.pairs: list[tuple[int, int]] = []  # (entry id, CRC) of every entry handed over
         self.batch: list[bytearray] = []

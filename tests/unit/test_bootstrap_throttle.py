@@ -32,7 +32,7 @@ def test_the_tasks_running_at_once_share_the_jobs_throttle(secret, monkeypatch, 
     monkeypatch.setattr(os, "cpu_count", lambda: 4)  # a default engine runs 4 tasks at once
     options = EngineOptions(parallelism=parallelism)
     engine = LocalEngine(options.parallelism)
-    endpoints = job._endpoints(engine, _session("east", secret), _session("west", secret), 400_000.0, options)
+    endpoints = job._endpoints(engine, _session("east", secret), _session("west", secret), {"n1": {}, "n2": {}}, 400_000.0, options)
     running = engine.slots
     assert running == (parallelism or 4)
     # Every slot copying at its own cap adds up to the job's cap, not more.
@@ -42,5 +42,5 @@ def test_the_tasks_running_at_once_share_the_jobs_throttle(secret, monkeypatch, 
 
 def test_no_throttle_means_none_per_task(secret):
     options = EngineOptions()
-    endpoints = job._endpoints(LocalEngine(2), _session("east", secret), _session("west", secret), None, options)
+    endpoints = job._endpoints(LocalEngine(2), _session("east", secret), _session("west", secret), {"n1": {}, "n2": {}}, None, options)
     assert endpoints.throttle is None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 from dlctl.log.client import SyncAgentClient
 
@@ -20,14 +19,17 @@ def test_closing_cancels_a_connection_attempt_a_caller_gave_up_on():
         silent.listen()
         client = SyncAgentClient("127.0.0.1", silent.getsockname()[1], b"s" * 32, connect_timeout=60)
         inner = client._client
-        caller = asyncio.run_coroutine_threadsafe(inner.connect(), client._loop)
-        deadline = time.monotonic() + 10
-        while inner._connecting is None and not caller.done():
-            assert time.monotonic() < deadline, "the connection attempt never started"
-            time.sleep(0.001)
-        attempt = inner._connecting
+
+        async def give_up() -> asyncio.Future:
+            caller = asyncio.ensure_future(inner.connect())
+            await asyncio.sleep(0)  # one loop turn: the caller has started the attempt and waits on it
+            attempt = inner._connecting
+            caller.cancel()  # the caller gives up; the shared attempt goes on
+            await asyncio.gather(caller, return_exceptions=True)
+            return attempt
+
+        attempt = asyncio.run_coroutine_threadsafe(give_up(), client._loop).result(10)
         assert attempt is not None and not attempt.done()
-        caller.cancel()  # the caller gives up; the shared attempt goes on
         client.close()
         assert client._loop.is_closed()
         assert attempt.done(), "the connection attempt was left running on the closed loop"
