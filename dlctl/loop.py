@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -23,6 +24,10 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 CANCEL_GRACE = 5.0  # seconds an interrupted step gets to run its finally blocks (close writers, release pins)
+# How often a thread waiting for a step wakes up. A Ctrl-C the kernel hands to another thread of
+# the process is only flagged; the main thread runs its handler (KeyboardInterrupt) when it next
+# runs Python code, which an untimed wait would not do until the step ends.
+SIGNAL_CHECK = 0.2
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -86,7 +91,10 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
     try:
         # (Inside the try: an interrupt may land between handing the step over and waiting.)
-        return asyncio.run_coroutine_threadsafe(main(), loop).result()
+        future = asyncio.run_coroutine_threadsafe(main(), loop)
+        while not future.done():
+            concurrent.futures.wait([future], timeout=SIGNAL_CHECK)
+        return future.result()
     except BaseException:
         if not step.finished.is_set():
             step.abandoned = True
