@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -40,7 +39,7 @@ from dlctl.replication.causal import SourceClock
 from dlctl.replication.origin import SOURCE_POSITION, Origin, decode_source_position, encode_source_position
 from dlctl.spark import jobplan
 from harness.logcluster import read_back
-from harness.procs import pid_alive, process_tree
+from harness.procs import pid_alive, process_tree, wait_until
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent, pytest.mark.spark, pytest.mark.slow]
 
@@ -68,17 +67,6 @@ def sandbox(tmp_path_factory):
 
 def session(env: dict[str, str], name: str) -> ClusterSession:
     return ClusterSession(inventory.load(ConfigLocation(Path(env["DLCTL_CONFIG"]), "test")).cluster(name))
-
-
-def wait_for(predicate, timeout: float, message: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(0.05)
 
 
 async def fill(src: ClusterSession, name: str, segments: int, per_segment: int, size: int, first: int = 0) -> None:
@@ -199,10 +187,11 @@ def test_bootstrap_of_200_segments_then_streaming_under_concurrent_writes_gives_
     create_source_log(sandbox, name, segments=200, per_segment=20, size=300)
     writer = SourceWriter(sandbox, name, first=200 * 20)
     writer.start()
-    wait_for(lambda: writer.written > 50 or writer.error, 30, "the concurrent writer to get going")
+    wait_until(lambda: writer.written > 50 or writer.error, 30, message="the concurrent writer to get going")
     result = bootstrap(sandbox, name)
     assert result.returncode == 0, result.stderr
-    time.sleep(0.5)  # the writer keeps appending after the copy for a while (no condition to await: it is the scenario)
+    after_copy = writer.written  # the writer keeps appending after the copy: the stream must carry those too
+    wait_until(lambda: writer.written >= after_copy + 50 or writer.error, 30, message="50 more appends after the copy")
     writer.stop.set()
     writer.join(30)
     assert writer.error is None, writer.error
@@ -269,7 +258,7 @@ def test_killing_the_driver_midway_leaves_nothing_visible_and_a_rerun_copies_onl
             return {int(k) for k in record.get("progress", {}).get("verified", {})}
 
     try:
-        wait_for(lambda: verified() or proc.poll() is not None, 120, "a first verified segment")
+        wait_until(lambda: verified() or proc.poll() is not None, 120, message="a first verified segment")
         assert proc.poll() is None, "the job finished before it could be killed; slow it down further"
         family = process_tree(proc.pid) - {proc.pid}  # Spark's JVM and its Python workers
         # The in-process path starts no JVM at all; the Spark path copies in Spark's workers.
@@ -277,7 +266,7 @@ def test_killing_the_driver_midway_leaves_nothing_visible_and_a_rerun_copies_onl
         os.kill(proc.pid, signal.SIGKILL)  # the driver only: its JVM and workers follow on their own
         proc.wait(10)
         # Nothing of the killed job may still write when the re-run starts (and is measured).
-        wait_for(lambda: not any(pid_alive(p) for p in family), 60, "the killed driver's JVM and workers to exit")
+        wait_until(lambda: not any(pid_alive(p) for p in family), 60, message="the killed driver's JVM and workers to exit")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -382,7 +371,7 @@ def test_truncating_the_source_during_the_job_cannot_remove_pinned_segments(sand
     try:
         with session(sandbox, SOURCE) as src:
             pins = PinStore(src.meta)
-            wait_for(lambda: pins.pins_of_log(name) or proc.poll() is not None, 60, "the bootstrap's pin")
+            wait_until(lambda: pins.pins_of_log(name) or proc.poll() is not None, 60, message="the bootstrap's pin")
         assert proc.poll() is None, "the job ended before the truncation could race it"
         refused = dlctl(sandbox, "--cluster", SOURCE, "--yes", "truncate", name, "--to", "10/0/0")
         assert proc.poll() is None, "the job ended before the truncation could race it; slow it down further"
@@ -580,7 +569,7 @@ def test_pulls_carry_on_from_the_last_source_replica_while_two_of_three_are_paus
         log=tmp_path / "job.log",
     )
     try:
-        wait_for(lambda: sum(pulls_since(before, pull_counters(sandbox)).values()) or proc.poll() is not None, 120, "the sink agents to start pulling")
+        wait_until(lambda: sum(pulls_since(before, pull_counters(sandbox)).values()) or proc.poll() is not None, 120, message="the sink agents to start pulling")
         assert proc.poll() is None, "the job finished before the source agents could be paused; slow it down further"
         for pid in paused:
             os.kill(pid, signal.SIGSTOP)
@@ -606,7 +595,7 @@ def test_killing_the_driver_stops_the_sink_agents_pulls_at_once_and_a_rerun_copi
         log=tmp_path / "first.log",
     )
     try:
-        wait_for(lambda: sum(pulls_since(before, pull_counters(sandbox)).values()) or proc.poll() is not None, 120, "the sink agents to start pulling")
+        wait_until(lambda: sum(pulls_since(before, pull_counters(sandbox)).values()) or proc.poll() is not None, 120, message="the sink agents to start pulling")
         assert proc.poll() is None, (tmp_path / "first.log").read_text()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
@@ -614,7 +603,7 @@ def test_killing_the_driver_stops_the_sink_agents_pulls_at_once_and_a_rerun_copi
         if proc.poll() is None:
             proc.kill()
     # Each agent's own gauge: no pull of the dead driver's goes on storing into the sink.
-    wait_for(lambda: not any(c.get("segment_pulls_running", 0) for c in pull_counters(sandbox).values()), 15, "the sink agents to stop the dead driver's pulls")
+    wait_until(lambda: not any(c.get("segment_pulls_running", 0) for c in pull_counters(sandbox).values()), 15, message="the sink agents to stop the dead driver's pulls")
     assert sum(pulls_since(before, pull_counters(sandbox), "segment_pulls_abandoned").values()) >= 1
     assert sink_segments(sandbox, name) == []
     result = bootstrap(sandbox, name)
