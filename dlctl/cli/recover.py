@@ -7,6 +7,7 @@ import click
 from ..ops import recover as recover_ops
 from ..plan import Plan
 from ..errors import NotFoundError
+from ..names import validate_name
 from .complete import complete_log, complete_node
 from .context import AppContext, mutating, output_option, pass_app, yes_option
 
@@ -120,6 +121,7 @@ def recover_node_command(app: AppContext, node_ids: tuple[str, ...], dry_run: bo
     is lost are reported (exit 3), never hidden."""
     regions = {}
     for node in node_ids:
+        validate_name("node", node)  # a typo with a '/' is a usage error, not "nothing to do"
         try:
             regions[node] = app.session().cluster.node(node).region
         except NotFoundError:
