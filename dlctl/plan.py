@@ -130,17 +130,22 @@ class PlanFailed(DlctlError):
 
     def __init__(self, result: PlanResult, failed: StepOutcome, cause: BaseException) -> None:
         done = sum(1 for o in result.outcomes if o.status is StepStatus.DONE)
-        progress = f"{done} step(s) were applied before it; re-running the command continues from here" if done else "nothing was changed"
+        cause_code = getattr(cause, "exit_code", ExitCode.FAILED)
+        if done:
+            progress = f"{done} step(s) were applied before it; re-running the command continues from here"
+        else:
+            # A step that failed part-way (exit 3) says itself what it did.
+            progress = "" if cause_code == ExitCode.PARTIAL else "nothing was changed"
         cause_hint = getattr(cause, "hint", None)
+        hint = f"{cause_hint} ({progress})" if cause_hint and progress else cause_hint or progress or None
         super().__init__(
             f"{result.operation}: step {failed.step.action} on {failed.step.target} failed: {failed.error}",
-            hint=f"{cause_hint} ({progress})" if cause_hint else progress,
+            hint=hint,
             details=result.to_dict(),
         )
         self.result = result
         # A failure after some steps were applied leaves partial work: report it as such — unless
         # the step refused for safety, which a script must be able to tell from a half-done job.
-        cause_code = getattr(cause, "exit_code", ExitCode.FAILED)
         self.exit_code = ExitCode.PARTIAL if done and cause_code != ExitCode.REFUSED else cause_code
 
 

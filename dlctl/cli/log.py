@@ -215,6 +215,11 @@ def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool,
 
     --no-idempotence: at least once instead; a request whose acknowledgement was lost is resent
     blindly and may be stored twice (for comparison).
+
+    A failure after some records were acknowledged exits 3 and says how many are in the log
+    (appending the same input again would store them twice). A record too large for one
+    request stops the input there: the records before it are appended, the message names its
+    number (continue with `tail -n +N`); as the first record, it is a usage error (exit 2).
     """
     if no_idempotence and direct:
         raise click.UsageError("--no-idempotence applies to appends through the owning agent, not to --direct")

@@ -13,7 +13,7 @@ from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
 from ..log.reader import LogReader, ReadRecord
 from ..log.timeindex import iso
-from ..errors import UsageError
+from ..errors import DlctlError, PartialFailure, UsageError
 from ..cold.history import read_with_history
 from ..plan import Plan, Step
 from .backup import cold_store_of
@@ -135,30 +135,77 @@ async def append_records(
 
 async def _feed(sink: Any, records: Iterable[bytes], on_progress: Callable[[int], None] | None) -> tuple[int, int, DLSN | None, DLSN | None]:
     """Submit every record to ``sink`` (a LogWriter or LogProducer) with back-pressure; raise
-    the first failure of any record (a flush only sees the records still unsettled)."""
-    count = size = 0
+    the first failure of any record (a flush only sees the records still unsettled). A failure
+    after some records were acknowledged raises ``AppendIncomplete`` (exit 3) saying how many:
+    those are in the log, and appending the whole input again would store them twice."""
+    count = size = acked = 0
     first_future = None
     failures: list[BaseException] = []
 
     def note(future: Any) -> None:
-        if not future.cancelled() and future.exception() is not None and not failures:
+        nonlocal acked
+        if future.cancelled():
+            return
+        if future.exception() is None:
+            acked += 1
+        elif not failures:
             failures.append(future.exception())
 
-    for payload in records:
-        await sink.wait_writable()
-        future = sink.submit(payload)
-        future.add_done_callback(note)
-        if first_future is None:
-            first_future = future
-        count += 1
-        size += len(payload)
-        if on_progress is not None and count % 1000 == 0:
-            on_progress(count)
-    last = await sink.flush()
-    if failures:
-        raise failures[0]
+    try:
+        for payload in records:
+            await sink.wait_writable()
+            try:
+                future = sink.submit(payload)
+            except ValueError as exc:  # this record can never be appended (too large): stop reading here
+                await sink.flush()  # the records before it are settled first: the count below is final
+                raise RecordRejected(count + 1, str(exc)) from None
+            future.add_done_callback(note)
+            if first_future is None:
+                first_future = future
+            count += 1
+            size += len(payload)
+            if on_progress is not None and count % 1000 == 0:
+                on_progress(count)
+        last = await sink.flush()
+        if failures:
+            raise failures[0]
+    except Exception as exc:  # noqa: BLE001 - re-raised as it is unless records are already in the log
+        if not acked:
+            if isinstance(exc, RecordRejected):
+                raise UsageError(f"{exc}; nothing was appended") from None
+            raise
+        first = first_future.result() if first_future is not None and first_future.done() and not first_future.exception() else None
+        raise AppendIncomplete(exc, count, acked, first) from exc
     first = await first_future if first_future is not None else None
     return count, size, first, last
+
+
+class RecordRejected(Exception):
+    """Record ``number`` (1-based, in input order) cannot be appended at all."""
+
+    def __init__(self, number: int, why: str) -> None:
+        super().__init__(f"record {number} of standard input cannot be appended: {why}")
+        self.number = number
+
+
+class AppendIncomplete(PartialFailure):
+    """An append failed after some of its records were acknowledged: they are in the log."""
+
+    def __init__(self, cause: BaseException, submitted: int, acked: int, first: DLSN | None) -> None:
+        where = f" from DLSN {first}" if first is not None else ""
+        if isinstance(cause, RecordRejected):
+            # The records before it were all settled: acknowledged, or failed with a reason of their own.
+            done = f"the {acked} record(s) before it were appended{where}" if acked == submitted else f"{acked} of the {submitted} record(s) before it were appended{where}"
+            super().__init__(
+                f"{cause}; {done}; nothing after it was read",
+                hint=f"do not append the same input again: continue from record {cause.number} (one record per line: tail -n +{cause.number})",
+            )
+        else:
+            why = cause.message if isinstance(cause, DlctlError) else f"{type(cause).__name__}: {cause}"
+            super().__init__(
+                f"{acked} of the {submitted} record(s) read were appended{where} before the append failed: {why}",
+                hint="the others may or may not be in the log: look with `dlctl log tail` before appending them again",
+            )
 
 
 async def _append_via_proxy(session: ClusterSession, pool: AgentPool, name: str, records: Iterable[bytes], region: str | None, idempotent: bool, on_progress: Any) -> dict[str, Any]:

@@ -121,6 +121,36 @@ def test_log_count_between_positions_matches_the_records_a_reader_reads(sandbox)
     assert backwards.returncode == ExitCode.USAGE and "is before" in backwards.stderr
 
 
+def test_an_append_stopped_by_a_record_too_large_says_what_it_appended_and_exits_partial(sandbox):
+    """Five lines, one over the request limit, three more: the five are in the log and the run
+    says so (exit 3, where to continue). It said "nothing was changed" (exit 1), and a script
+    that appended the same input again stored the five twice. The oracle is `log read`. A first
+    record too large is a usage error with nothing appended."""
+    assert dlctl(sandbox, "log", "create", "half-appended").returncode == 0
+
+    def append(lines: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dlctl.cli", "--yes", "log", "append", "half-appended"], input=lines,
+            capture_output=True, text=True, timeout=180, env={**os.environ, **sandbox},
+        )
+
+    def stored() -> list[str]:
+        read = dlctl(sandbox, "-o", "json", "log", "read", "half-appended")
+        assert read.returncode == 0, read.stderr
+        return [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()]
+
+    too_large = "x" * 200_000  # over the write proxy's 128 KiB per request
+    first = append(f"{too_large}\nlater\n")
+    assert first.returncode == ExitCode.USAGE and "nothing was appended" in first.stderr, first.stderr
+    assert stored() == []
+
+    half = append("".join(f"r{i}\n" for i in range(1, 6)) + f"{too_large}\nr6\nr7\nr8\n")
+    assert half.returncode == ExitCode.PARTIAL, half.stderr
+    said = " ".join(half.stderr.split())  # rich wraps the message
+    assert "the 5 record(s) before it were appended" in said and "tail -n +6" in said and "nothing was changed" not in said, said
+    assert stored() == [f"r{i}" for i in range(1, 6)]
+
+
 def test_cluster_roles_names_the_elected_agents_and_the_auditor_switch_is_cluster_wide(sandbox):
     """``cluster roles`` shows who holds each elected role and who stands behind; the auditor
     switch is a dry-runnable, idempotent plan; SIGKILL of the auditor moves the role to the next

@@ -1,0 +1,80 @@
+"""`log append`'s feed (dlctl.ops.logio._feed): what a failure part-way says about the records
+already in the log. A scripted sink stands for the producer: it acknowledges the first records
+and fails the rest, as a producer does when every agent is lost mid-append."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dlctl.errors import ExitCode, UsageError
+from dlctl.log.dlsn import DLSN
+from dlctl.log.errors import AgentUnavailableError
+from dlctl.ops.logio import AppendIncomplete, _feed
+
+
+class ScriptedSink:
+    """Acknowledges the first ``ack`` records, fails the others with ``AgentUnavailableError``
+    (when they are flushed: as a producer settles them); rejects payloads over ``limit``."""
+
+    def __init__(self, ack: int, limit: int = 1000) -> None:
+        self.ack, self.limit = ack, limit
+        self.futures: list[asyncio.Future] = []
+
+    async def wait_writable(self) -> None:
+        await asyncio.sleep(0)
+
+    def submit(self, payload: bytes) -> asyncio.Future:
+        if len(payload) > self.limit:
+            raise ValueError(f"record of {len(payload)} bytes exceeds the {self.limit}-byte request limit")
+        future = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        return future
+
+    async def flush(self) -> DLSN | None:
+        for i, future in enumerate(self.futures):
+            if not future.done():
+                if i < self.ack:
+                    future.set_result(DLSN(1, i, 0))
+                else:
+                    future.set_exception(AgentUnavailableError("every agent of the log is out of reach"))
+        await asyncio.sleep(0)  # the done callbacks run
+        for future in self.futures:
+            if future.exception() is not None:
+                raise future.exception()
+        return self.futures[-1].result() if self.futures else None
+
+
+def feed(sink: ScriptedSink, records: list[bytes]):
+    return asyncio.run(_feed(sink, records, None))
+
+
+def test_a_failure_after_acknowledgements_says_how_many_are_in_the_log_and_exits_partial():
+    with pytest.raises(AppendIncomplete) as failed:
+        feed(ScriptedSink(ack=3), [b"r%d" % i for i in range(5)])
+    assert failed.value.exit_code == ExitCode.PARTIAL
+    assert "3 of the 5 record(s) read were appended from DLSN 1/0/0" in failed.value.message
+    assert "every agent of the log is out of reach" in failed.value.message
+    assert "may or may not be in the log" in (failed.value.hint or "")
+
+
+def test_a_failure_before_any_acknowledgement_is_raised_as_it_is():
+    with pytest.raises(AgentUnavailableError):
+        feed(ScriptedSink(ack=0), [b"r0", b"r1"])
+
+
+def test_a_record_too_large_stops_the_feed_after_settling_the_ones_before_it():
+    sink = ScriptedSink(ack=10, limit=4)
+    with pytest.raises(AppendIncomplete) as failed:
+        feed(sink, [b"r1", b"r2", b"too large", b"r4"])
+    assert len(sink.futures) == 2 and all(f.done() and f.exception() is None for f in sink.futures)  # r4 never submitted
+    assert "record 3 of standard input cannot be appended" in failed.value.message
+    assert "the 2 record(s) before it were appended" in failed.value.message and "tail -n +3" in (failed.value.hint or "")
+    with pytest.raises(UsageError, match="record 1 of standard input cannot be appended.*nothing was appended"):
+        feed(ScriptedSink(ack=10, limit=4), [b"too large"])
+
+
+def test_every_record_acknowledged_returns_the_counts():
+    count, size, first, last = feed(ScriptedSink(ack=3), [b"a", b"bb", b"ccc"])
+    assert (count, size, first, last) == (3, 6, DLSN(1, 0, 0), DLSN(1, 2, 0))
