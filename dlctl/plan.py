@@ -25,13 +25,16 @@ class StepStatus(str, Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One side effect: ``action`` on ``target``, described for a human in ``description``."""
+    """One side effect: ``action`` on ``target``, described for a human in ``description``.
+    ``piecewise``: the step does its work in pieces (logs, segments, streams, records), so a
+    failure can leave some of them done; a failed first step then never says "nothing was changed"."""
 
     action: str
     target: str
     description: str
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     run: Callable[[], Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    piecewise: bool = dataclasses.field(default=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"action": self.action, "target": self.target, "description": self.description}
@@ -133,9 +136,12 @@ class PlanFailed(DlctlError):
         cause_code = getattr(cause, "exit_code", ExitCode.FAILED)
         if done:
             progress = f"{done} step(s) were applied before it; re-running the command continues from here"
+        elif cause_code == ExitCode.PARTIAL:
+            progress = ""  # the step failed part-way and says itself what it did
+        elif failed.step.piecewise:
+            progress = "part of this step's work may be done"
         else:
-            # A step that failed part-way (exit 3) says itself what it did.
-            progress = "" if cause_code == ExitCode.PARTIAL else "nothing was changed"
+            progress = "nothing was changed"
         cause_hint = getattr(cause, "hint", None)
         hint = f"{cause_hint} ({progress})" if cause_hint and progress else cause_hint or progress or None
         super().__init__(

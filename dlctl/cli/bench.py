@@ -236,7 +236,7 @@ def bench_read(
             with _progress(app) as progress:
                 return session.run(bench.prefill(session, name, prefill, record_size, progress))
 
-        steps.append(Step("prefill", target, f"append {prefill} records of {record_size} bytes to {name}", run=fill))
+        steps.append(Step("prefill", target, f"append {prefill} records of {record_size} bytes to {name}", run=fill, piecewise=True))
 
     def run() -> dict[str, Any]:
         with _progress(app) as progress:

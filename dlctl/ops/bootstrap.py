@@ -121,7 +121,7 @@ def as_plan(job: jobplan.JobPlan, *, rate: float | None, parallelism: int | None
             )
         else:
             what = f"nothing to copy for {lp.log}; stream starts at {sel.snapshot}"
-        steps.append(Step("copy" if sel.copy else "none", f"{job.source_cluster}/{lp.log} -> {job.sink_cluster}/{lp.log}", what, params=info, run=(lambda name=lp.log: run(name)) if run else None))
+        steps.append(Step("copy" if sel.copy else "none", f"{job.source_cluster}/{lp.log} -> {job.sink_cluster}/{lp.log}", what, params=info, run=(lambda name=lp.log: run(name)) if run else None, piecewise=True))
     notes = []
     for lp in job.logs:
         notes += [f"{lp.log}: {n}" for n in lp.notes]

@@ -361,7 +361,7 @@ def _bootstrap_step(source: ClusterSession, sink: ClusterSession, stream_id: str
             "engine": result.engine, "spark_starts": result.spark_starts, "spark_log": result.spark_log,
         }
 
-    return Step("bootstrap", f"{sink.cluster.name}/{decision.log}", f"bootstrap copy of {decision.log} from {source.cluster.name}: {decision.reason}", run=run)
+    return Step("bootstrap", f"{sink.cluster.name}/{decision.log}", f"bootstrap copy of {decision.log} from {source.cluster.name}: {decision.reason}", run=run, piecewise=True)
 
 
 def _start_copies_step(source: ClusterSession, sink: ClusterSession, decisions: list[LogDecision], copies: Engines) -> Step | None:

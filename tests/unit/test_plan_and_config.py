@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dlctl.config import locate_config, select_cluster
-from dlctl.errors import ExitCode, RefusedError
+from dlctl.errors import DlctlError, ExitCode, PartialFailure, RefusedError
 from dlctl.plan import Plan, PlanFailed, Step, StepStatus, apply
 
 
@@ -26,6 +26,25 @@ def test_apply_stops_at_the_first_failure_and_keeps_the_cause_exit_code():
         apply(plan)
     assert info.value.exit_code == ExitCode.REFUSED
     assert [o.status for o in info.value.result.outcomes] == [StepStatus.FAILED, StepStatus.NOT_RUN]
+
+
+def test_a_failed_first_step_says_nothing_was_changed_only_when_it_is_done_in_one_piece():
+    def fail():
+        raise DlctlError("disk full", hint="free some space")
+
+    def fail_part_way():
+        raise PartialFailure("3 of 5 records appended", hint="look first")
+
+    def hint_of(step: Step) -> str:
+        with pytest.raises(PlanFailed) as info:
+            apply(Plan.of("op", [step]))
+        return info.value.hint or ""
+
+    assert hint_of(Step("a", "x", "x", run=fail)) == "free some space (nothing was changed)"
+    # A step over several logs or segments may have done some before it failed.
+    assert hint_of(Step("copy", "x", "x", run=fail, piecewise=True)) == "free some space (part of this step's work may be done)"
+    # One that failed part-way says itself what it did (exit 3).
+    assert hint_of(Step("append", "x", "x", run=fail_part_way)) == "look first"
 
 
 def test_plan_rendering_is_the_same_steps():

@@ -51,13 +51,13 @@ def failback_plan(primary: ClusterSession, returning: ClusterSession, *, choice:
     divergences = _divergences(primary, returning, config, at_risk)
     names, where_a = list(config.logs), f"{a}/{','.join(config.logs)}"
     stream_back = default_stream_id(b, a)
-    steps = [Step("freeze-returning", where_a, f"make {a}'s logs read-only and take them from their writers (recovering what a dead owner left), so nothing more diverges", run=lambda: _freeze(returning, names, b))]
+    steps = [Step("freeze-returning", where_a, f"make {a}'s logs read-only and take them from their writers (recovering what a dead owner left), so nothing more diverges", run=lambda: _freeze(returning, names, b), piecewise=True)]
     if choice == "reconcile":
         count = sum(d.count for d in divergences.values())
         steps.append(Step("reconcile", f"{b}/{','.join(names)}", f"re-append at {b} the record(s) only {a} holds ({count} seen now), keeping their origin ({a}, DLSN)", run=lambda: _reconcile(primary, returning, config, at_risk)))
     verb = "dropping its divergent records" if choice == "discard" else "refuse if anything diverged" if choice is None else "after the reconcile"
     steps += [
-        Step("rebuild", where_a, f"where {a}'s log is not a prefix of {b}'s, recreate it empty ({verb}); {b} -> {a} refills it from the start", run=lambda: _rebuild_logs(primary, returning, config, at_risk, choice)),
+        Step("rebuild", where_a, f"where {a}'s log is not a prefix of {b}'s, recreate it empty ({verb}); {b} -> {a} refills it from the start", run=lambda: _rebuild_logs(primary, returning, config, at_risk, choice), piecewise=True),
         Step("reverse", f"{a}/{stream_back}", f"start {b} -> {a}: incremental where {a}'s log is a prefix of {b}'s, from the start where rebuilt", run=lambda: _reverse(primary, returning, config, at_risk)),
         Step("retire", f"{b}/{config.stream_id}", f"delete the failed-over stream {config.stream_id} and its pins at {a}", run=lambda: _retire(primary, returning, config)),
     ]

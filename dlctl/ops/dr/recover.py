@@ -49,13 +49,13 @@ def recover_plan(target: ClusterSession, peers: dict[str, ClusterSession], *, wa
     where_logs = f"{x}/{','.join(logs)}"
     all_steps = [
         *rebuilt.steps,
-        Step("begin", f"{x}+peers", f"pause the {len(incoming)} stream(s) into {x} and the {len(outgoing)} out of it; freeze {x}'s logs (read-only)", run=partial(act.begin, r)),
+        Step("begin", f"{x}+peers", f"pause the {len(incoming)} stream(s) into {x} and the {len(outgoing)} out of it; freeze {x}'s logs (read-only)", run=partial(act.begin, r), piecewise=True),
         Step("drop-lost", where_logs, f"find the segments of {x}'s logs no replica can serve and drop them from the metadata (what {x} still has stays)", run=partial(act.drop_lost, r)),
         Step("raise-clock", where_logs, f"raise {x}'s clock above every counter of {x} its peers have seen (so {x} never reuses a timestamp)", run=partial(act.raise_clock, r)),
         Step("reset-outgoing", ",".join(sorted({o.peer for o in outgoing})) or "-", f"reset the peers' progress on streams from {x} to what {x} still has", run=partial(act.reset_outgoing_streams, r)),
         Step("reset-incoming", x, f"restart every stream into {x} from its source's beginning (or first retained position), unfiltered ({x}'s own records come back)", run=partial(act.reset_incoming_streams, r)),
         Step("cold-restore", x, f"where a peer deleted the beginning of a log and its cold store holds it: replay those records into {x} from the copies", run=partial(act.cold_restore, r)),
-        Step("bootstrap", x, f"where a peer deleted the beginning of a log {x} holds nothing of: copy what the peer retains (Spark), then stream on from there", run=partial(act.bootstrap, r)),
+        Step("bootstrap", x, f"where a peer deleted the beginning of a log {x} holds nothing of: copy what the peer retains (Spark), then stream on from there", run=partial(act.bootstrap, r), piecewise=True),
         Step("events", x, f"wait until {x} has every record its peers hold (timeout {drain_timeout:g}s per stream)", run=partial(act.events, r)),
         Step("finish", x, "streams back to normal filtering and to their states before; logs back to their access modes", run=partial(act.finish, r)),
     ]
