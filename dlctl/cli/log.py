@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import os
+from typing import BinaryIO
 
 import click
 
@@ -202,6 +205,9 @@ def log_tail(app: AppContext, name: str, from_dlsn: str | None, from_txid: int |
 def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool, region: str | None, no_idempotence: bool) -> Plan:
     """Append records read from standard input to NAME (for shell scripts).
 
+    Each record is appended as it arrives: the input may stay open (`tail -f app.log | dlctl
+    log append NAME`). Ctrl-C says how many records were acknowledged so far.
+
     Records go through the agent that owns the log (write proxy), which batches them with other
     producers' records; with --direct this process becomes the log's owner for the duration
     (fencing any other writer). Either way the command returns once every record is
@@ -228,7 +234,7 @@ def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool,
     via = "the library writer (taking ownership)" if direct else "the owning agent (write proxy)" + (", at least once" if no_idempotence else ", exactly once")
 
     def run() -> dict:
-        stdin = click.get_binary_stream("stdin")
+        stdin = _stdin_of_its_own()
         with app.progress() as bar:
             task = bar.add_task(f"append to {name}", total=None)
             return session.run(
@@ -239,6 +245,17 @@ def log_append(app: AppContext, name: str, length_delimited: bool, direct: bool,
             )
 
     return logio.append_plan(session, name, framing=framing, via=via, run=run)
+
+
+def _stdin_of_its_own() -> BinaryIO:
+    """Standard input for the thread that reads the records (``ops.threaded_input``): a reader
+    of its own on a copy of the descriptor. A daemon thread still blocked in ``sys.stdin``'s
+    reader when the process exits (after a Ctrl-C) makes the interpreter abort at shutdown."""
+    stream = click.get_binary_stream("stdin")
+    try:
+        return os.fdopen(os.dup(stream.fileno()), "rb")
+    except (OSError, io.UnsupportedOperation, ValueError):  # not a descriptor (a test's input)
+        return stream
 
 
 @log_group.command("release")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
+import logging
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
 from ..log.dlsn import DLSN
@@ -17,7 +19,10 @@ from ..errors import DlctlError, PartialFailure, UsageError
 from ..cold.history import read_with_history
 from ..plan import Plan, Step
 from .backup import cold_store_of
+from .threaded_input import records_from_thread
 from ..session import ClusterSession
+
+log = logging.getLogger(__name__)
 
 
 def record_view(record: ReadRecord) -> dict[str, Any]:
@@ -119,10 +124,11 @@ async def append_records(
     end."""
     pool = await session.pool()
     started = time.monotonic()
-    if direct:
-        result = await _append_direct(session, pool, name, records, owner_id, on_progress)
-    else:
-        result = await _append_via_proxy(session, pool, name, records, region, idempotent, on_progress)
+    async with contextlib.aclosing(records_from_thread(records)) as arriving:  # read off the loop: see threaded_input
+        if direct:
+            result = await _append_direct(session, pool, name, arriving, owner_id, on_progress)
+        else:
+            result = await _append_via_proxy(session, pool, name, arriving, region, idempotent, on_progress)
     elapsed = time.monotonic() - started
     count = result["records"]
     return {
@@ -133,7 +139,7 @@ async def append_records(
     }
 
 
-async def _feed(sink: Any, records: Iterable[bytes], on_progress: Callable[[int], None] | None) -> tuple[int, int, DLSN | None, DLSN | None]:
+async def _feed(sink: Any, records: AsyncIterable[bytes], on_progress: Callable[[int], None] | None) -> tuple[int, int, DLSN | None, DLSN | None]:
     """Submit every record to ``sink`` (a LogWriter or LogProducer) with back-pressure; raise
     the first failure of any record (a flush only sees the records still unsettled). A failure
     after some records were acknowledged raises ``AppendIncomplete`` (exit 3) saying how many:
@@ -152,7 +158,7 @@ async def _feed(sink: Any, records: Iterable[bytes], on_progress: Callable[[int]
             failures.append(future.exception())
 
     try:
-        for payload in records:
+        async for payload in records:
             await sink.wait_writable()
             try:
                 future = sink.submit(payload)
@@ -169,6 +175,11 @@ async def _feed(sink: Any, records: Iterable[bytes], on_progress: Callable[[int]
         last = await sink.flush()
         if failures:
             raise failures[0]
+    except asyncio.CancelledError:  # interrupted (Ctrl-C): say what is in the log before "interrupted"
+        if count:
+            log.warning("log append interrupted: %d of the %d record(s) read were acknowledged so far (more may be, once in flight); "
+                        "look with `dlctl log tail` before appending them again", acked, count)
+        raise
     except Exception as exc:  # noqa: BLE001 - re-raised as it is unless records are already in the log
         if not acked:
             if isinstance(exc, RecordRejected):
@@ -208,7 +219,7 @@ class AppendIncomplete(PartialFailure):
             )
 
 
-async def _append_via_proxy(session: ClusterSession, pool: AgentPool, name: str, records: Iterable[bytes], region: str | None, idempotent: bool, on_progress: Any) -> dict[str, Any]:
+async def _append_via_proxy(session: ClusterSession, pool: AgentPool, name: str, records: AsyncIterable[bytes], region: str | None, idempotent: bool, on_progress: Any) -> dict[str, Any]:
     from ..log.producer import LogProducer, ProducerOptions
 
     producer = LogProducer(session.meta, pool, name, region=region, options=ProducerOptions(idempotent=idempotent))
@@ -227,7 +238,7 @@ async def _append_via_proxy(session: ClusterSession, pool: AgentPool, name: str,
     }
 
 
-async def _append_direct(session: ClusterSession, pool: AgentPool, name: str, records: Iterable[bytes], owner_id: str | None, on_progress: Any) -> dict[str, Any]:
+async def _append_direct(session: ClusterSession, pool: AgentPool, name: str, records: AsyncIterable[bytes], owner_id: str | None, on_progress: Any) -> dict[str, Any]:
     from ..log.writer import LogWriter
 
     writer = await LogWriter.open(session.meta, pool, name, owner_id=owner_id)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
+from harness.procs import wait_until
 from harness.sandbox import dlctl, sandbox_up, session_for
 
 from dlctl.errors import ExitCode
@@ -149,6 +151,39 @@ def test_an_append_stopped_by_a_record_too_large_says_what_it_appended_and_exits
     said = " ".join(half.stderr.split())  # rich wraps the message
     assert "the 5 record(s) before it were appended" in said and "tail -n +6" in said and "nothing was changed" not in said, said
     assert stored() == [f"r{i}" for i in range(1, 6)]
+
+
+def test_an_append_from_a_pipe_left_open_appends_each_line_as_it_comes_and_ctrl_c_says_what_landed(sandbox):
+    """`tail -f app.log | dlctl log append` must append each line when it comes. Input was read
+    on the event loop: a read waiting for the next line stopped everything else, so a line read
+    waited for the pipe to close (nothing appended while it stayed open) and a Ctrl-C could not
+    end the command. The oracle is `log read`; the pipe stays open until the end."""
+    assert dlctl(sandbox, "log", "create", "piped").returncode == 0
+
+    def stored() -> list[str]:
+        read = dlctl(sandbox, "-o", "json", "log", "read", "piped")
+        assert read.returncode == 0, read.stderr
+        return [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()]
+
+    reading, writing = os.pipe()
+    append = subprocess.Popen(
+        [sys.executable, "-m", "dlctl.cli", "--yes", "log", "append", "piped"], stdin=reading,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **sandbox}, text=True,
+    )
+    os.close(reading)
+    try:
+        os.write(writing, b"first line\n")
+        wait_until(lambda: stored() == ["first line"], 30, message="the first line in the log while the pipe is open")
+        os.write(writing, b"second line\n")
+        wait_until(lambda: stored() == ["first line", "second line"], 30, message="the second line in the log")
+        append.send_signal(signal.SIGINT)
+        _, err = append.communicate(timeout=30)
+    finally:
+        os.close(writing)
+        if append.poll() is None:
+            append.kill()
+    assert append.returncode == ExitCode.INTERRUPTED, err
+    assert "2 of the 2 record(s) read were acknowledged" in " ".join(err.split()), err
 
 
 def test_cluster_roles_names_the_elected_agents_and_the_auditor_switch_is_cluster_wide(sandbox):

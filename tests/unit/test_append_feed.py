@@ -46,8 +46,13 @@ class ScriptedSink:
         return self.futures[-1].result() if self.futures else None
 
 
+async def arriving(records: list[bytes]):
+    for record in records:
+        yield record
+
+
 def feed(sink: ScriptedSink, records: list[bytes]):
-    return asyncio.run(_feed(sink, records, None))
+    return asyncio.run(_feed(sink, arriving(records), None))
 
 
 def test_a_failure_after_acknowledgements_says_how_many_are_in_the_log_and_exits_partial():
@@ -78,3 +83,28 @@ def test_a_record_too_large_stops_the_feed_after_settling_the_ones_before_it():
 def test_every_record_acknowledged_returns_the_counts():
     count, size, first, last = feed(ScriptedSink(ack=3), [b"a", b"bb", b"ccc"])
     assert (count, size, first, last) == (3, 6, DLSN(1, 0, 0), DLSN(1, 2, 0))
+
+
+def test_an_interrupt_says_how_many_records_were_acknowledged_so_far(caplog):
+    class Stalled(ScriptedSink):
+        """Acknowledges the first ``ack`` records; the rest never settle (the operator presses Ctrl-C)."""
+
+        async def flush(self) -> DLSN | None:
+            for i, future in enumerate(self.futures[: self.ack]):
+                future.set_result(DLSN(1, i, 0))
+            self.flushing.set()
+            await asyncio.Event().wait()
+            return None
+
+    async def interrupted() -> None:
+        sink = Stalled(ack=2)
+        sink.flushing = asyncio.Event()
+        task = asyncio.ensure_future(_feed(sink, arriving([b"a", b"b", b"c"]), None))
+        await sink.flushing.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with caplog.at_level("WARNING", logger="dlctl.ops.logio"):
+        asyncio.run(interrupted())
+    assert "log append interrupted: 2 of the 3 record(s) read were acknowledged so far" in caplog.text
