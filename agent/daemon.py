@@ -177,6 +177,13 @@ async def _serve(config: AgentConfig, metrics: AgentMetrics, metrics_address: st
     credentials = Credentials(secret, config.tls)
     server = AgentServer(store, secret, config.host, config.port, tls=config.tls, limits=config.server, metrics=metrics)
     server.metrics_address = metrics_address
+    # The write proxy and the range puller are in place before the agent listens and registers:
+    # a client that finds it must not be told "not a write proxy" (nor "cannot pull yet") by an
+    # agent that is one, as a producer was when it chose the agent the moment it registered.
+    proxy = _start_proxy(config, zk, zk_auth, credentials, server)
+    metrics.proxy = proxy
+    # Copies pulled from peers (PULL_RANGE: repair and re-replication with one network leg).
+    server.puller = RangePuller(AgentPool(MetaStore(zk, config.cluster, zk_auth), credentials), store, config.node_id)
     await server.start()
 
     registration = Registration(
@@ -199,10 +206,6 @@ async def _serve(config: AgentConfig, metrics: AgentMetrics, metrics_address: st
     await loop.run_in_executor(None, registration.start, 2 * config.session_timeout)
     if metrics_address is not None:
         await loop.run_in_executor(None, _remember_metrics_endpoint, zk, config, zk_auth, metrics_address)
-    proxy = _start_proxy(config, zk, zk_auth, credentials, server)
-    metrics.proxy = proxy
-    # Copies pulled from peers (PULL_RANGE: repair and re-replication with one network leg).
-    server.puller = RangePuller(AgentPool(MetaStore(zk, config.cluster, zk_auth), credentials), store, config.node_id)
     # The auditor stands for election only once this agent is registered and serving: an
     # agent that cannot serve must not be the one that decides others are gone.
     auditor = None

@@ -23,7 +23,7 @@ from collections import Counter
 import pytest
 
 from dlctl.log.client import AgentClient
-from dlctl.log.errors import NotOwnerError, OutOfOrderSequenceError, ProducerFencedError, UnknownProducerError
+from dlctl.log.errors import AgentUnavailableError, NotOwnerError, OutOfOrderSequenceError, ProducerFencedError, UnknownProducerError
 from dlctl.log.ownership import owner_info
 from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer, ProducerOptions
@@ -210,6 +210,35 @@ def test_dedup_state_survives_two_owner_changes_in_a_row(env, cluster):
     found = run(payloads(env))
     assert Counter(found) == Counter([f"r{seq}-{i}".encode() for seq in (1, 2, 3) for i in range(2)] + [b"r4-0"]), found
     assert found == sorted(found, key=lambda p: (int(p.split(b"-")[0][1:]), p)), "in request order"
+
+
+def test_an_agent_answers_appends_as_a_write_proxy_from_its_first_connection(zk, procs, tmp_path):
+    """The write proxy started after the agent listened and registered: a producer that chose
+    the agent at once was told "not a write proxy ([proxy] enabled = false)" (seen in CI, on the
+    TTL test below). Here a client connects the moment the port accepts and appends at once."""
+    admin = zk.client()
+    meta = MetaStore(admin, "c1")
+    meta.create_log("first", LogConfig(1, 1, 1))
+    node = AgentNode(procs, tmp_path, zk.connect_string, cluster="c1", node_id="solo")
+    node.start(wait=False)
+
+    async def first_append() -> list:
+        deadline = time.monotonic() + 30
+        while True:
+            client = client_of(node, connect_timeout=1.0)
+            try:
+                await client.connect()
+            except AgentUnavailableError:
+                await client.close()
+                assert time.monotonic() < deadline and node.proc.running, "the agent never listened"
+                await asyncio.sleep(0.005)
+                continue
+            try:
+                return await client.append("first", PRODUCER, 1, records("first", 1), epoch=0, seq=1)
+            finally:
+                await client.close()
+
+    assert len(run(first_append())) == 1
 
 
 def test_a_resend_after_the_producer_id_ttl_is_refused_not_stored_twice(zk, procs, tmp_path):
