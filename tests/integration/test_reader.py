@@ -421,13 +421,24 @@ def test_slow_replica_costs_about_one_timeout_not_a_failure(cluster, zkc):
                 assert sum(durations) < 20 * (ceiling + 0.05)
             demoting = LogReader(meta, pool, "slow", region="r1", read_ahead=ReadAhead(max_entries=1),
                                  speculative_timeout=AdaptiveTimeout(floor=floor, ceiling=ceiling))
+            firsts = []  # the replica each read asks first (a spy: the order itself is the reader's)
+            plain_order = demoting.replicas.order
+
+            def order(*args, **kwargs):
+                chosen = plain_order(*args, **kwargs)
+                firsts.append(chosen[0] if chosen else None)
+                return chosen
+
+            demoting.replicas.order = order
             async with demoting:
                 started = time.monotonic()
                 got = await read_all(demoting, 40)
                 assert [(r.dlsn, r.txid) for r in got] == feeder.expected
                 # n1 demoted after its first timeout (or, once its ZooKeeper session has expired,
-                # not even asked: an unregistered node is tried last).
-                assert demoting.replicas.stats.speculative <= 1
+                # not even asked first: an unregistered node is tried last). Not "one speculative
+                # read in all": on a loaded machine a healthy replica can miss the timeout too
+                # (seen beside two CPU burners: 2).
+                assert firsts.count("n1") <= 1 and len(firsts) >= 20, firsts
                 assert time.monotonic() - started < ceiling + 1.0
         finally:
             cluster.agents["n1"].proc.resume()
