@@ -146,14 +146,16 @@ async def _feed(sink: Any, records: AsyncIterable[bytes], on_progress: Callable[
     those are in the log, and appending the whole input again would store them twice."""
     count = size = acked = 0
     first_future = None
+    first_acked: DLSN | None = None  # the lowest position acknowledged (acknowledgements may come out of order)
     failures: list[BaseException] = []
 
     def note(future: Any) -> None:
-        nonlocal acked
+        nonlocal acked, first_acked
         if future.cancelled():
             return
         if future.exception() is None:
             acked += 1
+            first_acked = future.result() if first_acked is None else min(first_acked, future.result())
         elif not failures:
             failures.append(future.exception())
 
@@ -185,8 +187,7 @@ async def _feed(sink: Any, records: AsyncIterable[bytes], on_progress: Callable[
             if isinstance(exc, RecordRejected):
                 raise UsageError(f"{exc}; nothing was appended") from None
             raise
-        first = first_future.result() if first_future is not None and first_future.done() and not first_future.exception() else None
-        raise AppendIncomplete(exc, count, acked, first) from exc
+        raise AppendIncomplete(exc, count, acked, first_acked) from exc
     first = await first_future if first_future is not None else None
     return count, size, first, last
 

@@ -30,7 +30,8 @@ async def records_from_thread(records: Iterable[bytes], *, max_bytes: int = 8 * 
     room = threading.Event()  # set by the consumer when it took something: the reader may go on
     # Each counter has one writer (the reader thread, the consumer), so neither needs a lock.
     read_bytes = taken_bytes = 0
-    state = {"waiting": False, "stop": False}  # the consumer is (about to be) asleep; it left
+    waiting = False  # the consumer is (about to be) asleep
+    stop = False  # the consumer left
     failure: list[BaseException] = []
 
     def wake() -> None:
@@ -40,20 +41,21 @@ async def records_from_thread(records: Iterable[bytes], *, max_bytes: int = 8 * 
             pass
 
     def put(item: object) -> None:
+        nonlocal waiting
         queue.append(item)
-        if state["waiting"]:  # read after the append: a consumer that checked the queue before it is woken
-            state["waiting"] = False
+        if waiting:  # read after the append: a consumer that checked the queue before it is woken
+            waiting = False
             wake()
 
     def pump() -> None:
         nonlocal read_bytes
         try:
             for record in records:
-                while read_bytes - taken_bytes >= max_bytes and not state["stop"]:
+                while read_bytes - taken_bytes >= max_bytes and not stop:
                     room.clear()
                     if read_bytes - taken_bytes >= max_bytes:
                         room.wait(0.1)
-                if state["stop"]:
+                if stop:
                     return
                 read_bytes += len(record) + RECORD_OVERHEAD
                 put(record)
@@ -66,11 +68,11 @@ async def records_from_thread(records: Iterable[bytes], *, max_bytes: int = 8 * 
     try:
         while True:
             if not queue:
-                state["waiting"] = True  # set before the second look: an append after it wakes us
+                waiting = True  # set before the second look: an append after it wakes us
                 if not queue:
                     await ready.wait()
                 ready.clear()
-                state["waiting"] = False
+                waiting = False
                 continue
             item = queue.popleft()
             if item is _END:
@@ -82,7 +84,7 @@ async def records_from_thread(records: Iterable[bytes], *, max_bytes: int = 8 * 
                 room.set()
             yield item
     finally:
-        state["stop"] = True
+        stop = True
         room.set()
 
 

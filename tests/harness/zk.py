@@ -25,18 +25,21 @@ import socket
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
 
 from dlctl.sandbox.zookeeper import java_executable, zookeeper_jars_dir
 
 from .procs import ManagedProcess, ProcessBacked, ProcessRegistry, free_port, wait_until
+
+T = TypeVar("T")
 
 TICK_MS = 200
 MIN_SESSION_TIMEOUT_MS = 2 * TICK_MS
@@ -465,6 +468,13 @@ class ZkClients:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def zk_retry(fn: Callable[[], T], seconds: float = 10.0) -> T:
+    """``fn()``, a test's own ZooKeeper read, retried through a connection blip of the test's
+    client on a loaded machine (every 0.25 s for up to ``seconds``): the property under test is
+    the system's, not the test client's. A session expiry is not retried."""
+    return KazooRetry(max_tries=-1, delay=0.25, backoff=1, max_jitter=0.0, deadline=seconds, ignore_expire=False)(fn)
 
 
 def expire_session(client: KazooClient, connect_string: str, timeout: float = 15.0) -> None:

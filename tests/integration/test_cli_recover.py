@@ -123,6 +123,13 @@ def test_log_count_between_positions_matches_the_records_a_reader_reads(sandbox)
     assert backwards.returncode == ExitCode.USAGE and "is before" in backwards.stderr
 
 
+def payloads(sandbox, log: str) -> list[str]:
+    """What `log read` prints of LOG's records (the oracle of the append tests)."""
+    read = dlctl(sandbox, "-o", "json", "log", "read", log)
+    assert read.returncode == 0, read.stderr
+    return [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()]
+
+
 def test_an_append_stopped_by_a_record_too_large_says_what_it_appended_and_exits_partial(sandbox):
     """Five lines, one over the request limit, three more: the five are in the log and the run
     says so (exit 3, where to continue). It said "nothing was changed" (exit 1), and a script
@@ -136,21 +143,16 @@ def test_an_append_stopped_by_a_record_too_large_says_what_it_appended_and_exits
             capture_output=True, text=True, timeout=180, env={**os.environ, **sandbox},
         )
 
-    def stored() -> list[str]:
-        read = dlctl(sandbox, "-o", "json", "log", "read", "half-appended")
-        assert read.returncode == 0, read.stderr
-        return [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()]
-
     too_large = "x" * 200_000  # over the write proxy's 128 KiB per request
     first = append(f"{too_large}\nlater\n")
     assert first.returncode == ExitCode.USAGE and "nothing was appended" in first.stderr, first.stderr
-    assert stored() == []
+    assert payloads(sandbox, "half-appended") == []
 
     half = append("".join(f"r{i}\n" for i in range(1, 6)) + f"{too_large}\nr6\nr7\nr8\n")
     assert half.returncode == ExitCode.PARTIAL, half.stderr
     said = " ".join(half.stderr.split())  # rich wraps the message
     assert "the 5 record(s) before it were appended" in said and "tail -n +6" in said and "nothing was changed" not in said, said
-    assert stored() == [f"r{i}" for i in range(1, 6)]
+    assert payloads(sandbox, "half-appended") == [f"r{i}" for i in range(1, 6)]
 
 
 def test_an_append_from_a_pipe_left_open_appends_each_line_as_it_comes_and_ctrl_c_says_what_landed(sandbox):
@@ -160,11 +162,6 @@ def test_an_append_from_a_pipe_left_open_appends_each_line_as_it_comes_and_ctrl_
     end the command. The oracle is `log read`; the pipe stays open until the end."""
     assert dlctl(sandbox, "log", "create", "piped").returncode == 0
 
-    def stored() -> list[str]:
-        read = dlctl(sandbox, "-o", "json", "log", "read", "piped")
-        assert read.returncode == 0, read.stderr
-        return [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()]
-
     reading, writing = os.pipe()
     append = subprocess.Popen(
         [sys.executable, "-m", "dlctl.cli", "--yes", "log", "append", "piped"], stdin=reading,
@@ -173,9 +170,9 @@ def test_an_append_from_a_pipe_left_open_appends_each_line_as_it_comes_and_ctrl_
     os.close(reading)
     try:
         os.write(writing, b"first line\n")
-        wait_until(lambda: stored() == ["first line"], 30, message="the first line in the log while the pipe is open")
+        wait_until(lambda: payloads(sandbox, "piped") == ["first line"], 30, message="the first line in the log while the pipe is open")
         os.write(writing, b"second line\n")
-        wait_until(lambda: stored() == ["first line", "second line"], 30, message="the second line in the log")
+        wait_until(lambda: payloads(sandbox, "piped") == ["first line", "second line"], 30, message="the second line in the log")
         append.send_signal(signal.SIGINT)
         _, err = append.communicate(timeout=30)
     finally:
@@ -190,8 +187,6 @@ def test_cluster_roles_names_the_elected_agents_and_the_auditor_switch_is_cluste
     """``cluster roles`` shows who holds each elected role and who stands behind; the auditor
     switch is a dry-runnable, idempotent plan; SIGKILL of the auditor moves the role to the next
     contender shown."""
-    from harness.procs import wait_until
-
     from dlctl.meta import roles
 
     def rows() -> dict[str, dict]:

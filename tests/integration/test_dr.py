@@ -19,6 +19,7 @@ from harness.agents import harness_credentials
 from harness.logcluster import eventually, run
 from harness.procs import wait_until
 from harness.twoclusters import Sites, read_all, run_cli, sites_for_test
+from harness.zk import zk_retry
 
 from dlctl.log.dlsn import DLSN
 from dlctl.log.errors import ReadOnlyLogError
@@ -56,18 +57,6 @@ def dlctl(inv: Path, *argv: str) -> tuple[int, dict | list | str]:
 
 async def dlctl_async(inv: Path, *argv: str) -> tuple[int, dict | list | str]:
     return await asyncio.get_running_loop().run_in_executor(None, lambda: dlctl(inv, *argv))
-
-
-def zk_retry(fn):
-    from kazoo.exceptions import ConnectionLoss, OperationTimeoutError
-
-    for attempt in range(40):
-        try:
-            return fn()
-        except (ConnectionLoss, OperationTimeoutError):
-            if attempt == 39:
-                raise
-            time.sleep(0.25)
 
 
 class Load:

@@ -16,6 +16,7 @@ import pytest
 from harness.agents import harness_credentials
 from harness.logcluster import eventually, log_writer, run
 from harness.twoclusters import Sites, origin_of, read_all, sites_for_test
+from harness.zk import zk_retry
 
 from dlctl.log.dlsn import DLSN
 from dlctl.log.idempotence import PRODUCER_HEADER
@@ -53,22 +54,8 @@ def setup_stream(sites: Sites, *patterns: str, bidirectional: bool = False) -> o
     return built
 
 
-def _zk_retry(fn):
-    """The test's own ZooKeeper reads ride out a connection blip of its client (on a loaded
-    machine); the property under test is the stream's, not the test client's."""
-    from kazoo.exceptions import ConnectionLoss, OperationTimeoutError
-
-    for attempt in range(20):
-        try:
-            return fn()
-        except (ConnectionLoss, OperationTimeoutError):
-            if attempt == 19:
-                raise
-            time.sleep(0.25)
-
-
 def checkpoint(sites: Sites, log: str, stream: str = "a-to-b"):
-    return _zk_retry(lambda: StreamStore(sites["b"].meta()).get_checkpoint(stream, log).value)
+    return zk_retry(lambda: StreamStore(sites["b"].meta()).get_checkpoint(stream, log).value, seconds=5.0)
 
 
 def test_one_way_stream_applies_every_source_record_once_in_source_order(sites: Sites):
@@ -124,7 +111,7 @@ class Load:
 
 
 def claimed_by(sites: Sites, log: str, stream: str = "a-to-b") -> str | None:
-    claim = _zk_retry(lambda: StreamStore(sites["b"].meta()).claims(stream).get(log))
+    claim = zk_retry(lambda: StreamStore(sites["b"].meta()).claims(stream).get(log), seconds=5.0)
     return claim["node"] if claim else None
 
 

@@ -89,6 +89,10 @@ def test_an_interrupt_says_how_many_records_were_acknowledged_so_far(caplog):
     class Stalled(ScriptedSink):
         """Acknowledges the first ``ack`` records; the rest never settle (the operator presses Ctrl-C)."""
 
+        def __init__(self, ack: int) -> None:
+            super().__init__(ack)
+            self.flushing = asyncio.Event()
+
         async def flush(self) -> DLSN | None:
             for i, future in enumerate(self.futures[: self.ack]):
                 future.set_result(DLSN(1, i, 0))
@@ -98,7 +102,6 @@ def test_an_interrupt_says_how_many_records_were_acknowledged_so_far(caplog):
 
     async def interrupted() -> None:
         sink = Stalled(ack=2)
-        sink.flushing = asyncio.Event()
         task = asyncio.ensure_future(_feed(sink, arriving([b"a", b"b", b"c"]), None))
         await sink.flushing.wait()
         task.cancel()
