@@ -25,12 +25,43 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.serialization import Auth, Connect
 from kazoo.security import OPEN_ACL_UNSAFE, ACL, make_digest_acl
 
 from ..errors import ConfigError, DlctlError
 from ..secrets import read_secret_file
 
 log = logging.getLogger(__name__)
+
+
+class HideZkCredentials(logging.Filter):
+    """kazoo logs every request it sends at DEBUG (`dlctl -vv`, `dlagent -vv`) with its fields:
+    the digest ``user:password`` of an Auth request and the session password of a Connect (and
+    the session password in hex again at its BLATHER level). The session password lets anyone
+    who reads the log take over the session with its ephemeral znodes and locks. These records
+    keep their message with the secret replaced."""
+
+    HIDDEN = "<hidden>"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, tuple) or not args:
+            return True
+        if "session_passwd" in str(record.msg):
+            record.args = tuple(self.HIDDEN if isinstance(a, bytes | bytearray) else a for a in args)
+        elif any(isinstance(a, Auth | Connect) for a in args):
+            record.args = tuple(
+                a._replace(auth=self.HIDDEN) if isinstance(a, Auth) else a._replace(passwd=self.HIDDEN) if isinstance(a, Connect) else a
+                for a in args
+            )
+        return True
+
+
+# kazoo's connection logs through its client's logger, this one unless told otherwise: the
+# filter is on the logger, so it holds whatever handlers the process (dlctl, dlagent, a test) sets up.
+KAZOO_LOG = logging.getLogger("kazoo.client")
+if not any(isinstance(f, HideZkCredentials) for f in KAZOO_LOG.filters):
+    KAZOO_LOG.addFilter(HideZkCredentials())
 
 
 @dataclass(frozen=True)
@@ -237,6 +268,7 @@ def connect(connect_string: str, auth: ZkAuth | None = None, timeout: float = 10
         default_acl=acl_for(auth) if auth else None,
         connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2},
         command_retry={"max_tries": 3, "delay": 0.1, "backoff": 2, "max_delay": 1},
+        logger=KAZOO_LOG,
         **(tls.kazoo_options() if tls is not None else {}),
     )
     try:
@@ -284,6 +316,7 @@ def connect_once(connect_string: str, auth: ZkAuth | None = None, timeout: float
         auth_data=[("digest", f"{auth.user}:{auth.password}")] if auth else None,
         connection_retry=no_retry,
         command_retry=no_retry,
+        logger=KAZOO_LOG,
         **(tls.kazoo_options() if tls is not None else {}),
     )
     try:

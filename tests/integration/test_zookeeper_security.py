@@ -136,3 +136,29 @@ def test_recipe_znodes_carry_the_cluster_acl(tmp_path, zk, monkeypatch, capsys):
     finally:
         client.stop()
         client.close()
+
+
+def test_debug_logs_never_show_the_zookeeper_credentials_or_the_session_password(tmp_path, zk, monkeypatch, capsys, caplog):
+    """At -vv kazoo logs each request it sends with its fields: the digest password of Auth and
+    the session password of Connect would be in the operator's terminal and in the agent's log."""
+    inventory(tmp_path, zk, monkeypatch)
+    code, _, err = dlctl(capsys, "--yes", "cluster", "init")
+    assert code == 0, err
+    auth = ZkAuth.from_file(tmp_path / "c1.zk-auth")
+    # The CLI at -vv, as an operator would run it.
+    code, _, err = dlctl(capsys, "-vv", "log", "list")
+    assert code == 0, err
+    assert "Auth(" in err and "Connect(" in err, "the requests are logged: else this test shows nothing"
+    assert auth.password not in err
+    # The library as the agent uses it, every level kazoo has (BLATHER is 5).
+    with caplog.at_level(1):
+        client = connect(zk.connect_string, auth)
+        try:
+            session_password = client.client_id[1]
+        finally:
+            client.stop()
+            client.close()
+    text = caplog.text
+    assert "Auth(" in text and "session_passwd" in text
+    assert auth.password not in text
+    assert repr(session_password) not in text and session_password.hex() not in text
