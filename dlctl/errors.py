@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     PARTIAL = 3  # some nodes or steps failed; details are in the output
     REFUSED = 4  # refused for safety (would lose data, break an invariant, or was not confirmed)
     INTERRUPTED = 130
+    OUTPUT_CLOSED = 141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as a tool killed by it
 
 
 class DlctlError(Exception):

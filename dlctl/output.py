@@ -6,6 +6,7 @@ order and title matter. Nothing below the CLI prints; the CLI hands results here
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import json
@@ -140,8 +141,9 @@ def render(data: Any, fmt: str, console: Console | None = None, stream: TextIO |
 
 
 def render_item(item: Any, fmt: str, stream: TextIO | None = None, columns: Sequence[str] = ()) -> None:
-    """Write one item of a stream (records being read or tailed) as soon as it is known:
-    a tab-separated line (table), one JSON object per line (json), or one YAML document (yaml)."""
+    """Write one item of a stream (records being read or tailed): a tab-separated line (table),
+    one JSON object per line (json), or one YAML document (yaml). Not flushed: see
+    ``FlushWhenIdle``, which makes each item visible as soon as the producer of items waits."""
     out = stream or sys.stdout
     plain = to_plain(item)
     if fmt == "json":
@@ -153,4 +155,44 @@ def render_item(item: Any, fmt: str, stream: TextIO | None = None, columns: Sequ
         out.write("\t".join(_cell(plain.get(k)) for k in keys) + "\n")
     else:
         out.write(_cell(plain) + "\n")
-    out.flush()
+
+
+class FlushWhenIdle:
+    """Flushes a stream of items written from a coroutine when the event loop next runs, not
+    after every item. A reader with a whole entry of records at hand goes on without suspending,
+    so its records leave in large writes (a flush per record was one system call each); a
+    reader that waits for the next record suspends, and what it wrote is flushed before it
+    waits, so `log tail` shows each record at once. Made in the task that writes: a failed
+    flush (the reader of a pipe went away) cancels it, and ``raise_failure`` then raises the
+    flush's error in place of the cancellation."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self._task = asyncio.current_task()
+        self._scheduled = False
+        self._error: OSError | None = None
+
+    def wrote(self) -> None:
+        self.raise_failure()
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._error is None:
+            try:
+                self.stream.flush()
+            except OSError as exc:
+                self._error = exc
+                if self._task is not None:
+                    self._task.cancel()  # a tail would otherwise wait for its next record first
+
+    def raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Flush what is left, or raise what a flush met."""
+        self.raise_failure()
+        self.stream.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -160,11 +161,19 @@ class AppContext:
             return result
 
 
+class _StdoutConsole(Console):
+    def on_broken_pipe(self) -> None:
+        # rich's own exits 1 at once; dlctl's group tells a closed stdout (exit 141) from a
+        # broken connection, and closes the command's session on the way out.
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "standard output: the reader went away")
+
+
 def _stdout_console() -> Console:
     # Piped tables keep full cell contents (a pager or file has no 80-column limit);
     # an explicit COLUMNS still wins.
     wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(file=sys.stdout, width=200 if wide else None)
+    return _StdoutConsole(file=sys.stdout, width=200 if wide else None)
 
 
 pass_app = click.make_pass_decorator(AppContext, ensure=True)

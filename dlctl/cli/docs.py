@@ -21,18 +21,21 @@ from ..errors import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 
-EXIT_STATUS_SECTION = "".join(
-    f".TP\n\\fB{int(code)}\\fP\n{meaning}\n"
-    for code, meaning in (
-        (ExitCode.OK, "Success."),
-        (ExitCode.FAILED, "Failed."),
-        (ExitCode.USAGE, "Usage error: bad arguments or configuration."),
-        (ExitCode.PARTIAL, "Partial: some nodes or steps failed; the output has the details."),
-        (ExitCode.REFUSED, "Refused for safety or not confirmed; nothing was changed."),
-        (ExitCode.INTERRUPTED, "Interrupted."),
-    )
+EXIT_STATUSES = (
+    (ExitCode.OK, "Success."),
+    (ExitCode.FAILED, "Failed."),
+    (ExitCode.USAGE, "Usage error: bad arguments or configuration."),
+    (ExitCode.PARTIAL, "Partial: some nodes or steps failed; the output has the details."),
+    (ExitCode.REFUSED, "Refused for safety or not confirmed; nothing was changed."),
+    (ExitCode.INTERRUPTED, "Interrupted."),
 )
-EXIT_STATUS_SECTION = '.SH "EXIT STATUS"\n' + EXIT_STATUS_SECTION
+# dlctl's alone: the agent writes no data to stdout.
+OUTPUT_CLOSED_STATUS = (ExitCode.OUTPUT_CLOSED, "The reader of standard output went away (as with | head); nothing is printed.")
+
+
+def exit_status_section(program: str) -> str:
+    statuses = EXIT_STATUSES + ((OUTPUT_CLOSED_STATUS,) if program == "dlctl" else ())
+    return '.SH "EXIT STATUS"\n' + "".join(f".TP\n\\fB{int(code)}\\fP\n{meaning}\n" for code, meaning in statuses)
 
 
 def _programs() -> dict[str, click.Command]:
@@ -60,7 +63,7 @@ def generate(completions_dir: Path, man_dir: Path) -> list[Path]:
         # A fixed "date" (the version) keeps regenerated pages byte-identical between runs.
         write_man_pages(name, command, version=__version__, target_dir=str(man_dir), date=f"{name} {__version__}")
         with open(man_dir / f"{name}.1", "a") as page:
-            page.write(EXIT_STATUS_SECTION)
+            page.write(exit_status_section(name))
     written.extend(sorted(man_dir.glob("*.1")))
     return written
 

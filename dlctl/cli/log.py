@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -12,7 +13,7 @@ import click
 from ..log.dlsn import DLSN
 from ..meta.records import LogConfig
 from ..ops import backup, logio, logs, restore
-from ..output import render_item
+from ..output import FlushWhenIdle, render_item
 from ..plan import Plan
 from .complete import complete_log
 from .context import AppContext, command_options, mutating, pass_app
@@ -132,9 +133,18 @@ def _stream(app: AppContext, name: str, start: dict, limit: int | None, idle: fl
 
     async def go() -> int:
         count = 0
-        async for record in logio.read_records(session, name, limit=limit, idle_timeout=idle, region=region, **start):
-            render_item(logio.record_view(record), app.output, stream=app.stdout.file, columns=("dlsn", "txid", "time", "payload"))
-            count += 1
+        out = FlushWhenIdle(app.stdout.file)
+        try:
+            async for record in logio.read_records(session, name, limit=limit, idle_timeout=idle, region=region, **start):
+                render_item(logio.record_view(record), app.output, stream=out.stream, columns=("dlsn", "txid", "time", "payload"))
+                out.wrote()
+                count += 1
+        except BaseException:
+            out.raise_failure()  # the output failed, and so stopped the read: that is what to report
+            with contextlib.suppress(OSError):
+                out.close()  # what was read before Ctrl-C or a failure; the failure is what to report
+            raise
+        out.close()
         return count
 
     return session.run(go())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import select
 import sys
 from collections.abc import Sequence
 
@@ -41,10 +43,52 @@ Exit codes:
   3    partial: some nodes or steps failed (details in the output)
   4    refused for safety (nothing was changed)
   130  interrupted
+  141  the reader of stdout went away (e.g. | head), silently
 """
 
 
-@click.group(context_settings=CONTEXT_SETTINGS, epilog=EPILOG)
+class OutputClosed(Exception):
+    """The reader of stdout went away (`dlctl log read x | head`). Not an OSError: click would
+    turn an EPIPE into exit 1 by itself."""
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket nobody reads any more (poll reports an error on the
+    writing end): a broken pipe met on an agent's connection must stay an error."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered must not fail again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+class ForeignBrokenPipe(Exception):
+    """A broken pipe that is not stdout's (a connection), carried past click, which would make
+    any EPIPE a silent exit 1: reported as the internal error it is."""
+
+
+class DlctlGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            if stdout_reader_gone():
+                raise OutputClosed() from exc
+            raise ForeignBrokenPipe() from exc
+
+
+@click.group(cls=DlctlGroup, context_settings=CONTEXT_SETTINGS, epilog=EPILOG)
 @click.option(
     "--config",
     "config_option",
@@ -121,6 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         rv = cli.main(args=list(argv) if argv is not None else None, prog_name="dlctl", obj=app, standalone_mode=False)
     except click.exceptions.Exit as exc:
         code = int(exc.exit_code)
+    except OutputClosed:
+        # Silent, as `cat` killed by SIGPIPE is: the reader took what it wanted. A command that
+        # changed something did so before its result could not be written.
+        silence_stdout()
+        code = int(ExitCode.OUTPUT_CLOSED)
     except (click.exceptions.Abort, KeyboardInterrupt):
         app.stderr.print("interrupted", highlight=False)
         code = int(ExitCode.INTERRUPTED)
@@ -130,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DlctlError as exc:
         _report(app, exc)
         code = int(exc.exit_code)
-    except Exception as exc:  # noqa: BLE001 - last resort: say what broke, exit 1
+    except Exception as caught:  # noqa: BLE001 - last resort: say what broke, exit 1
+        exc = caught.__cause__ if isinstance(caught, ForeignBrokenPipe) else caught
         app.stderr.print(f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}", highlight=False)
         if app.verbosity >= 2:
             app.stderr.print_exception()
@@ -159,4 +209,10 @@ def use_uvloop() -> bool:
 def run() -> None:  # pragma: no cover - thin wrapper used by the console script
     use_uvloop()
     keep_large_buffers()  # reads and appends move large buffers (dlctl.allocator)
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()  # output smaller than a buffer is written only here
+    except BrokenPipeError:
+        silence_stdout()
+        code = code or int(ExitCode.OUTPUT_CLOSED)
+    sys.exit(code)

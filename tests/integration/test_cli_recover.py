@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from harness.procs import wait_until
@@ -181,6 +183,64 @@ def test_an_append_from_a_pipe_left_open_appends_each_line_as_it_comes_and_ctrl_
             append.kill()
     assert append.returncode == ExitCode.INTERRUPTED, err
     assert "2 of the 2 record(s) read were acknowledged" in " ".join(err.split()), err
+
+
+def test_a_reader_that_goes_away_ends_dlctl_silently_with_141_and_a_tail_shows_each_record_at_once(sandbox):
+    """`dlctl log read x | head` ended with exit 1 and nothing said (click's and rich's own
+    handling of EPIPE); `log tail`'s output now leaves when the reader waits, not after each
+    record, so this also checks that a followed record is shown at once. The processes run
+    with buffered output, as an operator's do (no PYTHONUNBUFFERED)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | sandbox
+    command = [sys.executable, "-m", "dlctl.cli"]
+    assert dlctl(sandbox, "log", "create", "headed").returncode == 0
+    appended = subprocess.run([*command, "--yes", "log", "append", "headed"], input="".join(f"r{i}\n" for i in range(20_000)), capture_output=True, text=True, env=env, timeout=120)
+    assert appended.returncode == 0, appended.stderr
+
+    # `| head -1`: the reader takes one line and goes.
+    read = subprocess.Popen([*command, "log", "read", "headed"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    assert read.stdout.readline().split("\t")[-1] == "r0\n"
+    read.stdout.close()
+    assert read.wait(timeout=60) == ExitCode.OUTPUT_CLOSED and read.stderr.read() == ""
+
+    # `| true`: gone before anything was written (the output is written only at exit).
+    reading, writing = os.pipe()
+    os.close(reading)
+    listed = subprocess.run([*command, "log", "list"], stdout=writing, stderr=subprocess.PIPE, env=env, text=True, timeout=60)
+    os.close(writing)
+    assert listed.returncode == ExitCode.OUTPUT_CLOSED and listed.stderr == ""
+
+    # A tail: each record appended is on its stdout while it goes on following.
+    assert dlctl(sandbox, "log", "create", "followed").returncode == 0
+    tail = subprocess.Popen([*command, "log", "tail", "followed"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0)
+    shown = b""
+
+    def next_line() -> str:
+        # Read as the records come, with a deadline (no thread: closing a pipe a thread is
+        # blocked reading would wait for that read).
+        nonlocal shown
+        deadline = time.monotonic() + 30
+        while b"\n" not in shown:
+            ready, _, _ = select.select([tail.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no line from the tail within 30 s (has {shown!r})"
+            chunk = os.read(tail.stdout.fileno(), 65536)
+            assert chunk, "the tail ended"
+            shown += chunk
+        line, _, shown = shown.partition(b"\n")
+        return line.decode()
+
+    try:
+        for payload in ("first", "second"):
+            put = subprocess.run([*command, "--yes", "log", "append", "followed"], input=f"{payload}\n", capture_output=True, text=True, env=env, timeout=60)
+            assert put.returncode == 0, put.stderr
+            assert next_line().split("\t")[-1] == payload, f"{payload!r} shown by the tail"
+        assert tail.poll() is None, "the tail follows"
+        tail.stdout.close()
+        put = subprocess.run([*command, "--yes", "log", "append", "followed"], input="third\n", capture_output=True, text=True, env=env, timeout=60)
+        assert put.returncode == 0, put.stderr
+        assert tail.wait(timeout=60) == ExitCode.OUTPUT_CLOSED and tail.stderr.read() == b""
+    finally:
+        if tail.poll() is None:
+            tail.kill()
 
 
 def test_cluster_roles_names_the_elected_agents_and_the_auditor_switch_is_cluster_wide(sandbox):
