@@ -127,7 +127,7 @@ class AccessStore:
 
 def _hint(access: LogAccess, cluster: str) -> str:
     if access.mode is AccessMode.REPLICA:
-        return f"cluster {cluster!r} is a standby; write at the primary, or promote it with `dlctl failover --to {cluster}` / `dlctl switchover --to {cluster}`"
+        return f"cluster {cluster!r} is a standby; write at the primary (the source of stream {access.stream}), or promote it with `dlctl failover --to {cluster}` / `dlctl switchover --to {cluster}`"
     return "writes moved to another cluster (switchover or failback); write there"
 
 

@@ -214,9 +214,11 @@ class AppendIncomplete(PartialFailure):
             )
         else:
             why = cause.message if isinstance(cause, DlctlError) else f"{type(cause).__name__}: {cause}"
+            # The failure's own hint says what to do about it (where to write instead, ...).
+            first_hint = f"{cause.hint}; " if isinstance(cause, DlctlError) and cause.hint else ""
             super().__init__(
                 f"{acked} of the {submitted} record(s) read were appended{where} before the append failed: {why}",
-                hint="the others may or may not be in the log: look with `dlctl log tail` before appending them again",
+                hint=f"{first_hint}the others may or may not be in the log: look with `dlctl log tail` before appending them again",
             )
 
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from dlctl.errors import ExitCode, UsageError
+from dlctl.errors import DlctlError, ExitCode, UsageError
 from dlctl.log.dlsn import DLSN
 from dlctl.log.errors import AgentUnavailableError
 from dlctl.ops.logio import AppendIncomplete, _feed
@@ -18,8 +18,9 @@ class ScriptedSink:
     """Acknowledges the first ``ack`` records, fails the others with ``AgentUnavailableError``
     (when they are flushed: as a producer settles them); rejects payloads over ``limit``."""
 
-    def __init__(self, ack: int, limit: int = 1000) -> None:
+    def __init__(self, ack: int, limit: int = 1000, failure: Exception | None = None) -> None:
         self.ack, self.limit = ack, limit
+        self.failure = failure or AgentUnavailableError("every agent of the log is out of reach")
         self.futures: list[asyncio.Future] = []
 
     async def wait_writable(self) -> None:
@@ -38,7 +39,7 @@ class ScriptedSink:
                 if i < self.ack:
                     future.set_result(DLSN(1, i, 0))
                 else:
-                    future.set_exception(AgentUnavailableError("every agent of the log is out of reach"))
+                    future.set_exception(self.failure)
         await asyncio.sleep(0)  # the done callbacks run
         for future in self.futures:
             if future.exception() is not None:
@@ -62,6 +63,15 @@ def test_a_failure_after_acknowledgements_says_how_many_are_in_the_log_and_exits
     assert "3 of the 5 record(s) read were appended from DLSN 1/0/0" in failed.value.message
     assert "every agent of the log is out of reach" in failed.value.message
     assert "may or may not be in the log" in (failed.value.hint or "")
+
+
+def test_a_failure_part_way_keeps_the_hint_of_its_cause():
+    """A switchover froze the log mid-append: what to do about the rest (write at the new
+    primary) comes from the refusal itself."""
+    refused = DlctlError("log 'orders' in cluster 'east' is read-only", hint="writes moved to another cluster; write there")
+    with pytest.raises(AppendIncomplete) as failed:
+        feed(ScriptedSink(ack=2, failure=refused), [b"r%d" % i for i in range(4)])
+    assert failed.value.hint.startswith("writes moved to another cluster; write there; the others may or may not be in the log")
 
 
 def test_a_failure_before_any_acknowledgement_is_raised_as_it_is():
