@@ -103,7 +103,7 @@ from typing import Any
 
 from dlctl.errors import ConfigError
 from dlctl.log.tls import TlsFiles
-from dlctl.meta.zk import ZkTls, parse_tls
+from dlctl.meta.zk import ZkTls, check_connect_string, parse_tls
 from dlctl import units
 from dlctl.names import validate_name
 
@@ -238,6 +238,7 @@ def from_dict(raw: dict[str, Any], path: Path) -> AgentConfig:
         names = {k: validate_name(k.replace("_id", ""), raw[k]) for k in ("node_id", "cluster", "region", "rack")}
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    check_connect_string(raw["zookeeper"], where("zookeeper"))
     host, port = parse_address(raw["listen"], where=where("listen"))
     advertise = raw.get("advertise") or f"{host}:{port}"
     parse_address(advertise, where=where("advertise"))

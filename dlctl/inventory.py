@@ -60,7 +60,7 @@ from .cold.config import ColdStorageConfig
 from .cold.config import parse as parse_cold_storage
 from .config import ConfigLocation, user_config_dir
 from .errors import ConfigError, NotFoundError
-from .meta.zk import ZkTls, parse_tls
+from .meta.zk import ZkTls, check_connect_string, parse_tls
 from .names import validate_name
 from .systemd import validate_user
 
@@ -234,8 +234,11 @@ def _cluster(name: str, body: Any, path: Path) -> Cluster:
     unknown = set(body) - _CLUSTER_KEYS
     if unknown:
         raise ConfigError(f"{where}: unknown key(s): {', '.join(sorted(unknown))}", hint=f"allowed: {', '.join(sorted(_CLUSTER_KEYS))}")
-    if not isinstance(body.get("zookeeper"), str) or not body["zookeeper"]:
+    if "zookeeper" not in body:
         raise ConfigError(f"{where}: 'zookeeper' (the connect string, e.g. \"10.0.0.5:2181\") is required")
+    if not isinstance(body["zookeeper"], str) or not body["zookeeper"]:
+        raise ConfigError(f"{where}: 'zookeeper' must be a connect string in quotes (e.g. \"10.0.0.5:2181\"), got {body['zookeeper']!r}")
+    check_connect_string(body["zookeeper"], f"{where}: 'zookeeper'")
     defaults = {**_NODE_DEFAULTS, **_table(body.get("defaults", {}), f"{where}.defaults", _DEFAULT_KEYS)}
     nodes: list[Node] = []
     for region, region_body in _table(body.get("regions", {}), f"{where}.regions", None).items():
@@ -306,9 +309,9 @@ def _node(cluster: str, region: str, rack: str, body: Any, defaults: dict[str, A
     if metrics_port != "off" and (isinstance(metrics_port, bool) or not isinstance(metrics_port, int) or not 0 < metrics_port < 65536):
         raise ConfigError(f"{where}: 'metrics_port' must be a port number or \"off\", got {metrics_port!r}")
     listen = settings.get("listen") or f"{host}:{settings['agent_port']}"
-    _, sep, port = str(listen).rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"{where}: 'listen' must be host:port, got {listen!r}")
+    listen_host, sep, port = str(listen).rpartition(":")
+    if not sep or not listen_host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{where}: 'listen' must be host:port with a port in 1..65535, got {listen!r}")
     for key in ("ssh_user", "identity_file", "data_dir", "python", "home"):
         if settings[key] is not None and (not isinstance(settings[key], str) or not settings[key]):
             raise ConfigError(f"{where}: '{key}' must be a non-empty string")

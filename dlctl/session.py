@@ -20,7 +20,7 @@ from .log.auth import Credentials
 from .log.pool import AgentPool
 from .log.tls import TlsFiles
 from .meta.store import MetaStore
-from .meta.zk import ZkAuth, connect, loopback_only
+from .meta.zk import ZkAuth, check_credentials, connect, loopback_only
 from .secrets import read_secret_file
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ class ClusterSession:
         if self.zk_auth is not None and self.cluster.zookeeper_tls is None and not loopback_only(self.cluster.zookeeper):
             log.warning("cluster %s: no zookeeper_tls: the ZooKeeper password crosses the network in plain text", self.cluster.name)
         self._client = connect(self.cluster.zookeeper, self.zk_auth, timeout=self.zk_timeout, tls=self.cluster.zookeeper_tls)
+        if self.zk_auth is not None:
+            check_credentials(self._client, self.cluster.name, self.zk_auth, self.cluster.zk_auth_file)
         return MetaStore(self._client, self.cluster.name, self.zk_auth)
 
     @cached_property

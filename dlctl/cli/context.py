@@ -43,6 +43,7 @@ class AppContext:
     stderr: Console = field(default_factory=lambda: Console(file=sys.stderr, stderr=True))
     _session: ClusterSession | None = field(default=None, repr=False)
     _saved_logging: tuple[list[logging.Handler], int] | None = field(default=None, repr=False)
+    _saved_kazoo_level: int | None = field(default=None, repr=False)
     _config: ConfigLocation | None = field(default=None, repr=False)
 
     @property
@@ -84,6 +85,13 @@ class AppContext:
             self._saved_logging = (list(root.handlers), root.level)
         root.handlers[:] = [RichHandler(console=self.stderr, show_path=False, rich_tracebacks=self.verbosity >= 2)]
         root.setLevel(level)
+        # kazoo warns at each failed connection attempt ("Connection dropped: ... refused", a
+        # dozen lines before the one error that says ZooKeeper is out of reach); the command's
+        # own error says what matters. -v shows them.
+        kazoo = logging.getLogger("kazoo")
+        if self._saved_kazoo_level is None:
+            self._saved_kazoo_level = kazoo.level
+        kazoo.setLevel(logging.ERROR if self.verbosity <= 0 else logging.NOTSET)
 
     def restore_logging(self) -> None:
         # Background threads (kazoo's) may log after the command returns; they must not write
@@ -93,6 +101,9 @@ class AppContext:
             root.handlers[:], level = self._saved_logging
             root.setLevel(level)
             self._saved_logging = None
+        if self._saved_kazoo_level is not None:
+            logging.getLogger("kazoo").setLevel(self._saved_kazoo_level)
+            self._saved_kazoo_level = None
 
     @contextmanager
     def progress(self, transient: bool = True) -> Iterator[Progress]:

@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.hosts import collect_hosts
 from kazoo.protocol.serialization import Auth, Connect
 from kazoo.security import OPEN_ACL_UNSAFE, ACL, make_digest_acl
 
 from ..errors import ConfigError, DlctlError
+from . import paths
 from ..secrets import read_secret_file
 
 log = logging.getLogger(__name__)
@@ -183,6 +186,17 @@ def parse_tls(raw: Mapping[str, Any] | Any, where: str, base: Path, *, prefix: s
     return ZkTls(path("ca_file"), path("cert_file"), path("key_file"))  # type: ignore[arg-type]
 
 
+def check_connect_string(text: str, where: str) -> str:
+    """``text`` if kazoo can parse it as a connect string (host[:port],... with an optional
+    /chroot), else a ConfigError naming ``where``: kazoo's own ValueError would surface as an
+    internal error at the first connection."""
+    try:
+        collect_hosts(text)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not a ZooKeeper connect string (host:port,host:port/chroot): {exc}, in {text!r}") from None
+    return text
+
+
 def _hosts(connect_string: str) -> list[tuple[str, int]]:
     hosts = connect_string.split("/", 1)[0]
     out = []
@@ -289,6 +303,23 @@ def connect(connect_string: str, auth: ZkAuth | None = None, timeout: float = 10
             hint="check the connect string in the configuration and that the ensemble is up",
         ) from exc
     return client
+
+
+def check_credentials(client: KazooClient, cluster: str, auth: ZkAuth, auth_file: Path | str | None) -> None:
+    """ZooKeeper's digest scheme accepts any password at connection: wrong credentials show only
+    as a refusal (NoAuthError, with no message) at the first read, deep in whatever made it. One
+    read of the cluster's root znode (every znode of a cluster carries its ACL) says it at once,
+    naming the file. A cluster not initialised yet passes (``cluster init`` says what it finds)."""
+    try:
+        client.get(paths.cluster_root(cluster))
+    except NoNodeError:
+        return
+    except NoAuthError:
+        raise ConfigError(
+            f"cluster {cluster!r}: ZooKeeper refuses its metadata to user {auth.user!r} of {auth_file}: "
+            "not the credentials the cluster was initialised with",
+            hint="copy the zk-auth file from the host that ran `dlctl cluster init` (mode 0600)",
+        ) from None
 
 
 def connect_once(connect_string: str, auth: ZkAuth | None = None, timeout: float = 1.0, tls: ZkTls | None = None) -> KazooClient | None:

@@ -85,6 +85,18 @@ def test_wrong_secret_is_unauthorized_and_serves_nothing(node):
         assert c.stat()["segments"] == 0
 
 
+def test_wrong_zookeeper_credentials_stop_the_agent_with_an_error_naming_the_file(node, admin):
+    """The digest scheme takes any password at connection: the agent died of a bare NoAuthError
+    traceback at its first read."""
+    node.proc.terminate()
+    user = node.zk_auth_file.read_text().split(":", 1)[0]
+    node.zk_auth_file.write_text(f"{user}:not-the-password\n")
+    result = subprocess.run([sys.executable, "-m", "dlagent", "serve", "--config", str(node.config_path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"ZooKeeper refuses its metadata to user '{user}' of {node.zk_auth_file}" in said and "Traceback" not in said, said
+
+
 class AddStream:
     """Adds entries with many in flight from a background loop, recording every acknowledgement."""
 

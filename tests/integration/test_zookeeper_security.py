@@ -162,3 +162,18 @@ def test_debug_logs_never_show_the_zookeeper_credentials_or_the_session_password
     assert "Auth(" in text and "session_passwd" in text
     assert auth.password not in text
     assert repr(session_password) not in text and session_password.hex() not in text
+
+
+def test_wrong_zookeeper_credentials_are_a_configuration_error_naming_the_file(tmp_path, zk, monkeypatch, capsys):
+    """The digest scheme takes any password at connection; the first read was refused with a
+    bare NoAuthError, reported as an internal error."""
+    inventory(tmp_path, zk, monkeypatch)
+    code, _, err = dlctl(capsys, "--yes", "cluster", "init")
+    assert code == 0, err
+    auth_file = tmp_path / "c1.zk-auth"
+    user = ZkAuth.from_file(auth_file).user
+    auth_file.write_text(f"{user}:not-the-password\n")
+    code, _, err = dlctl(capsys, "log", "list")
+    assert code == ExitCode.USAGE, err
+    said = "".join(err.split())  # rich may wrap inside the long path
+    assert "".join(f"ZooKeeper refuses its metadata to user '{user}' of {auth_file}".split()) in said and "internalerror" not in said, err

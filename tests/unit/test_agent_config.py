@@ -47,6 +47,7 @@ def test_the_event_loop_setting_picks_the_loop_the_agent_runs_on(choice, expecte
         (lambda t: t.replace('node_id = "r1-n1"\n', ""), "missing required key(s): node_id"),
         (lambda t: 'colour = "blue"\n' + t, "unknown key(s): colour"),
         (lambda t: t.replace('"127.0.1.1:3181"', '"nowhere"'), "key 'listen': expected host:port"),
+        (lambda t: t.replace('"127.0.0.1:2181/t"', '"127.0.0.1:2181:9/t"'), "key 'zookeeper': not a ZooKeeper connect string"),
         (lambda t: t.replace('"r1-n1"', '"../../etc"'), "invalid node name"),
         (lambda t: t.replace('sync = "always"', 'sync = "sometimes"'), "sync must be 'always' or 'never'"),
         (lambda t: t.replace("group_commit_ms = 1.5", "group_commit_ms = -1"), "group_commit_ms"),

@@ -71,7 +71,12 @@ def test_cluster_selection():
 @pytest.mark.parametrize(
     "edit,message",
     [
-        (lambda t: t.replace('zookeeper = "127.0.0.1:2181/west"', ""), "[clusters.west]: 'zookeeper'"),
+        (lambda t: t.replace('zookeeper = "127.0.0.1:2181/west"', ""), "[clusters.west]: 'zookeeper' (the connect string, e.g. \"10.0.0.5:2181\") is required"),
+        (lambda t: t.replace('zookeeper = "127.0.0.1:2181/west"', 'zookeeper = "127.0.0.1:2181:9/west"'), "'zookeeper': not a ZooKeeper connect string (host:port,host:port/chroot): Port could not be cast"),
+        (lambda t: t.replace('zookeeper = "127.0.0.1:2181/west"', 'zookeeper = ",/west"'), "'zookeeper': not a ZooKeeper connect string"),
+        (lambda t: t.replace('listen = "127.0.2.1:5000"', 'listen = "127.0.2.1:99999"'), "'listen' must be host:port with a port in 1..65535, got '127.0.2.1:99999'"),
+        (lambda t: t.replace('listen = "127.0.2.1:5000"', 'listen = ":5000"'), "'listen' must be host:port"),
+        (lambda t: t.replace('zookeeper = "127.0.0.1:2181/west"', "zookeeper = 2181"), "[clusters.west]: 'zookeeper' must be a connect string in quotes (e.g. \"10.0.0.5:2181\"), got 2181"),
         (lambda t: t.replace('id = "e2"', 'id = "e1"'), "duplicate node id(s): e1"),
         (lambda t: t.replace('id = "w1"', 'id = "w1; rm -rf /"'), "invalid node name"),
         (lambda t: t.replace('host = "127.0.1.1"', 'host = "-oProxyCommand=x"'), "'host' must be a host name"),
