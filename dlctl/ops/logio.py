@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
+from ..log import format as fmt
 from ..log.dlsn import DLSN
 from ..log.pool import AgentPool
 from ..log.reader import LogReader, ReadRecord
@@ -97,6 +98,8 @@ def iter_stdin_records(stream: BinaryIO, length_delimited: bool) -> Iterator[byt
         if len(header) < 4:
             raise UsageError(f"standard input: truncated length prefix at byte {offset}")
         (size,) = struct.unpack(">I", header)
+        if size > fmt.MAX_PAYLOAD:  # (not read: a corrupt prefix would have us allocate up to 4 GiB)
+            raise UsageError(f"standard input: record at byte {offset} claims {size} bytes, more than any record holds ({fmt.MAX_PAYLOAD}): not length-delimited input?")
         body = stream.read(size)
         if len(body) < size:
             raise UsageError(f"standard input: record at byte {offset} claims {size} bytes, only {len(body)} follow")
@@ -159,8 +162,16 @@ async def _feed(sink: Any, records: AsyncIterable[bytes], on_progress: Callable[
         elif not failures:
             failures.append(future.exception())
 
+    arriving = aiter(records)
     try:
-        async for payload in records:
+        while True:
+            try:
+                payload = await anext(arriving)
+            except StopAsyncIteration:
+                break
+            except UsageError as exc:  # the input breaks off here (a truncated record): stop reading
+                await sink.flush()  # the records before it are settled first: they may be in the log
+                raise RecordRejected(count + 1, exc.message) from None
             await sink.wait_writable()
             try:
                 future = sink.submit(payload)

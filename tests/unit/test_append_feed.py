@@ -5,13 +5,15 @@ and fails the rest, as a producer does when every agent is lost mid-append."""
 from __future__ import annotations
 
 import asyncio
+import io
+import struct
 
 import pytest
 
 from dlctl.errors import DlctlError, ExitCode, UsageError
 from dlctl.log.dlsn import DLSN
 from dlctl.log.errors import AgentUnavailableError
-from dlctl.ops.logio import AppendIncomplete, _feed
+from dlctl.ops.logio import AppendIncomplete, _feed, iter_stdin_records
 
 
 class ScriptedSink:
@@ -72,6 +74,38 @@ def test_a_failure_part_way_keeps_the_hint_of_its_cause():
     with pytest.raises(AppendIncomplete) as failed:
         feed(ScriptedSink(ack=2, failure=refused), [b"r%d" % i for i in range(4)])
     assert failed.value.hint.startswith("writes moved to another cluster; write there; the others may or may not be in the log")
+
+
+async def breaking_off(records: list[bytes]):
+    for record in records:
+        yield record
+    raise UsageError("standard input: truncated length prefix at byte 99")
+
+
+def test_input_that_breaks_off_settles_the_records_before_it_and_says_they_were_appended():
+    """A truncated last record: the two before it were submitted, then in the log once the
+    producer closed, while the command said "nothing was changed" (exit 2)."""
+    sink = ScriptedSink(ack=10)
+    with pytest.raises(AppendIncomplete) as failed:
+        asyncio.run(_feed(sink, breaking_off([b"r1", b"r2"]), None))
+    assert failed.value.exit_code == ExitCode.PARTIAL and all(f.done() and not f.exception() for f in sink.futures)
+    assert "record 3 of standard input cannot be appended: standard input: truncated length prefix at byte 99" in failed.value.message
+    assert "the 2 record(s) before it were appended from DLSN 1/0/0" in failed.value.message
+    with pytest.raises(UsageError, match="nothing was appended"):
+        asyncio.run(_feed(ScriptedSink(ack=10), breaking_off([]), None))
+
+
+def test_a_length_prefix_larger_than_any_record_is_refused_before_reading_it():
+    class Counting(io.BytesIO):
+        def read(self, size=-1):
+            assert size is None or size <= 1 << 24, f"asked to read {size} bytes"
+            return super().read(size)
+
+    stream = Counting(struct.pack(">I", 3) + b"abc" + struct.pack(">I", 0xFFFFFFFF) + b"x" * 10)
+    records = iter_stdin_records(stream, length_delimited=True)
+    assert next(records) == b"abc"
+    with pytest.raises(UsageError, match=r"record at byte 7 claims 4294967295 bytes, more than any record holds"):
+        next(records)
 
 
 def test_a_failure_before_any_acknowledgement_is_raised_as_it_is():
