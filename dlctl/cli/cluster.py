@@ -118,7 +118,7 @@ def cluster_check(app: AppContext, logs: tuple[str, ...], deep: bool) -> None:
     if app.output == "table":
         app.stdout.print(
             f"{result['status']}: cluster {result['cluster']}: {result['segments_checked']} completed segment(s) checked, "
-            f"{result['under_replicated_segments']} under-replicated" + "".join(f"\n  {p}" for p in result["problems"]),
+            f"{result['under_replicated_segments']} under-replicated" + "".join(f"\n  {p}" for p in result["findings"]),
             markup=False, highlight=False,
         )
     else:

@@ -42,8 +42,9 @@ def survey(session: ClusterSession, logs: Collection[str] | None = None, *, deep
 
 def check(session: ClusterSession, logs: Collection[str] | None = None, *, deep: bool = False) -> dict[str, Any]:
     found = survey(session, logs, deep=deep)
-    code, problems = verdict(found)
-    return {"cluster": session.cluster.name, "status": VERDICTS[code], "code": code, "problems": problems} | found.to_dict()
+    code, findings = verdict(found)
+    # "findings": the verdict in words (the table shows them); "problems": the survey's replicas, structured.
+    return {"cluster": session.cluster.name, "status": VERDICTS[code], "code": code, "findings": findings} | found.to_dict()
 
 
 def repair_plan(session: ClusterSession, found: repair.Survey) -> Plan:

@@ -99,6 +99,11 @@ def test_a_member_dropped_mid_segment_is_reported_short_then_refilled_and_the_ch
     (problem,) = [p for p in report["problems"] if p["log"] == "sagging"]
     assert (problem["segment"], problem["node"], problem["cause"]) == (first.seq, stopped, "short")
     assert problem["held_entries"] < problem["expected_entries"] == first.last_entry_id + 1
+    # The table says it in words (it printed the survey's dicts, the words being overwritten).
+    table = dlctl(sandbox, "cluster", "check", "--log", "sagging")
+    assert table.returncode == 1 and table.stdout.startswith("DEGRADED: cluster "), table.stdout
+    assert f"segment {first.seq} of log 'sagging': " in table.stdout and f"{stopped}: short ({problem['held_entries']}/{problem['expected_entries']} entries)" in table.stdout, table.stdout
+    assert "{'log'" not in table.stdout
     assert len(asyncio.run(_digests(session, log_id, first))) == 2  # the short member disagrees
     shown = json.loads(dlctl(sandbox, "-o", "json", "log", "show", "sagging").stdout)["segments"]
     assert shown[0]["replicas"].startswith(f"{stopped}: short ") and shown[1]["replicas"] in ("ok", "-")
