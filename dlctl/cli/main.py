@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import select
 import sys
 from collections.abc import Sequence
 
@@ -22,6 +20,7 @@ from .bootstrap import bootstrap_command
 from .cluster import cluster_group
 from .complete import complete_cluster
 from .configcmd import config_group
+from .closed_output import DlctlGroup, ForeignBrokenPipe, OutputClosed, silence_stdout
 from .context import AppContext
 from .dr import dr_group, failback_command, failover_command, switchover_command
 from .log import log_group
@@ -45,47 +44,6 @@ Exit codes:
   130  interrupted
   141  the reader of stdout went away (e.g. | head), silently
 """
-
-
-class OutputClosed(Exception):
-    """The reader of stdout went away (`dlctl log read x | head`). Not an OSError: click would
-    turn an EPIPE into exit 1 by itself."""
-
-
-def stdout_reader_gone() -> bool:
-    """Whether stdout is a pipe or socket nobody reads any more (poll reports an error on the
-    writing end): a broken pipe met on an agent's connection must stay an error."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        return False
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
-
-
-def silence_stdout() -> None:
-    """Point stdout at /dev/null: what is still buffered must not fail again at exit."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    finally:
-        os.close(devnull)
-
-
-class ForeignBrokenPipe(Exception):
-    """A broken pipe that is not stdout's (a connection), carried past click, which would make
-    any EPIPE a silent exit 1: reported as the internal error it is."""
-
-
-class DlctlGroup(click.Group):
-    def invoke(self, ctx: click.Context) -> object:
-        try:
-            return super().invoke(ctx)
-        except BrokenPipeError as exc:
-            if stdout_reader_gone():
-                raise OutputClosed() from exc
-            raise ForeignBrokenPipe() from exc
 
 
 @click.group(cls=DlctlGroup, context_settings=CONTEXT_SETTINGS, epilog=EPILOG)

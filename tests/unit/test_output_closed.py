@@ -13,7 +13,7 @@ import sys
 import click
 import pytest
 
-from dlctl.cli.main import DlctlGroup, ForeignBrokenPipe, OutputClosed, stdout_reader_gone
+from dlctl.cli.closed_output import DlctlGroup, ForeignBrokenPipe, OutputClosed, stdout_reader_gone
 from dlctl.output import FlushWhenIdle
 
 
