@@ -519,6 +519,12 @@ class LogWriter:
         if not seg.inflight and seg.published_lac < seg.last_data_entry and not seg.closing and self._batch is None and not self._queue:
             if self._lac_timer is None:
                 self._lac_timer = self._loop.call_later(self.options.lac_delay, self._publish_lac)
+        if self._batch is not None and self._timer is not None and self.options.flush_when_idle and not self._busy():
+            # Nothing is in flight any more: a batch held back because something was (the idle
+            # LAC's control entry, the last entry of a burst) goes now, not a whole batch_delay
+            # later. At the end of this turn, as a lone append's cut is.
+            self._timer.cancel()
+            self._timer = self._loop.call_soon(self._on_batch_timer)
 
     def _fenced(self, seg: SegmentPipeline, node: str, exc: FencedError) -> None:
         self._fail(self._wmeta.deposed(f"segment {seg.seq} was fenced by a newer writer (agent {node}: {exc.message})"))

@@ -65,6 +65,35 @@ def test_pipelined_appends_are_acknowledged_in_order_and_read_back_exactly(env):
     run(scenario())
 
 
+def test_a_record_held_back_while_an_entry_is_in_flight_goes_out_when_that_entry_is_acknowledged(env):
+    """Records submitted while an entry is in flight wait for the batch (Nagle), but only until
+    nothing is in flight: they waited the whole batch_delay, which a lone append met when the
+    idle LAC's control entry was still in flight (found beside CPU burners). Two of the three
+    agents are paused so the first entry stays in flight as long as the test wants."""
+    env.create_log()
+
+    async def scenario():
+        writer = await env.writer(batch_delay=30.0, request_timeout=60.0)
+        await writer.append(b"first")  # the segment exists; the write set is every agent
+        paused = [a for name, a in env.cluster.agents.items() if name != "n1"]
+        for agent in paused:
+            agent.proc.pause()
+        try:
+            held = writer.submit(b"in flight")  # goes out at once: nothing was in flight
+            await asyncio.sleep(0)
+            behind = writer.submit(b"behind it")  # something is in flight: waits for the batch
+            await asyncio.sleep(0.5)
+            assert not held.done() and not behind.done()
+        finally:
+            for agent in paused:
+                agent.proc.resume()
+        await asyncio.wait_for(behind, 10)  # not the 30 s batch_delay
+        assert held.result() < behind.result()
+        await writer.close()
+
+    run(scenario(), timeout=120)
+
+
 def test_batching_packs_concurrent_records_into_few_entries_and_a_lone_append_goes_out_at_once(env):
     env.create_log()
 
