@@ -184,9 +184,15 @@ class FlushWhenIdle:
             try:
                 self.stream.flush()
             except OSError as exc:
-                self._error = exc
-                if self._task is not None:
-                    self._task.cancel()  # a tail would otherwise wait for its next record first
+                self.fail(exc)
+
+    def fail(self, exc: OSError) -> None:
+        """The output is gone (a flush failed, or a watcher saw the reader of the pipe go): stop
+        the writing task, which ``raise_failure`` then reports. On the writer's loop."""
+        if self._error is None:
+            self._error = exc
+            if self._task is not None:
+                self._task.cancel()  # a tail would otherwise wait for its next record first
 
     def raise_failure(self) -> None:
         if self._error is not None:

@@ -9,9 +9,14 @@ silenced the same way. ``DlctlGroup`` tells the two apart: stdout's is ``OutputC
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import select
+import stat
 import sys
+import threading
+from collections.abc import Callable
 
 import click
 
@@ -55,3 +60,42 @@ class DlctlGroup(click.Group):
             if stdout_reader_gone():
                 raise OutputClosed() from exc
             raise ForeignBrokenPipe() from exc
+
+
+def watch_stdout_reader(on_gone: Callable[[BrokenPipeError], None]) -> Callable[[], None]:
+    """Call ``on_gone`` (from a thread of its own) once stdout is a pipe or socket whose reader
+    went away, as `tail -f` notices: a `log tail | grep -m1 x` must end when grep does, not at
+    the next record, which a quiet log may never append. Returns the function that stops the
+    watching. The thread waits in poll() for an error on stdout (reported whatever events are
+    asked for) or for its stop pipe: nothing is polled on a timer."""
+    try:
+        fd = sys.stdout.fileno()
+        kind = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return lambda: None
+    if not (stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind)):
+        return lambda: None  # a terminal or a file: no reader to lose
+    wake_read, wake_write = os.pipe()
+    poller = select.poll()
+    poller.register(fd, 0)
+    poller.register(wake_read, select.POLLIN)
+
+    stopped = threading.Event()
+
+    def watch() -> None:
+        try:
+            for ready, events in poller.poll():
+                if ready == fd and events & (select.POLLERR | select.POLLHUP) and not stopped.is_set():
+                    on_gone(BrokenPipeError(errno.EPIPE, "standard output: the reader went away"))
+                    return
+        finally:
+            os.close(wake_read)
+
+    def stop() -> None:
+        stopped.set()
+        with contextlib.suppress(OSError):  # (the watcher may be gone already, its end closed)
+            os.write(wake_write, b"x")
+        os.close(wake_write)
+
+    threading.Thread(target=watch, name="dlctl-stdout-watch", daemon=True).start()
+    return stop

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import logging
@@ -14,6 +15,7 @@ from ..log.dlsn import DLSN
 from ..meta.records import LogConfig
 from ..ops import backup, logio, logs, restore
 from ..output import FlushWhenIdle, render_item
+from .closed_output import watch_stdout_reader
 from ..plan import Plan
 from .complete import complete_log
 from .context import AppContext, command_options, mutating, pass_app
@@ -134,6 +136,8 @@ def _stream(app: AppContext, name: str, start: dict, limit: int | None, idle: fl
     async def go() -> int:
         count = 0
         out = FlushWhenIdle(app.stdout.file)
+        loop = asyncio.get_running_loop()
+        stop_watching = watch_stdout_reader(lambda exc: loop.call_soon_threadsafe(out.fail, exc))
         try:
             async for record in logio.read_records(session, name, limit=limit, idle_timeout=idle, region=region, **start):
                 render_item(logio.record_view(record), app.output, stream=out.stream, columns=("dlsn", "txid", "time", "payload"))
@@ -144,6 +148,8 @@ def _stream(app: AppContext, name: str, start: dict, limit: int | None, idle: fl
             with contextlib.suppress(OSError):
                 out.close()  # what was read before Ctrl-C or a failure; the failure is what to report
             raise
+        finally:
+            stop_watching()
         out.close()
         return count
 

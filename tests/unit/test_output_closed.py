@@ -9,11 +9,12 @@ import asyncio
 import errno
 import os
 import sys
+import threading
 
 import click
 import pytest
 
-from dlctl.cli.closed_output import DlctlGroup, ForeignBrokenPipe, OutputClosed, stdout_reader_gone
+from dlctl.cli.closed_output import DlctlGroup, ForeignBrokenPipe, OutputClosed, stdout_reader_gone, watch_stdout_reader
 from dlctl.output import FlushWhenIdle
 
 
@@ -116,3 +117,28 @@ def test_a_failed_flush_stops_a_writer_that_waits_and_is_what_it_raises():
     with pytest.raises(BrokenPipeError):
         asyncio.run(asyncio.wait_for(tail(), 30))
     assert stream.flushes == 1
+
+
+def test_the_watcher_calls_back_once_the_reader_goes_and_not_after_it_is_stopped(stdout_pipe, tmp_path, monkeypatch):
+    use, close_reader = stdout_pipe
+    use()
+    gone = threading.Event()
+    seen: list[BaseException] = []
+    stop = watch_stdout_reader(lambda exc: (seen.append(exc), gone.set()))
+    assert not gone.wait(0.2)  # the reader is there
+    close_reader()
+    assert gone.wait(10) and isinstance(seen[0], BrokenPipeError)
+    stop()  # after the watcher ended: harmless
+
+    use()  # a new pipe, watched, then stopped before its reader goes
+    called = threading.Event()
+    watch_stdout_reader(lambda exc: called.set())()
+    close_reader()
+    assert not called.wait(0.3)
+
+    with open(tmp_path / "out", "w") as file:  # a file has no reader to lose: nothing to watch
+        monkeypatch.setattr(sys, "stdout", file)
+        before = threading.active_count()
+        stop = watch_stdout_reader(lambda exc: None)
+        assert threading.active_count() == before, "no watcher thread for a file"
+        stop()
