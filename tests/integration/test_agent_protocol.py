@@ -571,6 +571,12 @@ def test_slowloris_partial_frame_is_dropped(agent: Agent) -> None:
 
 def test_out_of_range_ids_are_bad_requests_and_touch_nothing(agent: Agent, client: SyncAgentClient, log_id: int) -> None:
     client.add(entry(log_id, 1, 0))
+    # The agent records the replica's acknowledged length in the background (storage upkeep):
+    # under load that came after the snapshot below and looked like a file the calls made.
+    from harness.procs import wait_until  # (here: the agents this module starts import it without the harness)
+
+    acked = agent.data_dir / "segments" / f"{log_id:016x}" / f"{1:016x}.acked"
+    wait_until(acked.exists, 30, message=f"{acked} written by the agent's upkeep")
     outside = agent.root.parent
     data_rel = str(agent.data_dir.relative_to(outside))
 
