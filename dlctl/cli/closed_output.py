@@ -26,16 +26,26 @@ class OutputClosed(Exception):
     turn an EPIPE into exit 1 by itself."""
 
 
-def stdout_reader_gone() -> bool:
-    """Whether stdout is a pipe or socket nobody reads any more (poll reports an error on the
-    writing end): a broken pipe met on an agent's connection must stay an error."""
+GONE = select.POLLERR | select.POLLHUP  # what poll reports on a pipe's writing end once nobody reads it
+
+
+def _stdout_fd() -> int | None:
+    """stdout's descriptor; None when it has none (an embedding, a test's capture)."""
     try:
-        fd = sys.stdout.fileno()
+        return sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):
+        return None
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket nobody reads any more: a broken pipe met on an
+    agent's connection must stay an error."""
+    fd = _stdout_fd()
+    if fd is None:
         return False
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
-    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    return any(events & GONE for _, events in poller.poll(0))
 
 
 def silence_stdout() -> None:
@@ -68,13 +78,13 @@ def watch_stdout_reader(on_gone: Callable[[BrokenPipeError], None]) -> Callable[
     the next record, which a quiet log may never append. Returns the function that stops the
     watching. The thread waits in poll() for an error on stdout (reported whatever events are
     asked for) or for its stop pipe: nothing is polled on a timer."""
-    try:
-        fd = sys.stdout.fileno()
-        kind = os.fstat(fd).st_mode
-    except (AttributeError, OSError, ValueError):
-        return lambda: None
+    fd = _stdout_fd()
+    kind = 0
+    if fd is not None:
+        with contextlib.suppress(OSError):  # (a descriptor closed under sys.stdout)
+            kind = os.fstat(fd).st_mode
     if not (stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind)):
-        return lambda: None  # a terminal or a file: no reader to lose
+        return lambda: None  # no descriptor, a terminal or a file: no reader to lose
     wake_read, wake_write = os.pipe()
     poller = select.poll()
     poller.register(fd, 0)
@@ -85,7 +95,7 @@ def watch_stdout_reader(on_gone: Callable[[BrokenPipeError], None]) -> Callable[
     def watch() -> None:
         try:
             for ready, events in poller.poll():
-                if ready == fd and events & (select.POLLERR | select.POLLHUP) and not stopped.is_set():
+                if ready == fd and events & GONE and not stopped.is_set():
                     on_gone(BrokenPipeError(errno.EPIPE, "standard output: the reader went away"))
                     return
         finally:
