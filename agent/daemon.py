@@ -136,8 +136,7 @@ async def _serve(config: AgentConfig, metrics: AgentMetrics, metrics_address: st
     if zk_auth is not None and config.zookeeper_tls is None and not loopback_only(config.zookeeper):
         log.warning("no [zookeeper_tls] in %s: the ZooKeeper password of %s crosses the network in plain text", config.path, config.zk_auth_file)
     zk = await loop.run_in_executor(None, lambda: connect(config.zookeeper, zk_auth, session_timeout=config.session_timeout, tls=config.zookeeper_tls))
-    if zk_auth is not None:
-        await loop.run_in_executor(None, check_credentials, zk, config.cluster, zk_auth, config.zk_auth_file)
+    await loop.run_in_executor(None, check_credentials, zk, config.cluster, zk_auth, config.zk_auth_file)
     _check_tls_mode(config, MetaStore(zk, config.cluster, zk_auth).cluster_config())
     # Before the store opens: a new or wiped data directory marks what the node held as limbo,
     # so it never answers "no such entry" for what its previous disk acknowledged (agent/disk.py).

@@ -57,8 +57,7 @@ class ClusterSession:
         if self.zk_auth is not None and self.cluster.zookeeper_tls is None and not loopback_only(self.cluster.zookeeper):
             log.warning("cluster %s: no zookeeper_tls: the ZooKeeper password crosses the network in plain text", self.cluster.name)
         self._client = connect(self.cluster.zookeeper, self.zk_auth, timeout=self.zk_timeout, tls=self.cluster.zookeeper_tls)
-        if self.zk_auth is not None:
-            check_credentials(self._client, self.cluster.name, self.zk_auth, self.cluster.zk_auth_file)
+        check_credentials(self._client, self.cluster.name, self.zk_auth, self.cluster.zk_auth_file)
         return MetaStore(self._client, self.cluster.name, self.zk_auth)
 
     @cached_property

@@ -42,8 +42,7 @@ class AppContext:
     stdout: Console = field(default_factory=lambda: _stdout_console())
     stderr: Console = field(default_factory=lambda: Console(file=sys.stderr, stderr=True))
     _session: ClusterSession | None = field(default=None, repr=False)
-    _saved_logging: tuple[list[logging.Handler], int] | None = field(default=None, repr=False)
-    _saved_kazoo_level: int | None = field(default=None, repr=False)
+    _saved_logging: tuple[list[logging.Handler], int, int] | None = field(default=None, repr=False)  # root's handlers and level, kazoo's level
     _config: ConfigLocation | None = field(default=None, repr=False)
 
     @property
@@ -81,16 +80,14 @@ class AppContext:
         """Route log records to stderr for this invocation; ``restore_logging`` undoes it."""
         level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(self.verbosity, logging.DEBUG)
         root = logging.getLogger()
+        kazoo = logging.getLogger("kazoo")
         if self._saved_logging is None:
-            self._saved_logging = (list(root.handlers), root.level)
+            self._saved_logging = (list(root.handlers), root.level, kazoo.level)
         root.handlers[:] = [RichHandler(console=self.stderr, show_path=False, rich_tracebacks=self.verbosity >= 2)]
         root.setLevel(level)
         # kazoo warns at each failed connection attempt ("Connection dropped: ... refused", a
         # dozen lines before the one error that says ZooKeeper is out of reach); the command's
         # own error says what matters. -v shows them.
-        kazoo = logging.getLogger("kazoo")
-        if self._saved_kazoo_level is None:
-            self._saved_kazoo_level = kazoo.level
         kazoo.setLevel(logging.ERROR if self.verbosity <= 0 else logging.NOTSET)
 
     def restore_logging(self) -> None:
@@ -98,12 +95,10 @@ class AppContext:
         # to a console whose stream the caller has closed (embedding, tests).
         if self._saved_logging is not None:
             root = logging.getLogger()
-            root.handlers[:], level = self._saved_logging
+            root.handlers[:], level, kazoo_level = self._saved_logging
             root.setLevel(level)
+            logging.getLogger("kazoo").setLevel(kazoo_level)
             self._saved_logging = None
-        if self._saved_kazoo_level is not None:
-            logging.getLogger("kazoo").setLevel(self._saved_kazoo_level)
-            self._saved_kazoo_level = None
 
     @contextmanager
     def progress(self, transient: bool = True) -> Iterator[Progress]:

@@ -305,11 +305,14 @@ def connect(connect_string: str, auth: ZkAuth | None = None, timeout: float = 10
     return client
 
 
-def check_credentials(client: KazooClient, cluster: str, auth: ZkAuth, auth_file: Path | str | None) -> None:
+def check_credentials(client: KazooClient, cluster: str, auth: ZkAuth | None, auth_file: Path | str | None) -> None:
     """ZooKeeper's digest scheme accepts any password at connection: wrong credentials show only
     as a refusal (NoAuthError, with no message) at the first read, deep in whatever made it. One
     read of the cluster's root znode (every znode of a cluster carries its ACL) says it at once,
-    naming the file. A cluster not initialised yet passes (``cluster init`` says what it finds)."""
+    naming the file. A cluster not initialised yet passes (``cluster init`` says what it finds),
+    and so does a client without credentials (``insecure_zookeeper``: no ACLs to refuse it)."""
+    if auth is None:
+        return
     try:
         client.get(paths.cluster_root(cluster))
     except NoNodeError:

@@ -56,13 +56,12 @@ class SourceLink:
     ) -> None:
         self.settings = settings
         self.client = connect(settings.zookeeper or connect_string, auth, session_timeout=session_timeout, tls=zookeeper_tls or settings.zookeeper_tls)
-        if auth is not None:
-            try:
-                check_credentials(self.client, settings.cluster, auth, settings.zk_auth_file or "this agent's own zk_auth_file")
-            except BaseException:
-                self.client.stop()
-                self.client.close()
-                raise
+        try:
+            check_credentials(self.client, settings.cluster, auth, settings.zk_auth_file or "this agent's own zk_auth_file")
+        except BaseException:
+            self.client.stop()
+            self.client.close()
+            raise
         self.meta = MetaStore(self.client, settings.cluster, auth)
         self.pool = RoutedAgentPool(self.meta, secret, addresses=settings.addresses)
 
