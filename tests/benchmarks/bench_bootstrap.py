@@ -19,7 +19,11 @@ process also launches the JVM, which the copies below reuse), and per run the ra
 with that cost taken out. Where the CPU goes: ``profile_bootstrap.py``. With the default sink
 policy (W = 3) the bootstrap writes three replicas where the file copy writes one; ``--sink-w 1``
 measures a one-replica sink log too (apples to apples), and for W > 1 a second baseline, the same
-plain copy writing W copies of every file, is printed next to the first. Exit 0 unless --strict.
+plain copy writing W copies of every file, is printed next to the first. A third baseline, also
+re-measured before each copy, is the least an *encrypted* copy does (``tls_floor.py``): the same
+files sent over the cluster's own mutual TLS on loopback by bare blocking sockets, written and
+fsynced — the bound on this machine for any copy between agents, which all speak TLS, before
+framing, checksums, re-encoding or verification. Exit 0 unless --strict.
 
 Routes (issue 27 item 3): ``pull`` (the sink agents read each segment from the source themselves,
 ``dlctl.spark.segment_pull``: the source's credentials are installed on them first, as
@@ -45,16 +49,21 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from dlctl import inventory
 from dlctl.config import ConfigLocation
 from dlctl.log.pool import AgentPool
+from dlctl.log.tls import TlsFiles
 from dlctl.log.writer import LogWriter
 from dlctl.meta.records import LogConfig
 from dlctl.ops.bootstrap import bootstrap_logs
 from dlctl.ops.source_credentials import credentials_step
 from dlctl.session import ClusterSession
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tls_floor import tls_copy_rate  # noqa: E402 - a sibling script, not a package
 
 MIB = 1024 * 1024
 LOG = "bench"
@@ -91,11 +100,24 @@ def source_files(config: Path, src: ClusterSession) -> list[Path]:
     return sorted((Path(node.data_dir) / "segments" / f"{log_id:016x}").glob("*.log"))
 
 
+def source_tls(config: Path) -> tuple[TlsFiles, str]:
+    """The TLS material of the source cluster's first agent (its agent.toml) and the host its
+    certificate names: what the bare TLS baseline encrypts with, as that agent does."""
+    node = inventory.load(ConfigLocation(config, "bench")).cluster("east").nodes[0]
+    with open(Path(node.data_dir).parent / "agent.toml", "rb") as f:
+        tls = tomllib.load(f)["tls"]
+    return TlsFiles(Path(tls["ca_file"]), Path(tls["cert_file"]), Path(tls["key_file"])), node.listen.rpartition(":")[0]
+
+
 def plain_copy_rate(files: list[Path], work: Path, replicas: int = 1, rounds: int = 3) -> tuple[float, int]:
     """Source bytes per second of copying the files (read, write, fsync each) to ``replicas``
     fresh directories on the same disk — one replica: the issue's baseline; W replicas: what a
     file copy must do to leave as many copies as a sink log of write quorum W. The median of
-    ``rounds`` (the disk's write-back makes single runs noisy), each begun with nothing dirty."""
+    ``rounds``, each begun with nothing dirty: single rounds are noisy. On a VM whose balloon
+    reports free pages to the host (virtio-balloon free page reporting), a write into page-cache
+    pages the host has taken back is several times slower in the kernel's copy: rounds there are
+    bimodal, for this baseline, the TLS one and the copies alike (seen on the 2-core VM of issue
+    27: the copy into the page cache took 63 % of a slow round's samples, 6 % of a fast one's)."""
     total = sum(f.stat().st_size for f in files)
     rates = []
     for _ in range(rounds):
@@ -214,6 +236,7 @@ def main() -> int:
             nbytes = sum(s.value.bytes for s in segs)
             print(f"source: {nbytes / MIB:.0f} MiB in {len(segs)} segments, records of {args.record_kib:g} KiB (written in {seconds:.1f}s)", flush=True)
             files = source_files(config, src)
+            tls, tls_host = source_tls(config)
             declare_source(src, dst)
             # The first context of a process also launches the JVM (PySpark keeps it for the next
             # ones): ``dlctl bootstrap`` pays that every time, the runs below only once, before.
@@ -230,6 +253,7 @@ def main() -> int:
                     for engine, route in [(e, r) for e in args.engine for r in args.route]:
                         base, copied = plain_copy_rate(files, work)
                         base_w = plain_copy_rate(files, work, replicas=w)[0] if w != 1 else base
+                        floor = tls_copy_rate(files, work, tls, tls_host)
                         if w != 3:
                             dst.meta.create_log(LOG, LogConfig(ensemble_size=w, write_quorum=w, ack_quorum=w))
                         local_below = 0 if engine == "spark" else 2**62
@@ -244,12 +268,15 @@ def main() -> int:
                         net = nbytes / max(0.001, result.seconds - fixed_here)
                         row = {"engine": engine, "route": route, "sink_w": w, "parallelism": parallelism, "seconds": round(result.seconds, 2), "mib_per_s": round(rate / MIB, 1),
                                "baseline_mib_per_s": round(base / MIB, 1), "ratio": round(rate / base, 3),
-                               "baseline_w_replicas_mib_per_s": round(base_w / MIB, 1), "ratio_w_replicas": round(rate / base_w, 3), "segments": res.segments, "records": res.records,
+                               "baseline_w_replicas_mib_per_s": round(base_w / MIB, 1), "ratio_w_replicas": round(rate / base_w, 3),
+                               "tls_floor_mib_per_s": round(floor / MIB, 1), "ratio_tls_floor": round(rate / floor, 3), "tls_floor_of_baseline": round(floor / base, 3),
+                               "segments": res.segments, "records": res.records,
                                "spark_fixed_seconds": round(fixed_here, 2), "mib_per_s_without_spark_fixed": round(net / MIB, 1)}
                         rows.append(row)
                         print(f"{engine:5} {route:5} sink W={w} parallelism {_slots(parallelism)}: {nbytes / MIB:.0f} MiB in {result.seconds:.1f}s = {rate / MIB:.1f} MiB/s; "
                               f"plain file copy of the same {copied / MIB:.0f} MiB: {base / MIB:.1f} MiB/s ({rate / base:.0%}); "
                               + (f"to {w} copies: {base_w / MIB:.1f} MiB/s ({rate / base_w:.0%}); " if w != 1 else "")
+                              + f"bare TLS copy: {floor / MIB:.1f} MiB/s ({rate / floor:.0%}; itself {floor / base:.0%} of the plain copy); "
                               + (f"without Spark's fixed {fixed_here:.1f}s: {net / MIB:.1f} MiB/s ({net / base:.0%})" if engine == "spark" else "no Spark start"), flush=True)
                         drop_sink_copy(dst)
                     for route in args.route:

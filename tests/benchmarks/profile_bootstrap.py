@@ -9,7 +9,8 @@ does); ``run`` bootstraps it to the sink cluster — in this process without Spa
 in-process engine, ``dlctl.spark.local``, on ``--parallelism`` threads; 1: one segment after
 the other, the copy's own cost), or with ``--spark`` through the real engine — and prints wall time, rate, and CPU seconds per GiB of: the copying process
 (driver + tasks, or with Spark the driver, the JVM and the Python workers), the source
-agents and the sink agents; plus a plain file copy of the same segment files for scale.
+agents and the sink agents; plus, for scale, a plain file copy of the same segment files and a
+bare TLS copy of them (``tls_floor.py``: the least an encrypted copy does).
 ``--cprofile N`` prints the N costliest functions of the in-process copy. The sink copy is
 removed after each run, so ``run`` can be repeated on the same data. An investigation tool
 for issue 9; ``bench_bootstrap.py`` is the benchmark.
@@ -123,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         nbytes = sum(s.value.bytes for s in src.meta.segments(B.LOG))
         files = B.source_files(config, src)
         base, _ = B.plain_copy_rate(files, args.dir, rounds=1)
+        floor = B.tls_copy_rate(files, args.dir, *B.source_tls(config), rounds=1)
         if B.LOG in dst.meta.list_logs():
             B.drop_sink_copy(dst)  # left by a run that failed
         if args.sink_w != 3:
@@ -179,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         own = (t1.user - t0.user) + (t1.system - t0.system)
         kids = sum(v - kids_before.get(p, 0.0) for p, v in kids_seen.items())
         gib = nbytes / GIB
-        print(f"{'relayed' if args.relay else f'pulled ({result.pulled_segments} segments)'}, {'spark' if args.spark else 'in-process'} copy{' (Python loops)' if args.no_speedups else ''}, sink W={args.sink_w}, parallelism {args.parallelism}: {nbytes / 2**20:.0f} MiB in {wall:.2f}s = {nbytes / 2**20 / wall:.1f} MiB/s (job's own figure {result.seconds:.2f}s); plain file copy {base / 2**20:.0f} MiB/s ({nbytes / wall / base:.0%})")
+        print(f"{'relayed' if args.relay else f'pulled ({result.pulled_segments} segments)'}, {'spark' if args.spark else 'in-process'} copy{' (Python loops)' if args.no_speedups else ''}, sink W={args.sink_w}, parallelism {args.parallelism}: {nbytes / 2**20:.0f} MiB in {wall:.2f}s = {nbytes / 2**20 / wall:.1f} MiB/s (job's own figure {result.seconds:.2f}s); plain file copy {base / 2**20:.0f} MiB/s ({nbytes / wall / base:.0%}); bare TLS copy {floor / 2**20:.0f} MiB/s ({nbytes / wall / floor:.0%})")
         print(f"CPU s/GiB: copy process {own / gib:.2f}" + (f", Spark JVM + workers {kids / gib:.2f}" if args.spark else "") + f", source agents {(after['east'] - before['east']) / gib:.2f}, sink agents {(after['west'] - before['west']) / gib:.2f}")
         print(f"the machine's cores during the copy: {_machine_shares(machine_before, machine_after)}")
         if args.spark and args.verbose:
