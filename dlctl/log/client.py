@@ -548,7 +548,12 @@ class SyncAgentClient:
         self._thread.start()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError:  # the private loop is closed: so is this client
+            coro.close()  # never to run (left alone, it would warn "never awaited" when collected)
+            raise AgentUnavailableError(f"client of agent {self._client.address} is closed") from None
+        return future.result()
 
     def __enter__(self) -> SyncAgentClient:
         return self

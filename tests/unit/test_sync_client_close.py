@@ -8,9 +8,14 @@ seen in CI)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
+import warnings
+
+import pytest
 
 from dlctl.log.client import SyncAgentClient
+from dlctl.log.errors import AgentUnavailableError
 
 
 def test_closing_cancels_a_connection_attempt_a_caller_gave_up_on():
@@ -34,3 +39,17 @@ def test_closing_cancels_a_connection_attempt_a_caller_gave_up_on():
         assert client._loop.is_closed()
         assert attempt.done(), "the connection attempt was left running on the closed loop"
         assert not [t for t in asyncio.all_tasks(client._loop) if not t.done()]
+
+
+def test_a_request_on_a_closed_client_is_refused_and_leaves_no_coroutine_behind():
+    # A request after close() used to raise RuntimeError("Event loop is closed") and drop the
+    # request's coroutine unstarted: "coroutine 'AgentClient.stat' was never awaited" when the
+    # collector found it, under whichever test ran then (seen in CI).
+    client = SyncAgentClient("127.0.0.1", 9, b"s" * 32)  # nothing is dialled before a request
+    client.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(AgentUnavailableError, match="is closed"):
+            client.stat()
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
