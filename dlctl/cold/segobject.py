@@ -10,11 +10,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator
 
+from ..errors import DlctlError
 from ..log import format as fmt
 
 
-class CorruptObject(ValueError):
-    """A cold object (or manifest) that does not hold what it claims; never served or restored."""
+class CorruptObject(DlctlError, ValueError):
+    """A cold object (or manifest) that does not hold what it claims; never served or restored.
+    A ``DlctlError`` (exit 1, with what to do) wherever it ends a command, and still the
+    ``ValueError`` of malformed data to the code that parses copies."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint or "a copy that does not match its manifest is never read or restored: put the object back from another "
+                         "copy of the store (the bucket's versioning, a copy of the volume), or read and restore without it")
 
 
 def digest(data: bytes) -> str:

@@ -372,6 +372,19 @@ def test_reading_from_cold_joins_the_truncated_history_and_the_hot_log(sandbox, 
         assert asyncio.run(read_history(session, name, FilesystemStore(target.root))) == written
 
 
+        # A damaged copy: its records are never given out, and the error names it (exit 1, not
+        # an internal error); the copy before it was read whole first, and printed.
+        held = target.objects()
+        second = sorted(k for k in held if k.endswith(".segment"))[1]
+        damaged = bytearray(held[second])
+        damaged[len(damaged) // 2] ^= 0x40
+        target.replace(second, bytes(damaged))
+        bad = dlctl(env, "-o", "json", "log", "read", name, "--from-cold")
+        flat = "".join(bad.stderr.split())
+        assert bad.returncode == 1 and "internalerror" not in flat and "".join(second.split()) in flat and "SHA-256" in flat, bad.stderr
+        assert [json.loads(line)["payload"].encode() for line in bad.stdout.splitlines() if line.strip()] == written[:30]
+        target.replace(second, held[second])
+
         # Copies that stop short of the truncation point: nothing printed, the gap named.
         for key in [k for k in target.objects() if k.endswith(".manifest.json")][1:]:
             target.delete(key)
