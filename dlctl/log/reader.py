@@ -428,7 +428,10 @@ class LogReader(EntryFetcher):
         except CorruptRecords as exc:
             # The CRC matched, so the writer wrote this: no other replica can do better, and
             # skipping the entry would be a silent gap. The reader stops here for good.
-            self._failure = CorruptRecords(f"entry {entry_id} of segment {seq} of log {self.name!r} does not parse as records: {exc}")
+            self._failure = CorruptRecords(
+                f"entry {entry_id} of segment {seq} of log {self.name!r} does not parse as records: {exc}",
+                hint=f"its CRC matched, so its writer stored these bytes and no replica holds better; the records after it start at {seq}/{entry_id + 1}/0 (`log read --from-dlsn`)",
+            )
             raise self._failure from None
 
     def _load(self, fetched: Fetch) -> None:

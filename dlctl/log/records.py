@@ -19,6 +19,8 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from ..errors import DlctlError
+
 FLAG_CONTROL = 0x01
 RECORD_FIXED = struct.Struct(">IBqH")  # size, flags, txid, key length
 _U16 = struct.Struct(">H")
@@ -27,9 +29,13 @@ MAX_KEY = 0xFFFF
 MAX_HEADERS = 0xFFFF
 
 
-class CorruptRecords(ValueError):
+class CorruptRecords(DlctlError, ValueError):
     """An entry payload that does not parse as records; the entry CRC was fine, so this is a
-    writer bug or a hostile writer, never silent data."""
+    writer bug or a hostile writer, never silent data. A ``DlctlError`` (exit 1) wherever it
+    ends a command, and still the ``ValueError`` of malformed data to the parsers."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -123,6 +124,45 @@ def test_log_count_between_positions_matches_the_records_a_reader_reads(sandbox)
     assert count("--from", positions[middle - 1], "--to", positions[middle + 1]) == 2
     backwards = dlctl(sandbox, "log", "count", "counted", "--from", positions[250], "--to", positions[10])
     assert backwards.returncode == ExitCode.USAGE and "is before" in backwards.stderr
+
+
+def test_an_entry_that_is_not_records_stops_a_read_with_an_error_naming_it_and_where_to_read_on(sandbox):
+    """A writer stored bytes that are not records under a correct CRC (a writer bug, or a client
+    with the credentials that writes its own layout). `log read` prints every record before
+    that entry, then stops with exit 1 and an error that names the entry and the position after
+    it (it was "internal error: CorruptRecords"); reading on from there gives the records after."""
+    assert dlctl(sandbox, "log", "create", "garbled").returncode == 0
+    session = session_for(sandbox)
+
+    async def write() -> None:
+        pool = AgentPool(session.meta, session.credentials)
+        writer = await LogWriter.open(session.meta, pool, "garbled")
+        for i in range(3):
+            writer.submit(f"before{i}".encode())
+        await writer.flush()
+        # Acknowledged before anything else is submitted: an entry of its own.
+        await writer.submit_encoded(b"\x00\x00\x00\xffnot records", 1, writer.last_txid + 1)
+        for i in range(2):
+            writer.submit(f"after{i}".encode())
+        await writer.close()
+        await pool.close()
+
+    try:
+        asyncio.run(write())
+    finally:
+        session.close()
+    read = dlctl(sandbox, "-o", "json", "log", "read", "garbled")
+    flat = "".join(read.stderr.split())
+    assert read.returncode == ExitCode.FAILED and "internalerror" not in flat and "doesnotparseasrecords" in flat, read.stderr
+    assert [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()] == ["before0", "before1", "before2"]
+    (after,) = re.findall(r"startat(\d+/\d+/0)", flat)
+    assert payloads_from(sandbox, "garbled", after) == ["after0", "after1"]
+
+
+def payloads_from(sandbox, log: str, dlsn: str) -> list[str]:
+    read = dlctl(sandbox, "-o", "json", "log", "read", log, "--from-dlsn", dlsn)
+    assert read.returncode == 0, read.stderr
+    return [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()]
 
 
 def payloads(sandbox, log: str) -> list[str]:
