@@ -57,6 +57,15 @@ class ConfigError(UsageError):
     """A configuration or inventory file is missing or invalid; the message names file and key."""
 
 
+class CorruptMetadata(DlctlError, ValueError):
+    """A metadata record (a znode) that does not hold what dlctl writes there; the message names
+    its path and what is wrong. Still the ``ValueError`` of malformed data to the decoders' callers."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint or "dlctl did not write this (a hand edit, another tool, or a newer dlctl): compare it with a "
+                         "healthy record of its kind (zkCli.sh get PATH) and repair it")
+
+
 class NotFoundError(DlctlError):
     """A named thing (cluster, log, stream, node, segment) does not exist."""
 

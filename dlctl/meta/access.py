@@ -21,7 +21,7 @@ from enum import Enum
 
 from kazoo.exceptions import NoNodeError
 
-from ..errors import NotFoundError, RefusedError
+from ..errors import CorruptMetadata, NotFoundError, RefusedError
 from . import cas, paths
 from .records import Versioned
 from .store import MetaStore
@@ -75,7 +75,7 @@ class LogAccess:
             raw = json.loads(data)
             return cls(AccessMode(raw["mode"]), str(raw.get("stream", "")), int(raw.get("epoch", 0)), str(raw.get("reason", "")), float(raw.get("updated", 0.0)))
         except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{where}: malformed access record: {exc}") from None
+            raise CorruptMetadata(f"{where}: malformed access record: {exc}") from None
 
 
 class AccessStore:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from kazoo.exceptions import NoNodeError
 
-from ..errors import NotFoundError
+from ..errors import CorruptMetadata, NotFoundError
 from . import cas, paths
 from .records import NO_TXID, Versioned
 from .store import MetaStore
@@ -44,9 +44,9 @@ class WriterBounds:
             raw = json.loads(data)
             bounds = cls(int(raw["txid"]), int(raw["time_ms"]), str(raw["writer"]), int(raw.get("session", 0)))
         except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{where}: malformed writer bounds: {exc}") from None
+            raise CorruptMetadata(f"{where}: malformed writer bounds: {exc}") from None
         if bounds.txid < NO_TXID or bounds.time_ms < 0:
-            raise ValueError(f"{where}: malformed writer bounds: negative txid or time ({bounds})")
+            raise CorruptMetadata(f"{where}: malformed writer bounds: negative txid or time ({bounds})")
         return bounds
 
 

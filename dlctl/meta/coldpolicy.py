@@ -17,6 +17,7 @@ from pathlib import Path
 from kazoo.exceptions import NoNodeError
 
 from ..cold.config import ColdStorageConfig
+from ..errors import CorruptMetadata
 from . import paths
 from .store import MetaStore
 
@@ -48,9 +49,9 @@ def from_json(data: bytes, where: str) -> tuple[ColdStorageConfig, float | None]
             endpoint=raw.get("endpoint"), region=raw.get("region"),
         )
     except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{where}: malformed cold storage record: {exc}") from None
+        raise CorruptMetadata(f"{where}: malformed cold storage record: {exc}") from None
     if (kind == "filesystem" and config.path is None) or (kind == "s3" and not config.bucket):
-        raise ValueError(f"{where}: malformed cold storage record: no path or bucket")
+        raise CorruptMetadata(f"{where}: malformed cold storage record: no path or bucket")
     return config, (float(retention) if retention is not None else None)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError, CorruptMetadata, NotFoundError
 from ..log.dlsn import DLSN
 from ..names import validate_name
 from . import cas, paths
@@ -64,7 +64,7 @@ class PinRecord:
                 raise ValueError("expected a JSON object")
             return cls(**{**raw, "position": DLSN.parse(raw["position"])})
         except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{where}: malformed pin record: {exc}") from None
+            raise CorruptMetadata(f"{where}: malformed pin record: {exc}") from None
 
 
 def pins_root(cluster: str) -> str:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
+from ..errors import CorruptMetadata
 from ..log.quorum import write_set_of
 
 T = TypeVar("T")
@@ -197,7 +198,7 @@ def log_from_json(data: bytes, where: str) -> LogRecord:
     try:
         return LogRecord(**{**raw, "config": LogConfig(**raw["config"])})
     except (TypeError, KeyError, ValueError) as exc:
-        raise ValueError(f"{where}: malformed log record: {exc}") from None
+        raise CorruptMetadata(f"{where}: malformed log record: {exc}") from None
 
 
 def segment_from_json(data: bytes, where: str) -> SegmentRecord:
@@ -217,7 +218,7 @@ def segment_from_json(data: bytes, where: str) -> SegmentRecord:
             raise ValueError(f"'cold' must be a cold store key, got {raw['cold']!r}")
         return SegmentRecord(**{**raw, "state": SegmentState(raw["state"]), "ensembles": ensembles, "short": short})
     except (TypeError, KeyError, ValueError) as exc:
-        raise ValueError(f"{where}: malformed segment record: {exc}") from None
+        raise CorruptMetadata(f"{where}: malformed segment record: {exc}") from None
 
 
 def load_object(data: bytes, where: str) -> dict[str, Any]:
@@ -225,9 +226,9 @@ def load_object(data: bytes, where: str) -> dict[str, Any]:
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{where}: not valid JSON: {exc}") from None
+        raise CorruptMetadata(f"{where}: not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected a JSON object")
+        raise CorruptMetadata(f"{where}: expected a JSON object")
     return raw
 
 

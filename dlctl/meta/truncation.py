@@ -40,7 +40,7 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 
-from ..errors import ConflictError, NotFoundError, RefusedError
+from ..errors import ConflictError, CorruptMetadata, NotFoundError, RefusedError
 from ..log.dlsn import DLSN
 from . import cas, paths
 from .pins import PinRecord
@@ -82,7 +82,7 @@ class TruncationRecord:
                 raise ValueError("expected a JSON object")
             return cls(**{**raw, "point": DLSN.parse(raw["point"])})
         except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{where}: malformed truncation record: {exc}") from None
+            raise CorruptMetadata(f"{where}: malformed truncation record: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {"point": str(self.point), "truncated_txid": self.truncated_txid, "updated": self.updated, "reason": self.reason, "by": self.by}

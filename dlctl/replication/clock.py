@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 from kazoo.exceptions import NoNodeError
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError, CorruptMetadata, NotFoundError
 from ..log.dlsn import DLSN, INITIAL
 from ..meta import cas, paths
 from ..meta.records import Versioned
@@ -78,7 +78,7 @@ def parse_base(data: bytes, where: str) -> ClockBase:
             steps.append((DLSN.parse(step["from"]), out))
         return tuple(sorted(steps, key=lambda s: s[0]))
     except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{where}: malformed clock base: {exc}") from None
+        raise CorruptMetadata(f"{where}: malformed clock base: {exc}") from None
 
 
 TruncationBase = tuple[DLSN, dict[str, int]]  # (truncation point, the version vector before it)
@@ -95,7 +95,7 @@ def parse_truncation(data: bytes, where: str) -> TruncationBase | None:
             raise ValueError("negative counter")
         return DLSN.parse(raw["at"]), vv
     except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{where}: malformed truncation base: {exc}") from None
+        raise CorruptMetadata(f"{where}: malformed truncation base: {exc}") from None
 
 
 def parse_entry_vv(data: bytes, where: str) -> TruncationBase | None:
@@ -110,7 +110,7 @@ def parse_entry_vv(data: bytes, where: str) -> TruncationBase | None:
     try:
         return DLSN(base[0].segment_seq, base[0].entry_id, 0), {validate_name("location", k): int(v) for k, v in raw.items()}
     except (ValueError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{where}: malformed truncation base: {exc}") from None
+        raise CorruptMetadata(f"{where}: malformed truncation base: {exc}") from None
 
 
 def parse_derived(data: bytes, where: str) -> ClockBase:
@@ -158,7 +158,7 @@ def parse_segment(data: bytes, where: str) -> SegmentBase | None:
             raise ValueError("negative count")
         return SegmentBase(DLSN(base[0].segment_seq, 0, 0), vv, counts[0], counts[1])
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ValueError(f"{where}: malformed truncation base: {exc}") from None
+        raise CorruptMetadata(f"{where}: malformed truncation base: {exc}") from None
 
 
 def _same(a: tuple[DLSN, Mapping[str, int]], b: tuple[DLSN, Mapping[str, int]]) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+from ..errors import CorruptMetadata
 from ..meta import paths
 from ..meta.store import MetaStore
 from ..names import validate_name
@@ -80,7 +81,7 @@ class NetworkEvent:
             raw["counters"] = tuple(sorted((str(k), int(v)) for k, v in raw.get("counters", {}).items()))
             return cls(**raw)
         except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{where}: malformed network event: {exc}") from None
+            raise CorruptMetadata(f"{where}: malformed network event: {exc}") from None
 
 
 class HistoryStore:

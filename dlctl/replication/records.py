@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from ..errors import CorruptMetadata
 from ..log.dlsn import DLSN, INITIAL
 from ..meta.records import load_object
 from ..names import validate_name
@@ -93,7 +94,7 @@ class StreamConfig:
         try:
             return cls(**{**raw, "logs": tuple(raw["logs"]), "patterns": tuple(raw.get("patterns", ()))})
         except (TypeError, KeyError, ValueError) as exc:
-            raise ValueError(f"{where}: malformed stream config: {exc}") from None
+            raise CorruptMetadata(f"{where}: malformed stream config: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class StreamStatus:
                 raise ValueError("details must be an object")
             return cls(StreamState(raw["state"]), float(raw.get("updated", 0.0)), str(raw.get("reason", "")), int(raw.get("epoch", 0)), details)
         except (TypeError, KeyError, ValueError) as exc:
-            raise ValueError(f"{where}: malformed stream state: {exc}") from None
+            raise CorruptMetadata(f"{where}: malformed stream state: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,7 @@ class Checkpoint:
             raw["source_end"] = DLSN.parse(raw["source_end"]) if raw.get("source_end") else None
             return cls(**raw)
         except (TypeError, KeyError, ValueError) as exc:
-            raise ValueError(f"{where}: malformed checkpoint: {exc}") from None
+            raise CorruptMetadata(f"{where}: malformed checkpoint: {exc}") from None
 
     def with_error(self, message: str) -> Checkpoint:
         return replace(self, last_error=message[:1000], last_error_at=time.time())

@@ -17,6 +17,7 @@ from harness.procs import wait_until
 from harness.sandbox import dlctl, sandbox_up, session_for
 
 from dlctl.errors import ExitCode
+from dlctl.meta import paths
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter, WriterDeposedError
 
@@ -157,6 +158,36 @@ def test_an_entry_that_is_not_records_stops_a_read_with_an_error_naming_it_and_w
     assert [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()] == ["before0", "before1", "before2"]
     (after,) = re.findall(r"startat(\d+/\d+/0)", flat)
     assert payloads_from(sandbox, "garbled", after) == ["after0", "after1"]
+
+
+def test_a_metadata_record_dlctl_did_not_write_is_an_error_naming_its_znode(sandbox):
+    """A segment record scribbled over (a hand edit, another tool): `log show` and `log read`
+    stop with exit 1 and an error naming the znode and what is wrong in it, with what to do —
+    not "internal error: ValueError"; with the record put back, both work again."""
+    assert dlctl(sandbox, "log", "create", "scribbled").returncode == 0
+    appended = subprocess.run(
+        [sys.executable, "-m", "dlctl.cli", "--yes", "log", "append", "scribbled"], input="a\nb\n",
+        capture_output=True, text=True, timeout=180, env={**os.environ, **sandbox},
+    )
+    assert appended.returncode == 0, appended.stderr
+    session = session_for(sandbox)
+    try:
+        parent = paths.log_segments(session.cluster.name, "scribbled")
+        (child,) = session.meta.client.get_children(parent)
+        where = f"{parent}/{child}"
+        good, _ = session.meta.client.get(where)
+        session.meta.client.set(where, b'{"seq": "one"}')
+        try:
+            for argv in (("log", "show", "scribbled"), ("log", "read", "scribbled")):
+                out = dlctl(sandbox, *argv)
+                flat = "".join(out.stderr.split())
+                assert out.returncode == ExitCode.FAILED and "internalerror" not in flat, (argv, out.stderr)
+                assert f"{where}:malformedsegmentrecord" in flat and "hint:dlctldidnotwritethis" in flat, (argv, out.stderr)
+        finally:
+            session.meta.client.set(where, good)
+        assert payloads(sandbox, "scribbled") == ["a", "b"]
+    finally:
+        session.close()
 
 
 def payloads_from(sandbox, log: str, dlsn: str) -> list[str]:
