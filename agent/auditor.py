@@ -406,6 +406,8 @@ class Auditor(ElectedRole):
 
         async def work(pool: Any) -> tuple[Any, Any]:
             found = await repair.survey(self.meta, pool, deep=deep)
+            for name, why in sorted(found.unreadable.items()):
+                log.warning("auditor: replicas of log %r not checked, its metadata cannot be read: %s", name, why)
             metrics.under_replicated(len(found.under_replicated()))
             todo = {(p.log, p.segment) for p in found.problems if p.cause in repair.REPAIRABLE}
             metrics.repair_pending(REFILL, len(todo))

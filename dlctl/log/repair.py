@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError, CorruptMetadata, NotFoundError
 from ..meta.records import SegmentRecord, SegmentState, Versioned
 from ..meta.store import MetaStore
 from ..ratelimit import TokenBucket
@@ -184,6 +184,7 @@ class Survey:
     segments_checked: int = 0
     agents: dict[str, str] = field(default_factory=dict)  # node -> "up" or why not
     segments: dict[tuple[str, int], SegmentRecord] = field(default_factory=dict)  # the under-replicated ones
+    unreadable: dict[str, str] = field(default_factory=dict)  # log -> why its metadata cannot be read (its replicas unchecked)
 
     def fewest_copies(self) -> dict[tuple[str, int], int]:
         """Per under-replicated segment, the fewest healthy copies any of its entries has."""
@@ -202,6 +203,7 @@ class Survey:
             "under_replicated_segments": len(self.under_replicated()),
             "problems": [p.to_dict() | {"healthy_copies": copies[(p.log, p.segment)]} for p in self.problems],
             "agents": dict(sorted(self.agents.items())),
+            "unreadable_logs": dict(sorted(self.unreadable.items())),
         }
 
 
@@ -272,6 +274,11 @@ async def survey(meta: MetaStore, pool: ReplicaPool, logs: Collection[str] | Non
             if logs is not None:
                 raise
             continue  # deleted meanwhile
+        except CorruptMetadata as exc:
+            if logs is not None:
+                raise
+            result.unreadable[name] = exc.message  # named, never a reason to stop checking the other logs
+            continue
         for seg in segments:
             if seg.value.state in AUDITED_STATES:
                 result.segments_checked += 1

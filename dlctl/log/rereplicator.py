@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError, CorruptMetadata, NotFoundError
 from .errors import AgentError
 from .recovery import recover_log
 from .rereplication import LostRange, choose_target, entries_on, lost_ranges, members
@@ -172,6 +172,12 @@ def plan(
             segments = meta.segments(name)
         except NotFoundError:
             continue  # deleted since the listing
+        except CorruptMetadata as exc:
+            if logs is not None:
+                raise
+            # One record dlctl did not write must not stop the re-replication of every other log.
+            notes.append(f"log {name!r} is skipped: its metadata cannot be read ({exc.message}); its segments on the lost agents stay under-replicated until it is repaired")
+            continue
         owner = meta.owner_of(name)
         for versioned in segments:
             seg = versioned.value

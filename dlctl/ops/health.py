@@ -29,6 +29,9 @@ def verdict(found: repair.Survey) -> tuple[int, list[str]]:
         code = max(code, level)
         causes = ", ".join(f"{p.node}: {p.cause.value}" + (f" ({p.held_entries}/{p.expected_entries} entries)" if p.cause is repair.Cause.SHORT else "") for p in members)
         problems.append(f"segment {seq} of log {log!r}: {fewest} of {seg.write_quorum} healthy copies of some entries (ack quorum {seg.ack_quorum}); {causes}")
+    for log, why in sorted(found.unreadable.items()):
+        code = max(code, DEGRADED)
+        problems.append(f"log {log!r}: replicas not checked, its metadata cannot be read: {why}")
     for node, state in sorted(found.agents.items()):
         if state != "up":
             code = max(code, DEGRADED)

@@ -24,6 +24,7 @@ from dlctl.log.reader import LogReader
 from dlctl.log.rereplication import digest_of, entries_on, members
 from dlctl.log.format import decode_header
 from dlctl.log.writer import LogWriter
+from dlctl.meta import paths
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
 from dlctl.log import rereplicator as rr
@@ -179,6 +180,31 @@ def test_recover_node_copies_verifies_and_replaces_the_member_in_place(env):
     assert op["state"] == "done" and all(i["state"] == "committed" for i in op["items"])
     # Nothing left to do: a second plan finds no segment on the lost agent.
     assert rr.plan(meta, [lost]).work == []
+
+
+def test_a_log_whose_metadata_cannot_be_read_is_named_and_the_other_logs_are_re_replicated(env):
+    """A segment record scribbled over (not by dlctl) stopped the plan for every log of the
+    cluster; now that log is named in the plan's notes, the others are copied, and once the
+    record is put back the next plan finds that log's segments on the lost agent."""
+    meta = env()
+    for name in ("kept-up", "scribbled"):
+        meta.create_log(name, LogConfig(3, 3, 2))
+        _, pool = run(write(meta, name, 100))
+        run(pool.close())
+    lost = sorted(members(meta.segments("kept-up")[0].value))[0]
+    bad = f"{paths.log_segments(meta.cluster, 'scribbled')}/{meta.client.get_children(paths.log_segments(meta.cluster, 'scribbled'))[0]}"
+    good, _ = meta.client.get(bad)
+    meta.client.set(bad, b'{"seq": "one"}')
+    try:
+        plan = rr.plan(meta, [lost])
+        assert {w.log for w in plan.work} == {"kept-up"}
+        assert any(n.startswith("log 'scribbled' is skipped") and bad in n for n in plan.notes), plan.notes
+        report = run(_execute(meta, plan))
+        assert report["committed"] == len(plan.work) and not report["stuck"] and not report["data_lost"]
+        run(assert_fully_replicated(meta, "kept-up", {lost}))
+    finally:
+        meta.client.set(bad, good)
+    assert {w.log for w in rr.plan(meta, [lost]).work} == {"scribbled"}
 
 
 async def _execute(meta: MetaStore, plan: rr.RereplicationPlan, **kw: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from dlctl import inventory
 from dlctl.config import ConfigLocation
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
+from dlctl.meta import paths
 from dlctl.meta.records import SegmentState
 from dlctl.session import ClusterSession
 
@@ -54,6 +55,17 @@ async def _digests(session: ClusterSession, log_id: int, seg) -> set[tuple[int, 
             (d.entries, d.digest)
             for d in [await (await pool.client(n)).digest(log_id, seg.seq, 0, seg.last_entry_id) for n in seg.ensembles[0].nodes]
         }
+    finally:
+        await pool.close()
+
+
+async def _append(session: ClusterSession, name: str, count: int) -> None:
+    pool = AgentPool(session.meta, session.credentials)
+    try:
+        writer = await LogWriter.open(session.meta, pool, name)
+        for i in range(count):
+            writer.submit(f"x{i}".encode())
+        await writer.close()
     finally:
         await pool.close()
 
@@ -108,10 +120,27 @@ def test_a_member_dropped_mid_segment_is_reported_short_then_refilled_and_the_ch
     shown = json.loads(dlctl(sandbox, "-o", "json", "log", "show", "sagging").stdout)["segments"]
     assert shown[0]["replicas"].startswith(f"{stopped}: short ") and shown[1]["replicas"] in ("ok", "-")
 
-    dry = json.loads(dlctl(sandbox, "-o", "json", "recover", "under-replicated", "--log", "sagging", "--dry-run").stdout)
-    assert [s["action"] for s in dry["steps"]] == ["refill"] and stopped in dry["steps"][0]["target"]
-    applied = dlctl(sandbox, "-o", "json", "--yes", "recover", "under-replicated", "--log", "sagging")
-    assert applied.returncode == 0, applied.stdout + applied.stderr
+    # Another log's segment record scribbled over (not by dlctl): it is named, and checking and
+    # repairing every other log go on (they stopped at it, for the whole cluster).
+    assert dlctl(sandbox, "log", "create", "scrawled").returncode == 0
+    asyncio.run(_append(session, "scrawled", 5))
+    (child,) = session.meta.client.get_children(paths.log_segments(session.cluster.name, "scrawled"))
+    scrawled = f"{paths.log_segments(session.cluster.name, 'scrawled')}/{child}"
+    good, _ = session.meta.client.get(scrawled)
+    session.meta.client.set(scrawled, b'{"seq": "one"}')
+    try:
+        whole = dlctl(sandbox, "-o", "json", "cluster", "check")
+        report = json.loads(whole.stdout or "{}")
+        assert whole.returncode == 1 and report["status"] == "DEGRADED", whole.stdout + whole.stderr
+        assert [p["node"] for p in report["problems"] if p["log"] == "sagging"] == [stopped]
+        assert list(report["unreadable_logs"]) == ["scrawled"] and scrawled in report["unreadable_logs"]["scrawled"]
+        assert any(f.startswith("log 'scrawled': replicas not checked") for f in report["findings"]), report["findings"]
+        dry = json.loads(dlctl(sandbox, "-o", "json", "recover", "under-replicated", "--dry-run").stdout or "{}")
+        assert [s["action"] for s in dry["steps"]] == ["refill"] and stopped in dry["steps"][0]["target"]
+        applied = dlctl(sandbox, "-o", "json", "--yes", "recover", "under-replicated")
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+    finally:
+        session.meta.client.set(scrawled, good)
 
     ((entries, _digest),) = asyncio.run(_digests(session, log_id, first))  # one answer: every member agrees
     assert entries == first.last_entry_id + 1
