@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError, CorruptMetadata, NotFoundError
 from ..log.dlsn import INITIAL
 from ..meta.access import AccessMode, AccessStore
 from ..meta.pins import PinRecord, PinStore
@@ -71,7 +71,10 @@ def upkeep(stream_id: str, sink: MetaStore, source: MetaStore, now: float | None
         report.drift[log] = {"kind": kind, "detail": detail, "since": since}
 
     for name in sorted(n for n in source_logs - set(config.logs) if config.patterns and matches(n, config.patterns)):
-        problem = _join(config, source, sink, name, name in sink_logs)
+        try:
+            problem = _join(config, source, sink, name, name in sink_logs)
+        except CorruptMetadata as exc:  # one record dlctl did not write: named, the other logs go on
+            problem = f"its metadata cannot be read: {exc.message}"
         if problem:
             found(name, "not-joined", problem)
         else:
@@ -89,7 +92,10 @@ def upkeep(stream_id: str, sink: MetaStore, source: MetaStore, now: float | None
         if name not in sink_logs:
             found(name, "missing-at-sink", "the sink log is gone: re-run init-replication for it")
             continue
-        _compare_config(config, source, sink, name, report, found)
+        try:
+            _compare_config(config, source, sink, name, report, found)
+        except CorruptMetadata as exc:
+            found(name, "unreadable", f"its metadata cannot be read: {exc.message}")
     if report.joined or report.left:
         _update_logs(streams, stream_id, add=report.joined, remove=report.left)
     for name, entry in before.items():  # a deletion stays reported after the log left the stream

@@ -145,3 +145,27 @@ def test_a_source_log_gone_without_a_deletion_stays_in_the_stream_and_is_reporte
     # (The upkeep pass that reported it is the one that would have taken it out.)
     assert StreamStore(b.meta()).get_config("a-to-b").value.logs == ("orders-1",)
     assert payloads(b, "orders-1") == [b"o1-1"]
+
+
+def test_a_source_log_whose_record_cannot_be_read_is_reported_and_the_other_logs_still_join(two: Sites, tmp_path: Path):
+    """One source log record scribbled over (not by dlctl) made every upkeep round fail: no new
+    log joined, no drift was written. Now that log is reported as ``unreadable`` drift, naming
+    the record, and a new matching log still joins and streams."""
+    a, b = two["a"], two["b"]
+    inventory = stream_orders(two, tmp_path)
+    run(eventually(holds(b, "orders-1", [b"o1-1"]), timeout=30, message="orders-1 reached B"))
+    record = paths.log("a", "orders-1")
+    good, _ = a.admin.get(record)
+    a.admin.set(record, b'{"scribbled": true}')
+    try:
+        a.meta().create_log("orders-2", ONE_COPY)
+        run(append(a.meta(), "orders-2", [b"o2-1"]))
+        run(eventually(holds(b, "orders-2", [b"o2-1"]), timeout=30, message="orders-2 joined and its records reached B"))
+
+        def drift() -> dict[str, dict]:
+            return {d["log"]: d for d in status(inventory)["drift"]}
+
+        wait_until(lambda: drift().get("orders-1", {}).get("kind") == "unreadable", 30, message="orders-1 reported as unreadable")
+        assert record in drift()["orders-1"]["detail"]
+    finally:
+        a.admin.set(record, good)
