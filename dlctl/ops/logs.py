@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import ConflictError, NotFoundError, RefusedError, UsageError
+from ..errors import ConflictError, CorruptMetadata, NotFoundError, RefusedError, UsageError
 from ..log.dlsn import DLSN
 from ..log.errors import AgentError
 from ..log.ownership import owner_info
@@ -16,6 +17,8 @@ from ..names import validate_name
 from ..plan import Plan, Step
 from ..log.repair import AUDITED_STATES, Cause
 from ..session import ClusterSession
+
+logger = logging.getLogger(__name__)
 
 LAC_TIMEOUT = 5.0  # seconds `log show` waits for a quorum of an in-progress segment's replicas
 
@@ -119,6 +122,10 @@ def list_logs(session: ClusterSession) -> list[dict[str, Any]]:
             segments = session.meta.segments(name)
         except NotFoundError:
             continue  # deleted while listing
+        except CorruptMetadata as exc:  # listed, not hidden, and not a reason to hide the others
+            logger.warning("log %r: %s", name, exc.message)
+            rows.append({"name": name, "log_id": None, "segments": None, "records": None, "bytes": None, "last_state": "unreadable", "owner": None})
+            continue
         rows.append(
             {
                 "name": name,

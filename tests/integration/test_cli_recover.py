@@ -164,12 +164,13 @@ def test_a_metadata_record_dlctl_did_not_write_is_an_error_naming_its_znode(sand
     """A segment record scribbled over (a hand edit, another tool): `log show` and `log read`
     stop with exit 1 and an error naming the znode and what is wrong in it, with what to do —
     not "internal error: ValueError"; with the record put back, both work again."""
-    assert dlctl(sandbox, "log", "create", "scribbled").returncode == 0
-    appended = subprocess.run(
-        [sys.executable, "-m", "dlctl.cli", "--yes", "log", "append", "scribbled"], input="a\nb\n",
-        capture_output=True, text=True, timeout=180, env={**os.environ, **sandbox},
-    )
-    assert appended.returncode == 0, appended.stderr
+    for name in ("scribbled", "legible"):
+        assert dlctl(sandbox, "log", "create", name).returncode == 0
+        appended = subprocess.run(
+            [sys.executable, "-m", "dlctl.cli", "--yes", "log", "append", name], input="a\nb\n",
+            capture_output=True, text=True, timeout=180, env={**os.environ, **sandbox},
+        )
+        assert appended.returncode == 0, appended.stderr
     session = session_for(sandbox)
     try:
         parent = paths.log_segments(session.cluster.name, "scribbled")
@@ -183,6 +184,11 @@ def test_a_metadata_record_dlctl_did_not_write_is_an_error_naming_its_znode(sand
                 flat = "".join(out.stderr.split())
                 assert out.returncode == ExitCode.FAILED and "internalerror" not in flat, (argv, out.stderr)
                 assert f"{where}:malformedsegmentrecord" in flat and "hint:dlctldidnotwritethis" in flat, (argv, out.stderr)
+            # `log list` still lists every log: this one as unreadable (and why, on stderr).
+            listed = dlctl(sandbox, "-o", "json", "log", "list")
+            rows = {r["name"]: r for r in json.loads(listed.stdout)}
+            assert listed.returncode == 0 and rows["scribbled"]["last_state"] == "unreadable", listed.stdout + listed.stderr
+            assert rows["legible"]["segments"] == 1 and rows["legible"]["last_state"] != "unreadable" and where in "".join(listed.stderr.split())
         finally:
             session.meta.client.set(where, good)
         assert payloads(sandbox, "scribbled") == ["a", "b"]
