@@ -26,11 +26,12 @@ class DlctlError(Exception):
     """Base of every user-facing failure: what happened, to what, and what to do next."""
 
     exit_code: ExitCode = ExitCode.FAILED
+    default_hint: str | None = None  # what to do, for a kind of failure that always calls for the same
 
     def __init__(self, message: str, *, hint: str | None = None, details: Any = None) -> None:
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = hint if hint is not None else self.default_hint
         # Structured detail (per-host results, the conflicting version, ...) for -o json.
         self.details = details
 
@@ -61,9 +62,7 @@ class CorruptMetadata(DlctlError, ValueError):
     """A metadata record (a znode) that does not hold what dlctl writes there; the message names
     its path and what is wrong. Still the ``ValueError`` of malformed data to the decoders' callers."""
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint or "dlctl did not write this (a hand edit, another tool, or a newer dlctl): compare it with a "
-                         "healthy record of its kind (zkCli.sh get PATH) and repair it")
+    default_hint = "dlctl did not write this (a hand edit, another tool, or a newer dlctl): compare it with a healthy record of its kind (zkCli.sh get PATH) and repair it"
 
 
 class NotFoundError(DlctlError):

@@ -19,9 +19,10 @@ class CorruptObject(DlctlError, ValueError):
     A ``DlctlError`` (exit 1, with what to do) wherever it ends a command, and still the
     ``ValueError`` of malformed data to the code that parses copies."""
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint or "a copy that does not match its manifest is never read or restored: put the object back from another "
-                         "copy of the store (the bucket's versioning, a copy of the volume), or read and restore without it")
+    default_hint = (
+        "a copy that does not match its manifest is never read or restored: put the object back from another copy of the store "
+        "(the bucket's versioning, a copy of the volume), or read and restore without it"
+    )
 
 
 def digest(data: bytes) -> str:

@@ -34,9 +34,6 @@ class CorruptRecords(DlctlError, ValueError):
     writer bug or a hostile writer, never silent data. A ``DlctlError`` (exit 1) wherever it
     ends a command, and still the ``ValueError`` of malformed data to the parsers."""
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-
 
 @dataclass(frozen=True, slots=True)
 class Record:
