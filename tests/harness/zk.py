@@ -20,12 +20,13 @@ Each server has a superuser (``SUPER_AUTH``) so the harness can read nodes whate
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import socket
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
+from dlctl.meta import paths
 from dlctl.sandbox.zookeeper import java_executable, zookeeper_jars_dir
 
 from .procs import ManagedProcess, ProcessBacked, ProcessRegistry, free_port, wait_until
@@ -606,3 +608,24 @@ def bench_zookeeper(prefix: str) -> tuple[Path, ProcessRegistry, ZooKeeperServer
     zk = ZooKeeperServer(work / "zk", procs, name=f"zk-{prefix.strip('-')}")
     zk.start()
     return work, procs, zk
+
+
+SCRIBBLE = b'{"seq": "one"}'  # JSON, but no record dlctl writes: what a hand edit or another tool may leave
+
+
+def first_segment_record(client: Any, cluster: str, log: str) -> str:
+    """The znode path of LOG's first segment record."""
+    parent = paths.log_segments(cluster, log)
+    return f"{parent}/{sorted(client.get_children(parent))[0]}"
+
+
+@contextlib.contextmanager
+def scribbled(client: Any, path: str, data: bytes = SCRIBBLE) -> Iterator[str]:
+    """Inside the block, znode ``path`` holds ``data`` instead of its record; its bytes are put back after."""
+    good, _ = client.get(path)
+    client.set(path, data)
+    try:
+        yield path
+    finally:
+        client.set(path, good)
+

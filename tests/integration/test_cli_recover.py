@@ -15,9 +15,9 @@ import time
 import pytest
 from harness.procs import wait_until
 from harness.sandbox import dlctl, sandbox_up, session_for
+from harness.zk import first_segment_record, scribbled
 
 from dlctl.errors import ExitCode
-from dlctl.meta import paths
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter, WriterDeposedError
 
@@ -157,7 +157,7 @@ def test_an_entry_that_is_not_records_stops_a_read_with_an_error_naming_it_and_w
     assert read.returncode == ExitCode.FAILED and "internalerror" not in flat and "doesnotparseasrecords" in flat, read.stderr
     assert [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()] == ["before0", "before1", "before2"]
     (after,) = re.findall(r"startat(\d+/\d+/0)", flat)
-    assert payloads_from(sandbox, "garbled", after) == ["after0", "after1"]
+    assert payloads(sandbox, "garbled", "--from-dlsn", after) == ["after0", "after1"]
 
 
 def test_a_metadata_record_dlctl_did_not_write_is_an_error_naming_its_znode(sandbox):
@@ -173,12 +173,7 @@ def test_a_metadata_record_dlctl_did_not_write_is_an_error_naming_its_znode(sand
         assert appended.returncode == 0, appended.stderr
     session = session_for(sandbox)
     try:
-        parent = paths.log_segments(session.cluster.name, "scribbled")
-        (child,) = session.meta.client.get_children(parent)
-        where = f"{parent}/{child}"
-        good, _ = session.meta.client.get(where)
-        session.meta.client.set(where, b'{"seq": "one"}')
-        try:
+        with scribbled(session.meta.client, first_segment_record(session.meta.client, session.cluster.name, "scribbled")) as where:
             for argv in (("log", "show", "scribbled"), ("log", "read", "scribbled")):
                 out = dlctl(sandbox, *argv)
                 flat = "".join(out.stderr.split())
@@ -189,22 +184,14 @@ def test_a_metadata_record_dlctl_did_not_write_is_an_error_naming_its_znode(sand
             rows = {r["name"]: r for r in json.loads(listed.stdout)}
             assert listed.returncode == 0 and rows["scribbled"]["last_state"] == "unreadable", listed.stdout + listed.stderr
             assert rows["legible"]["segments"] == 1 and rows["legible"]["last_state"] != "unreadable" and where in "".join(listed.stderr.split())
-        finally:
-            session.meta.client.set(where, good)
         assert payloads(sandbox, "scribbled") == ["a", "b"]
     finally:
         session.close()
 
 
-def payloads_from(sandbox, log: str, dlsn: str) -> list[str]:
-    read = dlctl(sandbox, "-o", "json", "log", "read", log, "--from-dlsn", dlsn)
-    assert read.returncode == 0, read.stderr
-    return [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()]
-
-
-def payloads(sandbox, log: str) -> list[str]:
+def payloads(sandbox, log: str, *options: str) -> list[str]:
     """What `log read` prints of LOG's records (the oracle of the append tests)."""
-    read = dlctl(sandbox, "-o", "json", "log", "read", log)
+    read = dlctl(sandbox, "-o", "json", "log", "read", log, *options)
     assert read.returncode == 0, read.stderr
     return [json.loads(line)["payload"] for line in read.stdout.splitlines() if line.strip()]
 

@@ -24,13 +24,12 @@ from dlctl.log.reader import LogReader
 from dlctl.log.rereplication import digest_of, entries_on, members
 from dlctl.log.format import decode_header
 from dlctl.log.writer import LogWriter
-from dlctl.meta import paths
 from dlctl.meta.records import LogConfig, SegmentState
 from dlctl.meta.store import MetaStore
 from dlctl.log import rereplicator as rr
 from harness.agents import AgentNode, harness_credentials
 from harness.procs import ProcessRegistry, wait_until
-from harness.zk import ZkNamespace
+from harness.zk import ZkNamespace, first_segment_record, scribbled
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
 
@@ -201,18 +200,13 @@ def test_a_log_whose_metadata_cannot_be_read_is_named_and_the_other_logs_are_re_
     else:
         pytest.fail(f"no log placed a segment on {lost} in 20 tries")
     kept_up = f"kept-up-{attempt}"
-    bad = f"{paths.log_segments(meta.cluster, 'scribbled')}/{meta.client.get_children(paths.log_segments(meta.cluster, 'scribbled'))[0]}"
-    good, _ = meta.client.get(bad)
-    meta.client.set(bad, b'{"seq": "one"}')
-    try:
+    with scribbled(meta.client, first_segment_record(meta.client, meta.cluster, "scribbled")) as bad:
         plan = rr.plan(meta, [lost])
         assert kept_up in {w.log for w in plan.work} and "scribbled" not in {w.log for w in plan.work}
         assert any(n.startswith("log 'scribbled' is skipped") and bad in n for n in plan.notes), plan.notes
         report = run(_execute(meta, plan))
         assert report["committed"] == len(plan.work) and not report["stuck"] and not report["data_lost"]
         run(assert_fully_replicated(meta, kept_up, {lost}))
-    finally:
-        meta.client.set(bad, good)
     assert {w.log for w in rr.plan(meta, [lost]).work} == {"scribbled"}
 
 

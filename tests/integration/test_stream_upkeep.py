@@ -15,6 +15,7 @@ from harness.agents import harness_credentials
 from harness.logcluster import eventually, run
 from harness.procs import wait_until
 from harness.twoclusters import Sites, read_all, run_cli, sites_for_test
+from harness.zk import scribbled
 
 from dlctl.log.pool import AgentPool
 from dlctl.log.producer import LogProducer
@@ -154,10 +155,7 @@ def test_a_source_log_whose_record_cannot_be_read_is_reported_and_the_other_logs
     a, b = two["a"], two["b"]
     inventory = stream_orders(two, tmp_path)
     run(eventually(holds(b, "orders-1", [b"o1-1"]), timeout=30, message="orders-1 reached B"))
-    record = paths.log("a", "orders-1")
-    good, _ = a.admin.get(record)
-    a.admin.set(record, b'{"scribbled": true}')
-    try:
+    with scribbled(a.admin, paths.log("a", "orders-1")) as record:
         a.meta().create_log("orders-2", ONE_COPY)
         run(append(a.meta(), "orders-2", [b"o2-1"]))
         run(eventually(holds(b, "orders-2", [b"o2-1"]), timeout=30, message="orders-2 joined and its records reached B"))
@@ -167,5 +165,3 @@ def test_a_source_log_whose_record_cannot_be_read_is_reported_and_the_other_logs
 
         wait_until(lambda: drift().get("orders-1", {}).get("kind") == "unreadable", 30, message="orders-1 reported as unreadable")
         assert record in drift()["orders-1"]["detail"]
-    finally:
-        a.admin.set(record, good)

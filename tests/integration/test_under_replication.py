@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness.zk import first_segment_record, scribbled
 
 from dlctl import inventory
 from dlctl.config import ConfigLocation
 from dlctl.log.pool import AgentPool
 from dlctl.log.writer import LogWriter
-from dlctl.meta import paths
 from dlctl.meta.records import SegmentState
 from dlctl.session import ClusterSession
 
@@ -124,11 +124,7 @@ def test_a_member_dropped_mid_segment_is_reported_short_then_refilled_and_the_ch
     # repairing every other log go on (they stopped at it, for the whole cluster).
     assert dlctl(sandbox, "log", "create", "scrawled").returncode == 0
     asyncio.run(_append(session, "scrawled", 5))
-    (child,) = session.meta.client.get_children(paths.log_segments(session.cluster.name, "scrawled"))
-    scrawled = f"{paths.log_segments(session.cluster.name, 'scrawled')}/{child}"
-    good, _ = session.meta.client.get(scrawled)
-    session.meta.client.set(scrawled, b'{"seq": "one"}')
-    try:
+    with scribbled(session.meta.client, first_segment_record(session.meta.client, session.cluster.name, "scrawled")) as scrawled:
         whole = dlctl(sandbox, "-o", "json", "cluster", "check")
         report = json.loads(whole.stdout or "{}")
         assert whole.returncode == 1 and report["status"] == "DEGRADED", whole.stdout + whole.stderr
@@ -139,8 +135,6 @@ def test_a_member_dropped_mid_segment_is_reported_short_then_refilled_and_the_ch
         assert [s["action"] for s in dry["steps"]] == ["refill"] and stopped in dry["steps"][0]["target"]
         applied = dlctl(sandbox, "-o", "json", "--yes", "recover", "under-replicated")
         assert applied.returncode == 0, applied.stdout + applied.stderr
-    finally:
-        session.meta.client.set(scrawled, good)
 
     ((entries, _digest),) = asyncio.run(_digests(session, log_id, first))  # one answer: every member agrees
     assert entries == first.last_entry_id + 1
