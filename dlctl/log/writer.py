@@ -105,6 +105,7 @@ class LogWriter:
         self._timer: asyncio.Handle | None = None
         self._lac_timer: asyncio.TimerHandle | None = None
         self._transition: asyncio.Task | None = None  # opening, rolling or closing a segment
+        self._rolling = False  # a roll looks for the next ensemble: new entries wait for its outcome
         self._add_latency = AdaptiveTimeout(floor=0.0005, ceiling=10.0)  # replicas' answers to adds (SegmentPipeline.check_silent)
         self._housekeeper: asyncio.Task | None = None
         self._last_txid = NO_TXID  # last assigned
@@ -481,7 +482,7 @@ class LogWriter:
             if self._queue and self._transition is None:
                 self._start_transition(self._open_segment(None, self._avoid))
             return
-        if seg.closing:
+        if seg.closing or self._rolling:
             return
         roll_bytes = self._roll_bytes()
         while self._queue:
@@ -599,25 +600,22 @@ class LogWriter:
         if seg is None or self._error is not None:
             return True
         if self._transition is not None:
-            return seg.closing  # the housekeeper looks at failed agents again
+            return seg.closing or self._rolling  # the housekeeper looks at failed agents again
         if not urgent and time.monotonic() < seg.retry_at:
             return False  # no fresh ensemble a moment ago: do not ask ZooKeeper on every entry
         self._start_transition(self._roll(seg, reason, failure))
         return True
 
     async def _roll(self, seg: SegmentPipeline, reason: str, failure: bool) -> None:
-        # The next ensemble first: if none can be formed (too few agents), rolling would leave
-        # us with no segment at all, so stay on this one while it can still acknowledge.
-        ensemble = await self._wmeta.fresh_ensemble(set(seg.failed), silent=seg.silent)
+        # New entries wait while the next ensemble is found (ZooKeeper reads, agent probes):
+        # dispatched meanwhile, they would all land in this segment, far past roll_bytes.
+        self._rolling = True
+        try:
+            ensemble = await self._next_ensemble(seg, reason)
+        finally:
+            self._rolling = False
         if ensemble is None:
-            if seg.all_ackable():
-                level = logging.WARNING if seg.retry_at == 0.0 else logging.DEBUG  # once, not every retry
-                log.log(level, "log %r: cannot roll segment %d (%s): too few agents; continuing on it", self.name, seg.seq, reason)
-                seg.retry_at = time.monotonic() + self.options.ensemble_retry
-                return
-            ensemble = await self._wmeta.wait_for_ensemble(seg, reason)
-            if ensemble is None:
-                return  # the stuck entries reached quorum after all
+            return  # staying on this segment: _run_transition pumps what waited into it
         log.info("log %r: rolling segment %d (%s)", self.name, seg.seq, reason)
         seg.closing = True
         self._cancel_lac_timer()
@@ -631,6 +629,20 @@ class LogWriter:
         self._avoid = set(seg.failed)
         if self._queue:
             await self._open_segment(ensemble, self._avoid)
+
+    async def _next_ensemble(self, seg: SegmentPipeline, reason: str) -> tuple[str, ...] | None:
+        """The ensemble to roll ``seg`` onto, or None to stay on it: if none can be formed (too few
+        agents), rolling would leave us with no segment at all, so stay on this one while it can
+        still acknowledge."""
+        ensemble = await self._wmeta.fresh_ensemble(set(seg.failed), silent=seg.silent)
+        if ensemble is None:
+            if seg.all_ackable():
+                level = logging.WARNING if seg.retry_at == 0.0 else logging.DEBUG  # once, not every retry
+                log.log(level, "log %r: cannot roll segment %d (%s): too few agents; continuing on it", self.name, seg.seq, reason)
+                seg.retry_at = time.monotonic() + self.options.ensemble_retry
+                return None
+            ensemble = await self._wmeta.wait_for_ensemble(seg, reason)  # None: the stuck entries reached quorum after all
+        return ensemble
 
     async def _open_segment(self, ensemble: tuple[str, ...] | None, avoid: set[str]) -> None:
         """Create the next in-progress segment (sequence number by CAS on the log record)."""

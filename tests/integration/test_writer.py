@@ -213,6 +213,39 @@ def test_segments_roll_by_size_and_each_completed_one_carries_its_totals(env):
     run(scenario())
 
 
+def test_entries_appended_while_a_roll_looks_for_its_next_ensemble_go_to_the_next_segment(env):
+    """A segment ends within one entry of roll_bytes although appends keep arriving while the roll
+    asks ZooKeeper and probes agents for the next ensemble. They went into the old segment then,
+    so segments overshot roll_bytes by whatever arrived meanwhile (found beside CPU burners: a
+    162,505-byte segment against roll_bytes 40,000). Four appenders each wait for their previous
+    record, so some record is always being submitted during a roll."""
+    roll_bytes = 4_000
+    env.create_log(LogConfig(roll_bytes=roll_bytes))
+
+    async def scenario():
+        writer = await env.writer()
+
+        async def appender(k: int) -> None:
+            for i in range(150):
+                await writer.append(f"{k}-{i:04d}".encode() * 25)
+
+        await asyncio.gather(*(appender(k) for k in range(4)))
+        await writer.close()
+        meta = env.meta()
+        pool = env.pool(meta)
+        back = await read_back(meta, pool, env.name)
+        assert sorted(r.payload for _, r in back) == sorted(f"{k}-{i:04d}".encode() * 25 for k in range(4) for i in range(150))
+        segments = [s.value for s in meta.segments(env.name)]
+        log_id = meta.get_log(env.name).value.log_id
+        for seg in segments[:-1]:
+            sizes = [len(await read_entry(pool, log_id, seg, e)) for e in range(seg.last_entry_id + 1)]
+            # Every entry but the last went out while the segment was below roll_bytes.
+            assert sum(sizes[:-1]) < roll_bytes, f"segment {seg.seq}: {sum(sizes)} bytes in {len(sizes)} entries, roll_bytes {roll_bytes}"
+        assert len(segments) >= 600 * 150 // roll_bytes // 2
+
+    run(scenario())
+
+
 def test_segments_roll_by_time(env):
     env.create_log(LogConfig(roll_seconds=0.3))
 
