@@ -228,6 +228,15 @@ def origin_of(record: ReadRecord) -> tuple[str, DLSN] | None:
     return (origin.cluster, origin.dlsn) if origin else None
 
 
+def not_done(out: dict | list | str) -> str:
+    """A plan's JSON result as an assertion message: its steps that did not finish, whole (pytest
+    cuts a dict or list message to a line, which once hid the error of a failed step)."""
+    steps = out.get("steps") if isinstance(out, dict) else None
+    if not steps:
+        return json.dumps(out, indent=1, default=str) if not isinstance(out, str) else out
+    return json.dumps([s for s in steps if s.get("status") != "done"], indent=1, default=str)
+
+
 def run_cli(inventory: Path, *argv: str) -> tuple[int, dict | list | str, str]:
     """Run the dlctl CLI in this process as an operator would (``--config inventory --yes``):
     (exit code, stdout parsed as JSON when it is, stderr)."""

@@ -18,7 +18,7 @@ import pytest
 from harness.agents import harness_credentials
 from harness.logcluster import eventually, run
 from harness.procs import wait_until
-from harness.twoclusters import Sites, read_all, run_cli, sites_for_test
+from harness.twoclusters import Sites, not_done, read_all, run_cli, sites_for_test
 from harness.zk import zk_retry
 
 from dlctl.log.dlsn import DLSN
@@ -204,7 +204,7 @@ def test_a_standby_refuses_application_writes_at_once_until_promoted(sites: Site
     code, out = dlctl(inv, "dr", "promote", "--cluster", "b", "-o", "json")
     assert code == 4  # the cluster's name was not typed
     code, out = dlctl(inv, "dr", "promote", "--cluster", "b", "--confirm", "b", "-o", "json")
-    assert code == 0 and out["ok"], out
+    assert code == 0 and out["ok"], not_done(out)
     assert AccessStore(b.meta()).get(LOG).value.mode is AccessMode.READ_WRITE
 
 
@@ -226,7 +226,7 @@ def _failover_under_load(sites: Sites, inv: Path) -> tuple[Load, dict]:
         code, out = await dlctl_async(inv, "failover", "--to", "b", "-o", "json")
         assert code == 4, out  # promote needs the name typed
         code, out = await dlctl_async(inv, "failover", "--to", "b", "--confirm", "b", "-o", "json")
-        assert code == 0 and out["ok"], [s for s in out.get("steps", [out]) if s.get("status") != "done"]
+        assert code == 0 and out["ok"], not_done(out)
         return load, out
 
     load, out = run(scenario(), timeout=240)
@@ -290,7 +290,7 @@ def test_failover_after_killing_every_process_of_a_reports_exactly_the_missing_r
     code, out = dlctl(inv, "failback", "--to", "a", "--discard-divergent", "-o", "json")
     assert code == 4
     code, out = dlctl(inv, "failback", "--to", "a", "--discard-divergent", "--confirm", "a", "-o", "json")
-    assert code == 0 and out["ok"], out
+    assert code == 0 and out["ok"], not_done(out)
     assert not StreamStore(b.meta()).exists("a-to-b")
     _writes_at(b, [f"b-late-{i}".encode() for i in range(50)])
     expected = identities(b)
@@ -309,7 +309,7 @@ def test_failback_reconcile_re_appends_the_divergent_records_at_b_and_both_end_i
     code, plan = dlctl(inv, "failback", "--to", "a", "--reconcile", "--dry-run", "-o", "json")
     assert code == 0 and any(n.startswith("DIVERGED a/orders") for n in plan["notes"]), plan
     code, out = dlctl(inv, "failback", "--to", "a", "--reconcile", "-o", "json")
-    assert code == 0 and out["ok"], out
+    assert code == 0 and out["ok"], not_done(out)
     at_b = identities(b)
     assert len(at_b) == len(set(at_b))
     for _, d in load.acked["a"]:
@@ -331,7 +331,7 @@ def test_switchover_under_load_loses_nothing_duplicates_nothing_and_reverses_the
         await eventually(lambda: checkpoint(sites).applied_records > 500, timeout=60, message="stream under way")
         started = time.monotonic()
         code, out = await dlctl_async(inv, "switchover", "--to", "b", "--confirm", "b", "-o", "json")
-        assert code == 0 and out["ok"], out
+        assert code == 0 and out["ok"], not_done(out)
         assert load.moved_at is not None and load.refused["a"] > 0, "producers at a were refused and moved to b"
         await eventually(lambda: len(load.acked["b"]) > 200, timeout=60, message=f"writes continue at b ({load.errors[-3:]})")
         await load.stop()
@@ -414,7 +414,7 @@ def test_dr_recover_of_a_wiped_location_in_an_active_active_cycle_brings_back_ev
     code, plan = dlctl(inv, "dr", "recover", "--cluster", "a", "--dry-run", "-o", "json")
     assert code == 0 and [s["action"] for s in plan["steps"]][0] == "begin", plan
     code, out = dlctl(inv, "dr", "recover", "--cluster", "a", "-o", "json")
-    assert code == 0 and out["ok"], out
+    assert code == 0 and out["ok"], not_done(out)
     results = {s["action"]: s["result"] for s in out["steps"]}
     assert results["raise-clock"][name]["counter"] >= old_max
     print(f"dr recover: {results['events']['recovered_records']} records in {results['events']['seconds']}s")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from harness.agents import harness_credentials
 from harness.logcluster import eventually, run
-from harness.twoclusters import Site, Sites, read_all, run_cli, sites_for_test
+from harness.twoclusters import Site, Sites, not_done, read_all, run_cli, sites_for_test
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
 
@@ -238,7 +238,7 @@ def test_dr_recover_rebuilds_a_wiped_locations_metadata_from_its_peers_and_bring
     assert code == 0 and [s["action"] for s in plan["steps"]][:3] == ["rebuild-stream", "rebuild-stream", "begin"], plan
 
     code, out = dlctl(inv, "dr", "recover", "--cluster", "a", "-o", "json")
-    assert code == 0 and out["ok"], out
+    assert code == 0 and out["ok"], not_done(out)
     raised = steps_of(out, "raise-clock")[0]["result"]
     assert raised[PROFILES]["counter"] >= old_max[PROFILES] and raised[CARTS]["counter"] >= old_max[CARTS]
     events = steps_of(out, "events")[0]["result"]
@@ -305,7 +305,7 @@ def test_dr_recover_rebuilds_a_wiped_one_way_standby_as_a_replica_of_its_stream(
     (stream,) = steps_of(plan, "rebuild-stream")
     assert stream["params"]["mode"] == "one-way" and stream["params"]["create"]
     code, out = dlctl(inv, "dr", "recover", "--cluster", "b", "-o", "json")
-    assert code == 0 and out["ok"], out
+    assert code == 0 and out["ok"], not_done(out)
 
     assert_once_everywhere(pair, ORDERS, "ab", 200)
     access = AccessStore(b.meta()).get(ORDERS).value
@@ -369,7 +369,7 @@ def test_dr_recover_of_a_location_restored_from_an_old_backup_completes_its_meta
     assert numbering["params"]["log"] == ORDERS and numbering["params"]["first_segment"] > a.meta().get_log(ORDERS).value.max_segment_seq + 1
 
     code, out = dlctl(inv, "dr", "recover", "--cluster", "a", "-o", "json")
-    assert code == 0 and out["ok"], out
+    assert code == 0 and out["ok"], not_done(out)
     assert steps_of(out, "raise-clock")[0]["result"][ORDERS]["counter"] >= old_max
     # The stream into a was paused by the operator before the recovery: it stays paused until resumed.
     assert StreamStore(a.meta()).get_state("b-to-a").value.state is StreamState.PAUSED

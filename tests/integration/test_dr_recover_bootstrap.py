@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from harness.agents import harness_credentials
 from harness.logcluster import eventually, run
-from harness.twoclusters import Sites, read_all, run_cli, sites_for_test
+from harness.twoclusters import Sites, not_done, read_all, run_cli, sites_for_test
 
 from dlctl.errors import ExitCode
 from dlctl.log.dlsn import DLSN, INITIAL
@@ -125,7 +125,7 @@ def test_dr_recover_of_a_wiped_location_whose_peer_truncated_bootstraps_what_the
     assert any(n.startswith("GAP b/profiles") and f"before {cut}/0/0" in n for n in plan["notes"]), plan["notes"]
     started = time.monotonic()
     code, out = dlctl(inv, "-o", "json", "dr", "recover", "--cluster", "a")
-    assert code == ExitCode.PARTIAL and isinstance(out, dict) and out["ok"], out  # done, with a gap: exit 3
+    assert code == ExitCode.PARTIAL and isinstance(out, dict) and out["ok"], not_done(out)  # done, with a gap: exit 3
     print(f"dr recover with a bootstrap: {time.monotonic() - started:.1f}s")
     results = {s["action"]: s["result"] for s in out["steps"]}
     copy = results["bootstrap"][f"b-to-a/{LOG}"]
@@ -234,7 +234,7 @@ def test_dr_recover_of_a_location_restored_from_an_old_backup_whose_peer_truncat
 
     restart(a, restore=backup)  # a's disks come back from the old backup: it lost what came after
     code, out = dlctl(inv, "-o", "json", "dr", "recover", "--cluster", "a")
-    assert code == ExitCode.PARTIAL and isinstance(out, dict) and out["ok"], out
+    assert code == ExitCode.PARTIAL and isinstance(out, dict) and out["ok"], not_done(out)
     results = {s["action"]: s["result"] for s in out["steps"]}
     kept = results["drop-lost"][LOG]
     assert kept.get("dropped_segments"), kept  # a lost its newer segments ...
@@ -295,7 +295,7 @@ def test_dr_recover_from_a_peer_that_truncated_waits_for_the_peer_that_still_hol
 
     a.wipe_disks()
     code, out = dlctl(inv, "-o", "json", "dr", "recover", "--cluster", "a")
-    assert code in (ExitCode.OK, ExitCode.PARTIAL) and isinstance(out, dict) and out["ok"], out
+    assert code in (ExitCode.OK, ExitCode.PARTIAL) and isinstance(out, dict) and out["ok"], not_done(out)
     gaps = [g for s in out["steps"] if s["action"] == "finish" for g in s["result"]["gaps"]]
     assert all(g["covered_by"] == ["c"] for g in gaps), gaps  # what b deleted, c held
     run(eventually(lambda: _at_least(a, total), timeout=90, message="a holds every record again"), timeout=120)
@@ -335,7 +335,7 @@ def test_dr_recover_of_a_wiped_location_gets_what_its_peer_deleted_back_from_the
     assert any(n.startswith(f"COLD b/{LOG}") and str(cold) in n for n in plan["notes"]), plan["notes"]
     assert not any(n.startswith("GAP") for n in plan["notes"]), plan["notes"]
     code, out = dlctl(inv, "-o", "json", "dr", "recover", "--cluster", "a")
-    assert code == ExitCode.OK and isinstance(out, dict) and out["ok"], out
+    assert code == ExitCode.OK and isinstance(out, dict) and out["ok"], not_done(out)
     results = {s["action"]: s["result"] for s in out["steps"]}
     replayed = results["cold-restore"][f"b-to-a/{LOG}"]
     assert replayed["applied"] == total - len(retained) and replayed["held_already"] == 0, replayed
