@@ -90,6 +90,7 @@ class Housekeeping(ElectedRole):
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._reported: set[tuple[int, int]] = set()  # orphans already logged
+        self._reported_damaged: set[str] = set()  # logs whose unreadable metadata was logged (until repaired)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -268,6 +269,12 @@ class Housekeeping(ElectedRole):
         ids = {i.log_id for i in infos}
         views = await loop.run_in_executor(None, lambda: gc.load_views(self.meta, ids, full=False))
         stale, orphans = gc.classify(self.node_id, infos, views)
+        damaged = views.damaged()
+        self._reported_damaged &= set(damaged)
+        for name, why in sorted(damaged.items()):
+            if name not in self._reported_damaged:  # once, not every round
+                self._reported_damaged.add(name)
+                log.warning("housekeeping: log %r: its metadata cannot be read (%s): none of its replicas here is judged or deleted until it is repaired", name, why)
         deleted = nbytes = 0
         gate = asyncio.Semaphore(self.settings.delete_concurrency)
         pace = gc.Pace(self.settings.delete_rate)

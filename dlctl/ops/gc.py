@@ -93,4 +93,5 @@ def report(gc: GcPlan, outcomes: list[Any]) -> dict[str, Any]:
         "bytes_reclaimed": sum(n["bytes_reclaimed"] for n in nodes),
         "deferred": [{"node": k, "replicas": v} for k, v in sorted(gc.deferred.items())],
         "orphans": [] if gc.force else orphan_rows(gc),
+        "unreadable_logs": dict(sorted(gc.unreadable.items())),  # left alone: name -> why
     }

@@ -17,7 +17,9 @@ Per replica (``verdict``), from what an agent holds and the metadata read *after
   has no such segment and it is not below the truncation point, or the agent is not a member
   of the segment (a copy left by an interrupted re-replication). Reported; deleted only with
   ``--force``. Copies that a running re-replication names are never orphans.
-- otherwise **keep**.
+- otherwise **keep**; so is every replica of a log whose records cannot be read (damaged) and,
+  while some log's own record cannot be read (its id unknown), every replica of no readable log:
+  that log and its replicas are left alone and named, the others are judged as ever.
 
 Why listing first and the metadata after is safe: a replica's file is only ever created for a
 segment whose record already exists (the writer creates the record, then writes), so a file
@@ -316,12 +318,43 @@ class LogView:
     seqs: frozenset[int]  # segment records that exist
     records: Mapping[int, SegmentRecord]  # those read (all of them, or only some)
     tombstone: int | None  # truncated last record whose files may go
+    unreadable: str = ""  # why some of its records cannot be read: none of its replicas is judged
+
+    @classmethod
+    def of_unreadable(cls, name: str, log_id: int, why: str) -> LogView:
+        return cls(name, log_id, None, frozenset(), {}, None, why)
+
+
+@dataclass
+class LogViews:
+    """The views by log id, and the logs whose own record cannot be read (name -> why): a replica
+    of no readable log may be one of theirs, so it is kept rather than called an orphan (which
+    ``gc --force`` would delete). A damaged record stops the judgement of its log's replicas
+    only, not of every log's."""
+
+    by_id: dict[int, LogView] = field(default_factory=dict)
+    unreadable: dict[str, str] = field(default_factory=dict)
+
+    def get(self, log_id: int) -> LogView | None:
+        return self.by_id.get(log_id)
+
+    def verdict(self, log_id: int, seq: int, node: str, busy: Collection[tuple[str, int]] = ()) -> tuple[str, str]:
+        view = self.by_id.get(log_id)
+        if view is None and self.unreadable:
+            return KEEP, f"no readable log has id {log_id}; it may be one of log(s) {', '.join(sorted(self.unreadable))}, whose record cannot be read"
+        return verdict(view, seq, node, busy)
+
+    def damaged(self) -> dict[str, str]:
+        """Every log whose metadata could not be read: name -> why."""
+        return {**self.unreadable, **{v.name: v.unreadable for v in self.by_id.values() if v.unreadable}}
 
 
 def verdict(view: LogView | None, seq: int, node: str, busy: Collection[tuple[str, int]] = ()) -> tuple[str, str]:
     """KEEP, STALE or ORPHAN for ``node``'s replica of segment ``seq`` (see the module doc)."""
     if view is None:
         return ORPHAN, "no log has this id (its log was deleted?)"
+    if view.unreadable:
+        return KEEP, f"the metadata of log {view.name} cannot be read ({view.unreadable}): not judged"
     if seq not in view.seqs:
         if view.point is not None and seq < view.point.segment_seq:
             return STALE, f"segment {seq} of {view.name} was truncated (before {view.point}) and its record collected"
@@ -346,13 +379,15 @@ def _tombstone(segments: Mapping[int, SegmentRecord], seqs: Iterable[int], pins:
     return collectable([top], pins, now, require_cold=require_cold).tombstone
 
 
-def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full: bool = True, now: float | None = None) -> dict[int, LogView]:
+def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full: bool = True, now: float | None = None) -> LogViews:
     """Views of the logs with the given ids (all logs: None). ``full`` reads every segment record
-    (for membership checks); otherwise only the highest one (enough for the stale rule)."""
+    (for membership checks); otherwise only the highest one (enough for the stale rule). A log
+    whose records cannot be read is in the result as such (``LogViews``)."""
     now = time.time() if now is None else now
     names = meta.list_logs()
     pending = [(n, meta.client.get_async(paths.log(meta.cluster, n))) for n in names]
     by_id: dict[int, str] = {}
+    unreadable: dict[str, str] = {}
     for name, result in pending:
         try:
             data, _ = result.get()
@@ -361,7 +396,7 @@ def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full:
         try:
             by_id[log_from_json(data, paths.log(meta.cluster, name)).log_id] = name
         except ValueError as exc:
-            log.warning("skipping log %r: %s", name, exc)
+            unreadable[name] = str(exc)
     views: dict[int, LogView] = {}
     pin_store = PinStore(meta)
     truncations = TruncationStore(meta)
@@ -373,10 +408,13 @@ def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full:
             truncation = truncations.get(name)
             seqs = segment_seqs(meta, name)
             read = read_segments(meta, name, seqs if full else seqs[-1:])
+            pins = [p.value for p in pin_store.pins_of_log(name)]
         except NotFoundError:
             continue  # deleted meanwhile: its replicas are orphans
+        except ValueError as exc:  # a damaged record (CorruptMetadata)
+            views[log_id] = LogView.of_unreadable(name, log_id, str(exc))
+            continue
         records = {v.value.seq: v.value for v in read}
-        pins = [p.value for p in pin_store.pins_of_log(name)]
         views[log_id] = LogView(
             name,
             log_id,
@@ -385,7 +423,7 @@ def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full:
             records,
             _tombstone(records, seqs, pins, now, require_cold),
         )
-    return views
+    return LogViews(views, unreadable)
 
 
 def busy_segments(meta: MetaStore) -> set[tuple[str, int]]:
@@ -416,12 +454,12 @@ class Replica:
         return {"node": self.node, "log": self.log, "log_id": self.log_id, "segment": self.seq, "bytes": self.bytes, "why": self.why}
 
 
-def classify(node: str, infos: Iterable[Any], views: Mapping[int, LogView], busy: Collection[tuple[str, int]] = ()) -> tuple[list[Replica], list[Replica]]:
+def classify(node: str, infos: Iterable[Any], views: LogViews, busy: Collection[tuple[str, int]] = ()) -> tuple[list[Replica], list[Replica]]:
     """A node's stale replicas and orphans, from its LIST_SEGMENTS answer."""
     stale, orphans = [], []
     for info in infos:
         view = views.get(info.log_id)
-        kind, why = verdict(view, info.segment_seq, node, busy)
+        kind, why = views.verdict(info.log_id, info.segment_seq, node, busy)
         replica = Replica(node, info.log_id, info.segment_seq, info.size_bytes, view.name if view else None, why)
         if kind == STALE:
             stale.append(replica)
@@ -430,16 +468,30 @@ def classify(node: str, infos: Iterable[Any], views: Mapping[int, LogView], busy
     return stale, orphans
 
 
-def simulated_views(decisions: Iterable[LogDecision], states: Mapping[str, LogState], now: float) -> dict[int, LogView]:
-    """The views as they will be once each log's decision is applied (for the dry run)."""
-    out = {}
+def _note_unreadable(meta: MetaStore, name: str, why: str, views: LogViews) -> None:
+    """Record log ``name``, whose state could not be read for ``why``, in ``views``: by its id
+    when its own record is readable (only its replicas are then kept unjudged), else by name."""
+    try:
+        log_id = meta.get_log(name).value.log_id
+    except NotFoundError:
+        return  # deleted meanwhile: its replicas are orphans
+    except ValueError:
+        views.unreadable[name] = why
+        return
+    views.by_id[log_id] = LogView.of_unreadable(name, log_id, why)
+
+
+def simulated_views(decisions: Iterable[LogDecision], states: Mapping[str, LogState], now: float, unreadable: LogViews | None = None) -> LogViews:
+    """The views as they will be once each log's decision is applied (for the dry run), with
+    the ``unreadable`` logs' as they are."""
+    out = dict(unreadable.by_id) if unreadable else {}
     for d in decisions:
         state = states[d.name]
         by_seq = {m.seq: m for m in d.marks}
         gone = {s.seq for s in d.collect}
         records = {s.value.seq: (by_seq[s.value.seq].apply(s.value) if s.value.seq in by_seq else s.value) for s in state.segments if s.value.seq not in gone}
         out[d.log_id] = LogView(d.name, d.log_id, d.point, frozenset(records), records, d.tombstone)
-    return out
+    return LogViews(out, dict(unreadable.unreadable) if unreadable else {})
 
 
 # -- the `dlctl gc` plan -----------------------------------------------------------------------------
@@ -462,6 +514,7 @@ class GcPlan:
     deferred: dict[str, int]  # down agent -> replicas of collected segments it will delete itself
     notes: list[str] = field(default_factory=list)
     states: dict[str, LogState] = field(default_factory=dict)  # the snapshot the decisions were taken on
+    unreadable: dict[str, str] = field(default_factory=dict)  # logs left alone: their metadata cannot be read (name -> why)
 
 
 async def plan_gc(meta: MetaStore, pool: AgentPool, *, force: bool = False, retention: bool = True, now: float | None = None, timeout: float = 10.0) -> GcPlan:
@@ -481,13 +534,16 @@ async def plan_gc(meta: MetaStore, pool: AgentPool, *, force: bool = False, rete
     names = await loop.run_in_executor(None, meta.list_logs)
     cold_required = await loop.run_in_executor(None, lambda: coldpolicy.load(meta) is not None)
     states: dict[str, LogState] = {}
+    damaged = LogViews()
     for name in names:
         try:
             states[name] = await loop.run_in_executor(None, read_log_state, meta, name, cold_required)
         except NotFoundError:
             continue
+        except ValueError as exc:  # a damaged record (CorruptMetadata): this log only is left alone
+            await loop.run_in_executor(None, _note_unreadable, meta, name, str(exc), damaged)
     decisions = [decide(s, now, retention=retention) for s in states.values()]
-    views = simulated_views(decisions, states, now)
+    views = simulated_views(decisions, states, now, damaged)
     busy = await loop.run_in_executor(None, busy_segments, meta)
     nodes = []
     for node in sorted(listings):
@@ -506,13 +562,15 @@ async def plan_gc(meta: MetaStore, pool: AgentPool, *, force: bool = False, rete
     notes = []
     for node, count in sorted(deferred.items()):
         notes.append(f"{node} is not reachable: it deletes its {count} replica(s) of collected segments itself when it is back (housekeeping on start)")
+    for name, why in sorted(damaged.damaged().items()):
+        notes.append(f"log {name} is left alone (no retention, none of its replicas deleted): its metadata cannot be read: {why}")
     orphans = [o for n in nodes for o in n.orphans]
     if orphans and not force:
         notes.append(f"{len(orphans)} orphan file(s) ({sum(o.bytes for o in orphans)} bytes) have no metadata explaining them: listed in the output; `dlctl gc --force` deletes them")
     for n in nodes:
         if not n.up:
             notes.append(f"{n.node} did not answer ({n.error}); its files were not checked")
-    return GcPlan(decisions, nodes, force, deferred, notes, states)
+    return GcPlan(decisions, nodes, force, deferred, notes, states, damaged.damaged())
 
 
 class Pace:
@@ -537,7 +595,7 @@ class Pace:
 DEFAULT_RATE = 50.0  # replica deletions per second per agent (see tests/benchmarks/bench_truncation.py)
 
 
-async def _delete_on(pool: AgentPool, node: str, planned: list[Replica], force: bool, views: Mapping[int, LogView], busy: Collection[tuple[str, int]], window: int, rate: float | None) -> dict[str, Any]:
+async def _delete_on(pool: AgentPool, node: str, planned: list[Replica], force: bool, views: LogViews, busy: Collection[tuple[str, int]], window: int, rate: float | None) -> dict[str, Any]:
     deleted, skipped, errors, reclaimed = 0, [], [], 0
     gate = asyncio.Semaphore(window)
     pace = Pace(rate)
@@ -546,7 +604,7 @@ async def _delete_on(pool: AgentPool, node: str, planned: list[Replica], force: 
 
         async def one(r: Replica) -> None:
             nonlocal reclaimed, deleted
-            kind, why = verdict(views.get(r.log_id), r.seq, node, busy)
+            kind, why = views.verdict(r.log_id, r.seq, node, busy)
             if not (kind == STALE or (kind == ORPHAN and force)):
                 skipped.append({"log_id": r.log_id, "segment": r.seq, "now": kind, "why": why})
                 return
@@ -595,6 +653,7 @@ __all__ = [
     "LogDecision",
     "LogState",
     "LogView",
+    "LogViews",
     "Pace",
     "Replica",
     "apply_log",

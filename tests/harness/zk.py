@@ -613,10 +613,10 @@ def bench_zookeeper(prefix: str) -> tuple[Path, ProcessRegistry, ZooKeeperServer
 SCRIBBLE = b'{"seq": "one"}'  # JSON, but no record dlctl writes: what a hand edit or another tool may leave
 
 
-def first_segment_record(client: Any, cluster: str, log: str) -> str:
-    """The znode path of LOG's first segment record."""
+def segment_record(client: Any, cluster: str, log: str, index: int = 0) -> str:
+    """The znode path of LOG's segment record at ``index`` in sequence order (-1: the last)."""
     parent = paths.log_segments(cluster, log)
-    return f"{parent}/{sorted(client.get_children(parent))[0]}"
+    return f"{parent}/{sorted(client.get_children(parent))[index]}"
 
 
 @contextlib.contextmanager

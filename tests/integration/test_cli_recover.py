@@ -15,7 +15,7 @@ import time
 import pytest
 from harness.procs import wait_until
 from harness.sandbox import dlctl, sandbox_up, session_for
-from harness.zk import first_segment_record, scribbled
+from harness.zk import segment_record, scribbled
 
 from dlctl.errors import ExitCode
 from dlctl.log.pool import AgentPool
@@ -173,7 +173,7 @@ def test_a_metadata_record_dlctl_did_not_write_is_an_error_naming_its_znode(sand
         assert appended.returncode == 0, appended.stderr
     session = session_for(sandbox)
     try:
-        with scribbled(session.meta.client, first_segment_record(session.meta.client, session.cluster.name, "scribbled")) as where:
+        with scribbled(session.meta.client, segment_record(session.meta.client, session.cluster.name, "scribbled")) as where:
             for argv in (("log", "show", "scribbled"), ("log", "read", "scribbled")):
                 out = dlctl(sandbox, *argv)
                 flat = "".join(out.stderr.split())

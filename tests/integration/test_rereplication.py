@@ -29,7 +29,7 @@ from dlctl.meta.store import MetaStore
 from dlctl.log import rereplicator as rr
 from harness.agents import AgentNode, harness_credentials
 from harness.procs import ProcessRegistry, wait_until
-from harness.zk import ZkNamespace, first_segment_record, scribbled
+from harness.zk import ZkNamespace, segment_record, scribbled
 
 pytestmark = [pytest.mark.zk, pytest.mark.agent]
 
@@ -200,7 +200,7 @@ def test_a_log_whose_metadata_cannot_be_read_is_named_and_the_other_logs_are_re_
     else:
         pytest.fail(f"no log placed a segment on {lost} in 20 tries")
     kept_up = f"kept-up-{attempt}"
-    with scribbled(meta.client, first_segment_record(meta.client, meta.cluster, "scribbled")) as bad:
+    with scribbled(meta.client, segment_record(meta.client, meta.cluster, "scribbled")) as bad:
         plan = rr.plan(meta, [lost])
         assert kept_up in {w.log for w in plan.work} and "scribbled" not in {w.log for w in plan.work}
         assert any(n.startswith("log 'scribbled' is skipped") and bad in n for n in plan.notes), plan.notes

@@ -41,6 +41,7 @@ from dlctl.retention.collect import (
     STALE,
     LogState,
     LogView,
+    LogViews,
     classify,
     decide,
     verdict,
@@ -254,9 +255,30 @@ def test_verdicts():
 
 def test_classify_sorts_a_listing():
     infos = [SimpleNamespace(log_id=7, segment_seq=s, size_bytes=10 * s) for s in (3, 5, 9)] + [SimpleNamespace(log_id=99, segment_seq=1, size_bytes=1)]
-    stale, orphans = classify("n1", infos, {7: view()})
+    stale, orphans = classify("n1", infos, LogViews({7: view()}))
     assert [(r.seq, r.bytes) for r in stale] == [(3, 30)]
     assert sorted((r.log_id, r.seq) for r in orphans) == [(7, 9), (99, 1)]
+
+
+def test_a_log_whose_metadata_cannot_be_read_has_none_of_its_replicas_judged_and_the_others_are():
+    infos = [SimpleNamespace(log_id=7, segment_seq=s, size_bytes=1) for s in (3, 9)] + [SimpleNamespace(log_id=8, segment_seq=s, size_bytes=1) for s in (3, 9)]
+    damaged = LogView.of_unreadable("payments", 8, "segment record 3 is not valid JSON")
+    stale, orphans = classify("n1", infos, LogViews({7: view(), 8: damaged}))
+    assert [(r.log_id, r.seq) for r in stale] == [(7, 3)]  # the readable log is judged as ever
+    assert [(r.log_id, r.seq) for r in orphans] == [(7, 9)]  # the damaged log's replicas are kept
+    kind, why = verdict(damaged, 3, "n1")
+    assert kind == KEEP and "payments" in why and "not valid JSON" in why
+
+
+def test_a_replica_of_no_readable_log_is_kept_while_some_log_record_cannot_be_read():
+    """It may belong to the log whose own record is damaged (its id unknown): an orphan, which
+    `gc --force` deletes, it is only once every log record is read."""
+    infos = [SimpleNamespace(log_id=99, segment_seq=1, size_bytes=1)]
+    views = LogViews({7: view()}, {"payments": "not valid JSON"})
+    assert classify("n1", infos, views) == ([], [])
+    assert views.verdict(99, 1, "n1")[0] == KEEP and "payments" in views.verdict(99, 1, "n1")[1]
+    assert views.damaged() == {"payments": "not valid JSON"}
+    assert classify("n1", infos, LogViews({7: view()}))[1] != []  # control: an orphan without it
 
 
 # -- records and units ---------------------------------------------------------------------------------
