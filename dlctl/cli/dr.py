@@ -216,6 +216,8 @@ def status_command(app: AppContext, cluster_name: str | None) -> None:
                 for log_name, r in logs.items():
                     table.append({"direction": direction, "stream": s["stream"], "state": s["state"], "log": log_name, "lag_records": r.get("lag_records"), "lag_seconds": r.get("lag_seconds"), "last_applied": r.get("last_applied")})
         caption = f"recoverable from: {', '.join(entry['recoverable_from']) or 'nowhere'}; logs: " + ", ".join(f"{k} {v}" for k, v in (entry.get("logs") or {}).items())
+        if entry["unreadable_streams"]:
+            caption += "; stream records that cannot be read (not shown): " + ", ".join(f"{k} ({v})" for k, v in entry["unreadable_streams"].items())
         app.render(Table(table, ["direction", "stream", "state", "log", "lag_records", "lag_seconds", "last_applied"], title=f"location {entry['location']}", caption=caption))
 
 

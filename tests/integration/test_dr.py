@@ -19,7 +19,7 @@ from harness.agents import harness_credentials
 from harness.logcluster import eventually, run
 from harness.procs import wait_until
 from harness.twoclusters import Sites, not_done, read_all, run_cli, sites_for_test
-from harness.zk import zk_retry
+from harness.zk import scribbled, zk_retry
 
 from dlctl.log.dlsn import DLSN
 from dlctl.log.errors import ReadOnlyLogError
@@ -29,6 +29,7 @@ from dlctl.log.producer import LogProducer, ProducerOptions
 from dlctl.log.recovery import recover_log
 from dlctl.log.writer import LogWriter
 from dlctl.meta.access import AccessMode, AccessStore, LogReadOnlyError
+from dlctl.meta import paths
 from dlctl.meta.records import LogConfig
 from dlctl.ops import replication as ops
 from dlctl.plan import apply
@@ -161,6 +162,26 @@ def one_way(sites: Sites) -> None:
     built = ops.init_plan(sites["a"].session(), sites["b"].session(), patterns=(LOG,))
     assert [s.action for s in built.plan.steps][-2:] == ["mark-replica", "activate"]
     apply(built.plan)
+
+
+def test_dr_status_names_damaged_stream_and_access_records_and_the_location_stays_reachable(sites: Sites, tmp_path: Path):
+    """A stream record and a log's access record that hold bytes dlctl did not write: before,
+    the location was shown as out of reach and the stream vanished without a word."""
+    one_way(sites)
+    b = sites["b"].meta()
+    inv = inventory(sites, tmp_path / "inv.toml")
+    code, status = dlctl(inv, "dr", "status", "-o", "json")
+    assert code == 0, status
+    (stream,) = [s["stream"] for s in {e["location"]: e for e in status}["b"]["in"]]
+    with scribbled(b.client, paths.stream_config(b.cluster, stream)) as config, scribbled(b.client, paths.log_access(b.cluster, LOG)):
+        code, status = dlctl(inv, "dr", "status", "-o", "json")
+        assert code == 0, status
+        by = {e["location"]: e for e in status}
+        assert by["b"]["reachable"] and by["b"]["logs"][LOG].startswith("unreadable (") and paths.log_access(b.cluster, LOG) in by["b"]["logs"][LOG]
+        assert list(by["b"]["unreadable_streams"]) == [stream] and config in by["b"]["unreadable_streams"][stream]
+        assert by["b"]["in"] == [] and by["a"]["out"] == [] and by["a"]["unreadable_streams"] == {}
+        code, table = dlctl(inv, "dr", "status")
+        assert code == 0 and f"streamrecordsthatcannotberead(notshown):{stream}(" in "".join(str(table).split()), table
 
 
 def test_a_standby_refuses_application_writes_at_once_until_promoted(sites: Sites, tmp_path: Path):

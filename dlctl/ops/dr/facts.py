@@ -33,16 +33,20 @@ class StreamFacts:
         return self.status.state
 
 
-def read_streams(session: ClusterSession) -> tuple[StreamFacts, ...]:
+def read_streams(session: ClusterSession, unreadable: dict[str, str] | None = None) -> tuple[StreamFacts, ...]:
     """Every readable stream of ``session``'s cluster (half-deleted or malformed ones are left
-    out: they are evidence of nothing)."""
+    out: they are evidence of nothing). ``unreadable``, when given, gets the malformed ones:
+    stream id -> why, for a report to name them."""
     streams = StreamStore(session.meta)
     out = []
     for stream_id in streams.list_streams():
         try:
             out.append(StreamFacts(streams.get_config(stream_id).value, streams.get_state(stream_id).value))
-        except (NotFoundError, ValueError):
+        except NotFoundError:
             continue
+        except ValueError as exc:
+            if unreadable is not None:
+                unreadable[stream_id] = str(exc)
     return tuple(out)
 
 

@@ -18,9 +18,10 @@ def dr_status(sessions: dict[str, ClusterSession], only: str | None = None) -> l
     its logs' access modes, and which locations hold its records (it could be recovered from:
     the sources of its incoming streams)."""
     streams: list[tuple[str, StreamConfig, StreamState]] = []
+    unreadable: dict[str, dict[str, str]] = {name: {} for name in sessions}  # location -> stream id -> why
     for name, session in sessions.items():
         try:
-            streams += [(name, s.config, s.state) for s in read_streams(session)]
+            streams += [(name, s.config, s.state) for s in read_streams(session, unreadable[name])]
         except Exception:  # noqa: BLE001 - an unreachable cluster: reported below
             continue
 
@@ -40,11 +41,11 @@ def dr_status(sessions: dict[str, ClusterSession], only: str | None = None) -> l
             continue
         entry: dict[str, Any] = {"location": name}
         try:
-            access = AccessStore(session.meta)
-            entry["logs"] = {n: access.get(n).value.describe() for n in session.meta.list_logs()}
+            entry["logs"] = _access_modes(session)
             entry["reachable"] = True
         except Exception as exc:  # noqa: BLE001
             entry.update(reachable=False, error=getattr(exc, "message", None) or repr(exc))
+        entry["unreadable_streams"] = unreadable[name]  # their records are damaged: not shown in or out
         entry["in"] = [describe(sink, c, st) for sink, c, st in streams if c.sink_cluster == name]
         entry["out"] = [describe(sink, c, st) for sink, c, st in streams if c.source_cluster == name]
         entry["recoverable_from"] = sorted(
@@ -52,6 +53,19 @@ def dr_status(sessions: dict[str, ClusterSession], only: str | None = None) -> l
             | _pinning_for(sessions, name)
         )
         out.append(entry)
+    return out
+
+
+def _access_modes(session: ClusterSession) -> dict[str, str]:
+    """Each log's access mode; a damaged access record is shown as such, not as the location
+    being out of reach."""
+    access = AccessStore(session.meta)
+    out = {}
+    for name in session.meta.list_logs():
+        try:
+            out[name] = access.get(name).value.describe()
+        except ValueError as exc:
+            out[name] = f"unreadable ({exc})"
     return out
 
 
