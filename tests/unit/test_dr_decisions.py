@@ -53,6 +53,11 @@ def test_failover_without_a_matching_stream_is_not_found_and_with_several_asks_f
         decide.stream_into("b", [stream("a"), stream("c")], None, decide.STANDBY_STATES)
 
 
+def test_failover_without_a_stream_names_the_stream_records_it_could_not_read():
+    with pytest.raises(NotFoundError, match=r"into 'b' is running/paused; the record of stream a-to-b cannot be read: /x/config: not valid JSON"):
+        decide.stream_into("b", [], None, decide.STANDBY_STATES, {"a-to-b": "/x/config: not valid JSON"})
+
+
 def test_failback_finds_only_the_failed_over_stream_from_the_returning_cluster():
     streams = [stream("a", state=StreamState.FAILED_OVER), stream("c")]
     assert decide.stream_into("b", streams, "a", (StreamState.FAILED_OVER,)).config.stream_id == "a-to-b"

@@ -27,10 +27,11 @@ CHOICES = (None, "reconcile", "discard")  # failback: refuse when anything diver
 # -- which stream ----------------------------------------------------------------------------------
 
 
-def stream_into(sink: str, streams: Iterable[StreamFacts], source: str | None, states: tuple[StreamState, ...]) -> StreamFacts:
+def stream_into(sink: str, streams: Iterable[StreamFacts], source: str | None, states: tuple[StreamState, ...], unreadable: Mapping[str, str] | None = None) -> StreamFacts:
     """The one-way stream into ``sink`` (from ``source`` when given) in one of ``states``.
     Active-active streams are refused (every location takes writes already: nothing to fail
-    over); several candidates need the operator to name the source."""
+    over); several candidates need the operator to name the source. ``unreadable``: stream
+    records that could not be read (id -> why), named when no stream is found."""
     found = [s for s in streams if (source is None or s.config.source_cluster == source) and s.state in states]
     one_way = [s for s in found if not s.config.bidirectional]
     if not one_way:
@@ -40,7 +41,8 @@ def stream_into(sink: str, streams: Iterable[StreamFacts], source: str | None, s
                 f"the streams into {sink!r} ({', '.join(s.config.stream_id for s in found)}) are active-active: every location already takes writes",
                 hint="failover and switchover are for a primary with a one-way standby",
             )
-        raise NotFoundError(f"no one-way stream {('from ' + repr(source) + ' ') if source else ''}into {sink!r} is {kinds}", hint="see `dlctl dr status`")
+        damaged = "".join(f"; the record of stream {k} cannot be read: {v}" for k, v in sorted((unreadable or {}).items()))
+        raise NotFoundError(f"no one-way stream {('from ' + repr(source) + ' ') if source else ''}into {sink!r} is {kinds}{damaged}", hint="see `dlctl dr status`")
     if len(one_way) > 1:
         raise UsageError(f"several streams flow into {sink!r} ({', '.join(s.config.stream_id for s in one_way)}); name the source with --from")
     return one_way[0]

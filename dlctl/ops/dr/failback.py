@@ -45,7 +45,8 @@ from .fencing import depose_owner, freeze_logs
 def failback_plan(primary: ClusterSession, returning: ClusterSession, *, choice: str | None = None, wait_workers: float = 30.0) -> tuple[Plan, dict[str, dr.Divergence]]:
     """``choice``: None (refuse when anything diverged), "reconcile" or "discard"."""
     check_choice(choice)
-    stream = stream_into(primary.cluster.name, read_streams(primary), returning.cluster.name, (StreamState.FAILED_OVER,))
+    unreadable: dict[str, str] = {}  # stream records that cannot be read: named if no stream is found
+    stream = stream_into(primary.cluster.name, read_streams(primary, unreadable), returning.cluster.name, (StreamState.FAILED_OVER,), unreadable)
     config, at_risk = stream.config, stream.status.details.get("at_risk") or {}
     a, b = returning.cluster.name, primary.cluster.name
     divergences = _divergences(primary, returning, config, at_risk)

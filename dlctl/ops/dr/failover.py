@@ -21,7 +21,8 @@ from .fencing import promote_logs
 
 
 def failover_plan(sink: ClusterSession, *, source: str | None = None, wait_workers: float = 30.0) -> Plan:
-    config = stream_into(sink.cluster.name, read_streams(sink), source, STANDBY_STATES).config
+    unreadable: dict[str, str] = {}  # stream records that cannot be read: named if no stream is found
+    config = stream_into(sink.cluster.name, read_streams(sink, unreadable), source, STANDBY_STATES, unreadable).config
     stream_id, src, snk = config.stream_id, config.source_cluster, sink.cluster.name
     risks = _risks(sink, config)
     started = time.monotonic()

@@ -22,7 +22,8 @@ from .fencing import freeze_logs, promote_logs
 
 
 def switchover_plan(source: ClusterSession, sink: ClusterSession, *, drain_timeout: float = 300.0, wait_workers: float = 30.0, verify: bool = True) -> Plan:
-    config = stream_into(sink.cluster.name, read_streams(sink), source.cluster.name, STANDBY_STATES).config
+    unreadable: dict[str, str] = {}  # stream records that cannot be read: named if no stream is found
+    config = stream_into(sink.cluster.name, read_streams(sink, unreadable), source.cluster.name, STANDBY_STATES, unreadable).config
     stream_id, src, snk = config.stream_id, config.source_cluster, sink.cluster.name
     names = list(config.logs)
     started = time.monotonic()
