@@ -173,14 +173,21 @@ def drain_plan(session: ClusterSession, region: str, *, drain: bool, force: bool
     )
 
 
-def live_segments(session: ClusterSession) -> list[LiveSegment]:
-    """Every segment that still holds data (truncated ones hold none)."""
+def live_segments(session: ClusterSession, unreadable: dict[str, str] | None = None) -> list[LiveSegment]:
+    """Every segment that still holds data (truncated ones hold none). A log whose segment
+    records cannot be read is left out and, when ``unreadable`` is given, named there (log -> why);
+    else the error is raised."""
     out = []
     for name in session.meta.list_logs():
         try:
             segments = session.meta.segments(name)
         except NotFoundError:
             continue  # deleted while listing
+        except ValueError as exc:  # a damaged record (CorruptMetadata)
+            if unreadable is None:
+                raise
+            unreadable[name] = str(exc)
+            continue
         for versioned in segments:
             seg = versioned.value
             if seg.state is SegmentState.TRUNCATED:
@@ -190,5 +197,11 @@ def live_segments(session: ClusterSession) -> list[LiveSegment]:
 
 
 def check(session: ClusterSession | None, policy: PlacementPolicy, nodes: dict[str, dict]) -> CheckReport:
-    """With a session, existing writes and reads are judged on the cluster's real segments."""
-    return check_policy(policy, nodes, segments=live_segments(session) if session is not None else None)
+    """With a session, existing writes and reads are judged on the cluster's real segments (a
+    log whose segment records cannot be read is named in the notes and left out)."""
+    if session is None:
+        return check_policy(policy, nodes)
+    unreadable: dict[str, str] = {}
+    report = check_policy(policy, nodes, segments=live_segments(session, unreadable))
+    report.notes += [f"log {name}: its segments are not judged, their metadata cannot be read: {why}" for name, why in sorted(unreadable.items())]
+    return report

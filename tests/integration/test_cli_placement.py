@@ -10,6 +10,7 @@ from harness.zk import close_client, make_client
 
 from dlctl.cli.main import main
 from dlctl.errors import ConflictError, ExitCode
+from dlctl.meta import paths
 from dlctl.meta import policy as store
 from dlctl.meta.zk import ZkAuth, connect
 
@@ -128,3 +129,20 @@ def test_drain_is_checked_against_every_log_s_own_ensemble_not_only_the_defaults
     assert code == 0 and any("log wide" in n for n in plan["notes"]), plan
     assert dlctl(capsys, "--yes", "placement", "drain-region", "east", "--force")[0] == 0
     assert dlctl(capsys, "placement", "show")[1]["policy"]["drained"] == ["east"]
+
+
+def test_check_names_a_log_whose_segment_records_cannot_be_read_and_judges_the_others(config, capsys, zk):
+    """A segment record holding bytes dlctl did not write failed the live check of every log."""
+    for name in ("plain", "scribbled"):
+        assert dlctl(capsys, "log", "create", name)[0] == 0
+    client = connect(zk.connect_string, ZkAuth("dlctl", "zk-password-for-cli-tests"))  # as dlctl creates its records
+    try:
+        client.create(paths.segment("c1", "scribbled", 1), b'{"seq": "one"}')
+        code, report, err = dlctl(capsys, "placement", "check")
+        assert code == 0, err
+        (note,) = [n for n in report["notes"] if "scribbled" in n]
+        assert note.startswith("log scribbled: its segments are not judged") and paths.segment("c1", "scribbled", 1) in note, note
+        assert not any("plain" in n for n in report["notes"])
+    finally:
+        client.stop()
+        client.close()
