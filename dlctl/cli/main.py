@@ -8,11 +8,13 @@ import sys
 from collections.abc import Sequence
 
 import click
+from kazoo.exceptions import NoAuthError
 from rich.markup import escape
 
 from .. import __version__
 from ..allocator import keep_large_buffers
 from ..errors import DlctlError, ExitCode
+from ..meta.zk import refused as zk_refused
 from ..output import FORMATS
 from .agent import agent_group
 from .bench import bench_group
@@ -137,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DlctlError as exc:
         _report(app, exc)
         code = int(exc.exit_code)
+    except NoAuthError as exc:
+        error = zk_refused(exc)
+        _report(app, error)
+        code = int(error.exit_code)
     except Exception as caught:  # noqa: BLE001 - last resort: say what broke, exit 1
         exc = caught.__cause__ if isinstance(caught, ForeignBrokenPipe) else caught
         app.stderr.print(f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}", highlight=False)

@@ -325,6 +325,24 @@ def check_credentials(client: KazooClient, cluster: str, auth: ZkAuth | None, au
         ) from None
 
 
+def refused(exc: NoAuthError) -> DlctlError:
+    """A ZooKeeper refusal (NoAuthError, which carries no message) as the error it is, naming the
+    znode: the ``path`` argument of the innermost kazoo client call in its traceback (a call made
+    through an async result has none there: the error then names no znode)."""
+    path = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename.endswith(os.path.join("kazoo", "client.py")) and isinstance(frame.f_locals.get("path"), str):
+            path = frame.f_locals["path"]
+        tb = tb.tb_next
+    what = f"znode {path}" if path else "a znode"
+    return DlctlError(
+        f"ZooKeeper refused access to {what}: its ACL does not admit this configuration's ZooKeeper credentials",
+        hint="a znode created by hand or by another tool under the cluster's root keeps its own ACL: give it the cluster's ACL (zkCli setAcl) or remove it; if every znode is refused, the credentials file is not the cluster's",
+    )
+
+
 def connect_once(connect_string: str, auth: ZkAuth | None = None, timeout: float = 1.0, tls: ZkTls | None = None) -> KazooClient | None:
     """One bounded attempt, no retries and no diagnosis: for callers that must answer at once or
     not at all (shell completion). None when no server of the ensemble answers within ``timeout``

@@ -9,6 +9,7 @@ import pytest
 from harness.cli import dlctl, write_inventory
 from harness.zk import close_client, make_client
 from kazoo.exceptions import NoAuthError
+from kazoo.security import make_digest_acl
 
 from dlctl.errors import ExitCode
 from dlctl.meta import paths
@@ -92,3 +93,18 @@ def test_config_show_never_prints_secrets(config, capsys):
     assert code == 0 and shown["source"] == "DLCTL_CONFIG" and shown["clusters"][0]["nodes"][0]["id"] == "n1"
     text = json.dumps(shown)
     assert "cluster-secret-for-cli-tests" not in text and "zk-password" not in text
+
+
+def test_a_znode_whose_acl_refuses_the_cluster_s_credentials_is_named(config, capsys, zk):
+    """Created by hand as ZooKeeper's superuser (its own ACL): dlctl cannot read it. That was
+    'internal error: NoAuthError:' with nothing to go on."""
+    assert dlctl(capsys, "log", "create", "foreign")[0] == 0
+    admin = make_client(zk.connect_string, superuser=True)
+    try:
+        where = paths.segment("c1", "foreign", 1)
+        admin.create(where, b"{}", acl=[make_digest_acl("someone", "else", all=True)])
+        code, _, err = dlctl(capsys, "log", "show", "foreign")
+        flat = "".join(err.split())
+        assert code == ExitCode.FAILED and f"ZooKeeperrefusedaccesstoznode{where}:" in flat and "internalerror" not in flat, err
+    finally:
+        close_client(admin)

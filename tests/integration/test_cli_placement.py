@@ -146,3 +146,4 @@ def test_check_names_a_log_whose_segment_records_cannot_be_read_and_judges_the_o
     finally:
         client.stop()
         client.close()
+
