@@ -41,6 +41,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kazoo.exceptions import NoAuthError, NoNodeError
+
 from ..cold.store import ColdStore
 from ..errors import NotFoundError
 from ..log.dlsn import DLSN
@@ -389,9 +391,14 @@ def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full:
     by_id: dict[int, str] = {}
     unreadable: dict[str, str] = {}
     for name, result in pending:
+        # Only a record that is gone makes its replicas orphans; any other failure to read it
+        # (ZooKeeper unreachable) must not: `gc --force` deletes orphans.
         try:
             data, _ = result.get()
-        except Exception:  # noqa: BLE001 - deleted between the listing and the read
+        except NoNodeError:
+            continue  # deleted between the listing and the read
+        except NoAuthError:
+            unreadable[name] = refused_to_us(paths.log(meta.cluster, name))
             continue
         try:
             by_id[log_from_json(data, paths.log(meta.cluster, name)).log_id] = name
@@ -411,8 +418,8 @@ def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full:
             pins = [p.value for p in pin_store.pins_of_log(name)]
         except NotFoundError:
             continue  # deleted meanwhile: its replicas are orphans
-        except ValueError as exc:  # a damaged record (CorruptMetadata)
-            views[log_id] = LogView.of_unreadable(name, log_id, str(exc))
+        except (ValueError, NoAuthError) as exc:  # a damaged record (CorruptMetadata), or one we may not read
+            views[log_id] = LogView.of_unreadable(name, log_id, str(exc) or refused_to_us(f"a record of log {name!r}"))
             continue
         records = {v.value.seq: v.value for v in read}
         views[log_id] = LogView(
@@ -475,10 +482,14 @@ def _note_unreadable(meta: MetaStore, name: str, why: str, views: LogViews) -> N
         log_id = meta.get_log(name).value.log_id
     except NotFoundError:
         return  # deleted meanwhile: its replicas are orphans
-    except ValueError:
+    except (ValueError, NoAuthError):
         views.unreadable[name] = why
         return
     views.by_id[log_id] = LogView.of_unreadable(name, log_id, why)
+
+
+def refused_to_us(what: str) -> str:
+    return f"ZooKeeper refuses {what} to these credentials (its ACL is not the cluster's)"
 
 
 def simulated_views(decisions: Iterable[LogDecision], states: Mapping[str, LogState], now: float, unreadable: LogViews | None = None) -> LogViews:
@@ -540,8 +551,8 @@ async def plan_gc(meta: MetaStore, pool: AgentPool, *, force: bool = False, rete
             states[name] = await loop.run_in_executor(None, read_log_state, meta, name, cold_required)
         except NotFoundError:
             continue
-        except ValueError as exc:  # a damaged record (CorruptMetadata): this log only is left alone
-            await loop.run_in_executor(None, _note_unreadable, meta, name, str(exc), damaged)
+        except (ValueError, NoAuthError) as exc:  # a damaged record (CorruptMetadata), or one we may not read: this log only is left alone
+            await loop.run_in_executor(None, _note_unreadable, meta, name, str(exc) or refused_to_us(f"a record of log {name!r}"), damaged)
     decisions = [decide(s, now, retention=retention) for s in states.values()]
     views = simulated_views(decisions, states, now, damaged)
     busy = await loop.run_in_executor(None, busy_segments, meta)

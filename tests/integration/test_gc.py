@@ -15,7 +15,8 @@ import time
 import pytest
 from harness.logcluster import eventually, run
 from harness.procs import wait_until
-from harness.zk import segment_record, scribbled
+from harness.zk import close_client, make_client, scribbled, segment_record
+from kazoo.security import make_digest_acl
 from test_truncation import CLUSTER, Env, fill, start_cluster
 
 from dlctl.log import format as fmt
@@ -236,35 +237,44 @@ def test_orphans_are_reported_and_deleted_only_with_force(procs, tmp_path, zk, c
 
 
 def test_a_log_whose_metadata_cannot_be_read_is_left_alone_and_the_other_logs_are_collected(procs, tmp_path, zk, capsys):
-    """One log's segment record and another's log record hold bytes dlctl did not write. Before,
-    every agent's reclaim failed each round (no stale replica of any log was deleted) and `gc`
-    failed outright; a log whose own record was damaged even had its replicas listed as orphans,
-    which `gc --force` deletes. Now only those two logs are left alone, named, and kept whole."""
+    """One log's segment record and another's log record hold bytes dlctl did not write, and a
+    third log's record carries an ACL that refuses the cluster's credentials. Before, every
+    agent's reclaim failed each round (no stale replica of any log was deleted) and `gc` failed
+    outright; a log whose own record was damaged or refused even had its replicas listed as
+    orphans, which `gc --force` deletes (so would a ZooKeeper error while reading it). Now only
+    those three logs are left alone, named, and kept whole."""
     cluster = start_cluster(procs, tmp_path, zk, housekeeping(check=0.5))
     env = Env(cluster)
-    for name in ("tidy", "broken", "nameless"):
+    damaged = ("broken", "nameless", "hidden")
+    for name in ("tidy", *damaged):
         env.meta.create_log(name, LogConfig(3, 3, 2))
         run(write_closed(env, name, 0, 200))
-    ids = {name: env.meta.get_log(name).value.log_id for name in ("tidy", "broken", "nameless")}
+    ids = {name: env.meta.get_log(name).value.log_id for name in ("tidy", *damaged)}
     seqs = sorted(s.value.seq for s in env.meta.segments("tidy"))
     cut = seqs[len(seqs) // 2]
     before = {name: {n: held(a, log_id) for n, a in cluster.agents.items()} for name, log_id in ids.items()}
     client = env.meta.client
+    admin = make_client(zk.connect_string, superuser=True)
+    hidden = paths.log(CLUSTER, "hidden")
+    acl, _ = admin.get_acls(hidden)
+    admin.set_acls(hidden, [make_digest_acl("someone", "else", all=True)])  # its record refused to the cluster's credentials
     with scribbled(client, segment_record(client, CLUSTER, "broken", -1)), scribbled(client, paths.log(CLUSTER, "nameless")):
         code, result, _ = env.dlctl(capsys, "--yes", "truncate", "tidy", "--to", f"{cut}/0/0")
         assert code == 0 and result["ok"], result
         # The housekeeping alone (elected: collect; every agent: reclaim) gets tidy's space back.
         for node, agent in cluster.agents.items():
             wait_until(lambda agent=agent: set(held(agent, ids["tidy"])) == {s for s in seqs if s >= cut}, 20, message=f"{node} reclaiming tidy's truncated segments", watch=agent.proc)
-            wait_until(lambda agent=agent: all(f"housekeeping: log '{n}': its metadata cannot be read" in agent.proc.output() for n in ("broken", "nameless")), 10, message=f"{node} naming the damaged logs")
+            wait_until(lambda agent=agent: all(f"housekeeping: log '{n}': its metadata cannot be read" in agent.proc.output() for n in damaged), 10, message=f"{node} naming the damaged logs")
 
         code, report, err = env.dlctl(capsys, "--yes", "gc", "--force", "--nice", "0")
         assert code == 0, err
-        assert set(report["unreadable_logs"]) == {"broken", "nameless"}, report
+        assert set(report["unreadable_logs"]) == set(damaged) and "ZooKeeper refuses" in report["unreadable_logs"]["hidden"], report
         assert report["orphans"] == []
-        for name in ("broken", "nameless"):
+        for name in damaged:
             for node, agent in cluster.agents.items():
                 assert held(agent, ids[name]) == before[name][node], f"{node} lost replicas of {name}"
+    admin.set_acls(hidden, acl)
+    close_client(admin)
     # Repaired, both are whole and judged again: nothing of theirs is an orphan.
     code, report, err = env.dlctl(capsys, "--yes", "gc", "--nice", "0")
     assert code == 0 and report["unreadable_logs"] == {} and report["orphans"] == [], (err, report)
