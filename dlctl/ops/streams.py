@@ -97,11 +97,14 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
     claims = streams.claims(stream_id)
     nodes = sink.meta.available_nodes()
     checkpoints = {}
+    unreadable: dict[str, str] = {}  # log -> why its checkpoint or pin cannot be read: that row says so, the others are shown
     for name in config.logs:
         try:
             checkpoints[name] = streams.get_checkpoint(stream_id, name).value
         except NotFoundError:
             pass
+        except ValueError as exc:  # a damaged record (CorruptMetadata)
+            unreadable[name] = str(exc)
     pins: dict[str, PinRecord] = {}
     lags: dict[str, Any] = {}
     if source is not None:
@@ -111,6 +114,8 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
                 pins[name] = pin_store.get(stream_id, name).value
             except NotFoundError:
                 pass
+            except ValueError as exc:
+                unreadable.setdefault(name, str(exc))
         lags = source.run(_lags(source, checkpoints, None))
     now = time.time()
     rows = []
@@ -125,7 +130,9 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
         lag_records = lag[0] if isinstance(lag, tuple) else None
         lag_bytes = lag[1] if isinstance(lag, tuple) else None
         behind = lag_seconds(lag_records, cp.caught_up_at if cp else 0.0, config.created, now)  # the rule the agents' metric uses too
-        if cp is None:
+        if name in unreadable:
+            log_state = "unreadable"
+        elif cp is None:
             log_state = "no checkpoint"
         elif needs:
             log_state = "NEEDS BOOTSTRAP"
@@ -159,7 +166,7 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
                 "last_contact_ago": _age(cp.last_contact, now) if cp else None,
                 "worker": (claim or {}).get("node"),
                 "worker_region": nodes.get((claim or {}).get("node", ""), {}).get("region") if claim else None,
-                "last_error": (cp.last_error if cp else "") or None,
+                "last_error": unreadable.get(name) or (cp.last_error if cp else "") or None,
                 "last_error_ago": _age(cp.last_error_at, now) if cp and cp.last_error else None,
                 "needs_bootstrap": needs or None,
                 "waiting_for": describe_missing(cp.waiting_for) if cp and cp.gated and cp.waiting_for else None,

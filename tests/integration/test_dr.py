@@ -166,7 +166,8 @@ def one_way(sites: Sites) -> None:
 
 def test_dr_status_names_damaged_stream_and_access_records_and_the_location_stays_reachable(sites: Sites, tmp_path: Path):
     """A stream record and a log's access record that hold bytes dlctl did not write: before,
-    the location was shown as out of reach and the stream vanished without a word."""
+    the location was shown as out of reach and the stream vanished without a word; a damaged
+    checkpoint failed the stream's whole status."""
     one_way(sites)
     b = sites["b"].meta()
     inv = inventory(sites, tmp_path / "inv.toml")
@@ -182,6 +183,12 @@ def test_dr_status_names_damaged_stream_and_access_records_and_the_location_stay
         assert by["b"]["in"] == [] and by["a"]["out"] == [] and by["a"]["unreadable_streams"] == {}
         code, table = dlctl(inv, "dr", "status")
         assert code == 0 and f"streamrecordsthatcannotberead(notshown):{stream}(" in "".join(str(table).split()), table
+    # A damaged checkpoint: the stream's status shows that log's row as such, not an error for all.
+    with scribbled(b.client, paths.stream_checkpoint(b.cluster, stream, LOG)) as checkpoint:
+        code, status = dlctl(inv, "--cluster", "b", "replication", "status", stream, "-o", "json")
+        assert code == 0, status
+        (row,) = status["logs"]
+        assert row["state"] == "unreadable" and checkpoint in row["last_error"], row
 
 
 def test_a_standby_refuses_application_writes_at_once_until_promoted(sites: Sites, tmp_path: Path):
