@@ -295,9 +295,19 @@ def ask_owner_to_release(session: ClusterSession, name: str, address: str) -> di
 
 
 def remove_owner_znode(session: ClusterSession, name: str) -> dict[str, Any]:
+    """Take log ``name`` from the session that owns it now by deleting its owner znode. An owner
+    that lets go meanwhile (a replication worker stopping as its stream is fenced) is what was
+    wanted; another session taking the log meanwhile is a conflict."""
     current = session.meta.owner_of(name)
     if current is None:
         return {"released": False, "reason": "no owner any more"}
-    if not session.meta.release_owner(name, current[1]):
-        raise ConflictError(f"the owner of log {name!r} changed meanwhile", hint="run the command again")
-    return {"released": True, "forced": True}
+    holder = current[1]
+    for _ in range(3):  # (the owner rewriting its znode's data moves its version on)
+        if session.meta.release_owner(name, holder):
+            return {"released": True, "forced": True}
+        now = session.meta.owner_of(name)
+        if now is None:
+            return {"released": False, "reason": "its owner let go meanwhile"}
+        if now[1] != holder:
+            break
+    raise ConflictError(f"the owner of log {name!r} changed meanwhile", hint="run the command again")
