@@ -8,13 +8,12 @@ import sys
 from collections.abc import Sequence
 
 import click
-from kazoo.exceptions import NoAuthError
 from rich.markup import escape
 
 from .. import __version__
 from ..allocator import keep_large_buffers
 from ..errors import DlctlError, ExitCode
-from ..meta.zk import refused as zk_refused
+from ..ops.failures import as_user_error
 from ..output import FORMATS
 from .agent import agent_group
 from .bench import bench_group
@@ -139,18 +138,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DlctlError as exc:
         _report(app, exc)
         code = int(exc.exit_code)
-    except NoAuthError as exc:
-        error = zk_refused(exc)
-        _report(app, error)
-        code = int(error.exit_code)
     except Exception as caught:  # noqa: BLE001 - last resort: say what broke, exit 1
         exc = caught.__cause__ if isinstance(caught, ForeignBrokenPipe) else caught
-        app.stderr.print(f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}", highlight=False)
-        if app.verbosity >= 2:
-            app.stderr.print_exception()
+        error = as_user_error(exc)
+        if error is not None:
+            _report(app, error)
+            code = int(error.exit_code)
         else:
-            app.stderr.print("[dim]hint:[/] run again with -vv for a traceback", highlight=False)
-        code = int(ExitCode.FAILED)
+            app.stderr.print(f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}", highlight=False)
+            if app.verbosity >= 2:
+                app.stderr.print_exception()
+            else:
+                app.stderr.print("[dim]hint:[/] run again with -vv for a traceback", highlight=False)
+            code = int(ExitCode.FAILED)
     else:
         code = int(rv) if isinstance(rv, int) else int(ExitCode.OK)
     finally:
