@@ -634,7 +634,7 @@ class LogWriter:
         """The ensemble to roll ``seg`` onto, or None to stay on it: if none can be formed (too few
         agents), rolling would leave us with no segment at all, so stay on this one while it can
         still acknowledge."""
-        ensemble = await self._wmeta.fresh_ensemble(set(seg.failed), silent=seg.silent)
+        ensemble = await self._wmeta.fresh_ensemble(set(seg.failed), silent=seg.silent, answering=set(seg.ensemble) - set(seg.failed))
         if ensemble is None:
             if seg.all_ackable():
                 level = logging.WARNING if seg.retry_at == 0.0 else logging.DEBUG  # once, not every retry

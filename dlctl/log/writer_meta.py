@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 # ZooKeeper answers lost to a connection blip: the request may or may not have been applied.
 ZK_BLIPS = (ConnectionLoss, OperationTimeoutError)
 RETRY_PAUSE = 0.2  # between attempts across a blip
+# How old the agents' availability records may be when a roll chooses the next ensemble: its
+# members are probed (or are acknowledging our entries) anyway, and re-reading them is several
+# thread hops that, with the writer's process busy, held every roll ~20 ms (entries wait for it).
+NODES_MAX_AGE = 2.0  # seconds
 
 T = TypeVar("T")
 
@@ -57,6 +61,7 @@ class WriterMeta:
         self._stopped = stopped
         self._loop = asyncio.get_running_loop()
         self._last_placement: PlacementPolicy | None = None
+        self._nodes_read_at = float("-inf")  # (monotonic) when available() last read them
 
     async def zk(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` (a blocking kazoo call) off the event loop."""
@@ -211,20 +216,26 @@ class WriterMeta:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def fresh_ensemble(self, failed: set[str], silent: set[str] = frozenset()) -> tuple[str, ...] | None:  # type: ignore[assignment]
+    async def fresh_ensemble(self, failed: set[str], silent: set[str] = frozenset(), answering: set[str] = frozenset()) -> tuple[str, ...] | None:  # type: ignore[assignment]
         """An ensemble without agents that are still failing, or None when too few are left.
-        ``silent``: failed members that just went silent; a probe of them would only wait."""
-        nodes = await self.available()
-        suspects = {n for n in failed if n in nodes and n not in silent}
-        still_failing = set(failed) - suspects
-        if suspects:
-            # A failed agent that answers now (a dropped connection, a restart) may serve again.
-            checks = await asyncio.gather(*(self.healthy(n) for n in sorted(suspects)))
-            still_failing |= {n for n, ok in zip(sorted(suspects), checks) if not ok}
+        ``silent``: failed members that just went silent; a probe of them would only wait.
+        ``answering``: agents acknowledging our entries right now, so not probed (a probe of a
+        busy member waits behind the entries queued on its connection)."""
+        policy = asyncio.ensure_future(self.placement())  # (a ZooKeeper read: meanwhile)
         try:
-            return await self.probed_ensemble(nodes, still_failing, await self.placement(), healthy=suspects - still_failing)
+            nodes = await self.available(max_age=NODES_MAX_AGE)
+            suspects = {n for n in failed if n in nodes and n not in silent}
+            still_failing = set(failed) - suspects
+            if suspects:
+                # A failed agent that answers now (a dropped connection, a restart) may serve again.
+                checks = await asyncio.gather(*(self.healthy(n) for n in sorted(suspects)))
+                still_failing |= {n for n, ok in zip(sorted(suspects), checks) if not ok}
+            return await self.probed_ensemble(nodes, still_failing, await policy, healthy=(suspects - still_failing) | (set(answering) - still_failing))
         except RefusedError:
             return None
+        finally:
+            if not policy.done():
+                policy.cancel()
 
     async def probed_ensemble(self, nodes: dict[str, dict], exclude: set[str], policy: PlacementPolicy, healthy: set[str] | None = None) -> tuple[str, ...]:
         """An ensemble whose members answer right now (``dlctl.log.ensembles``); ``RefusedError``
@@ -249,11 +260,16 @@ class WriterMeta:
                 self.check_blip_deadline(deadline, "reading the placement policy", exc)
             await asyncio.sleep(RETRY_PAUSE)
 
-    async def available(self) -> dict[str, dict]:
+    async def available(self, max_age: float = 0.0) -> dict[str, dict]:
+        """The available agents, re-read unless read within ``max_age`` seconds."""
+        if time.monotonic() - self._nodes_read_at < max_age and self.pool.nodes:
+            return self.pool.nodes
         try:
-            return await self.pool.refresh()
+            nodes = await self.pool.refresh()
         except ZK_BLIPS:
             return self.pool.nodes  # as last seen: the agents themselves are checked anyway
+        self._nodes_read_at = time.monotonic()
+        return nodes
 
     async def healthy(self, node: str) -> bool:
         try:

@@ -289,10 +289,13 @@ class MetaStore:
             children = self.client.get_children(parent)
         except NoNodeError:
             return []
+        # All reads in flight at once: one round trip, not one per child (a writer's roll waits
+        # for the agents' records; with the client's process busy, each trip is slow).
+        pending = [(name, self.client.get_async(f"{parent}/{name}")) for name in sorted(children)]
         out = []
-        for name in sorted(children):
+        for name, result in pending:
             try:
-                data, _ = self.client.get(f"{parent}/{name}")
+                data, _ = result.get()
             except NoNodeError:
                 continue
             out.append((name, data))
