@@ -161,10 +161,14 @@ def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
         return loop.run_until_complete(bounded())
     finally:
         try:
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
+            # Cancelling can start tasks (a writer whose replica connections are cancelled rolls):
+            # cancel those too, or they are left never started when the loop closes.
+            for _ in range(10):
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                if not pending:
+                    break
+                for task in pending:
+                    task.cancel()
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
