@@ -603,13 +603,17 @@ class LogWriter:
             return seg.closing or self._rolling  # the housekeeper looks at failed agents again
         if not urgent and time.monotonic() < seg.retry_at:
             return False  # no fresh ensemble a moment ago: do not ask ZooKeeper on every entry
+        # New entries wait while the next ensemble is found (ZooKeeper reads, agent probes):
+        # dispatched meanwhile, they would all land in this segment, far past roll_bytes. Set
+        # now, not when the roll's task starts: a burst of batches comes before that. But once an
+        # attempt found no ensemble, a segment that can still acknowledge keeps taking entries
+        # during the retries, or appends would stall at each one (a probe of an agent that does
+        # not answer takes 1 s).
+        self._rolling = urgent or seg.retry_at == 0.0
         self._start_transition(self._roll(seg, reason, failure))
-        return True
+        return self._rolling
 
     async def _roll(self, seg: SegmentPipeline, reason: str, failure: bool) -> None:
-        # New entries wait while the next ensemble is found (ZooKeeper reads, agent probes):
-        # dispatched meanwhile, they would all land in this segment, far past roll_bytes.
-        self._rolling = True
         try:
             ensemble = await self._next_ensemble(seg, reason)
         finally:

@@ -236,6 +236,8 @@ class WriterMeta:
         finally:
             if not policy.done():
                 policy.cancel()
+            # (its error, if any, is the one raised here already, or no longer of interest)
+            policy.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def probed_ensemble(self, nodes: dict[str, dict], exclude: set[str], policy: PlacementPolicy, healthy: set[str] | None = None) -> tuple[str, ...]:
         """An ensemble whose members answer right now (``dlctl.log.ensembles``); ``RefusedError``

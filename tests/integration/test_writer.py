@@ -213,6 +213,17 @@ def test_segments_roll_by_size_and_each_completed_one_carries_its_totals(env):
     run(scenario())
 
 
+async def segments_ending_at(meta, pool, name: str, roll_bytes: int) -> list:
+    """The log's segments, asserting that in each but the last every entry but the last went out
+    while the segment was below ``roll_bytes``."""
+    segments = [s.value for s in meta.segments(name)]
+    log_id = meta.get_log(name).value.log_id
+    for seg in segments[:-1]:
+        sizes = [len(await read_entry(pool, log_id, seg, e)) for e in range(seg.last_entry_id + 1)]
+        assert sum(sizes[:-1]) < roll_bytes, f"segment {seg.seq}: {sum(sizes)} bytes in {len(sizes)} entries, roll_bytes {roll_bytes}"
+    return segments
+
+
 def test_entries_appended_while_a_roll_looks_for_its_next_ensemble_go_to_the_next_segment(env):
     """A segment ends within one entry of roll_bytes although appends keep arriving while the roll
     asks ZooKeeper and probes agents for the next ensemble. They went into the old segment then,
@@ -235,13 +246,32 @@ def test_entries_appended_while_a_roll_looks_for_its_next_ensemble_go_to_the_nex
         pool = env.pool(meta)
         back = await read_back(meta, pool, env.name)
         assert sorted(r.payload for _, r in back) == sorted(f"{k}-{i:04d}".encode() * 25 for k in range(4) for i in range(150))
-        segments = [s.value for s in meta.segments(env.name)]
-        log_id = meta.get_log(env.name).value.log_id
-        for seg in segments[:-1]:
-            sizes = [len(await read_entry(pool, log_id, seg, e)) for e in range(seg.last_entry_id + 1)]
-            # Every entry but the last went out while the segment was below roll_bytes.
-            assert sum(sizes[:-1]) < roll_bytes, f"segment {seg.seq}: {sum(sizes)} bytes in {len(sizes)} entries, roll_bytes {roll_bytes}"
+        segments = await segments_ending_at(meta, pool, env.name, roll_bytes)
         assert len(segments) >= 600 * 150 // roll_bytes // 2
+
+    run(scenario())
+
+
+def test_a_burst_of_entries_cut_while_a_roll_starts_goes_to_the_next_segment(env):
+    """The same when the entries come in one burst: every record submitted in one go, so each
+    batch is cut before the roll's task first runs. They went into the old segment (a review
+    found it): the roll held entries only once its task had started."""
+    roll_bytes = 4_000
+    env.create_log(LogConfig(roll_bytes=roll_bytes))
+    payloads = [f"{i:04d}".encode() * 25 for i in range(600)]
+
+    async def scenario():
+        writer = await env.writer(batch_bytes=300)
+        await writer.append(payloads[0])  # the segment is open: the burst goes to it at once
+        futures = [writer.submit(p) for p in payloads[1:]]  # no await between them
+        await asyncio.gather(*futures)
+        await writer.close()
+        meta = env.meta()
+        pool = env.pool(meta)
+        back = await read_back(meta, pool, env.name)
+        assert [r.payload for _, r in back] == payloads
+        segments = await segments_ending_at(meta, pool, env.name, roll_bytes)
+        assert len(segments) >= 600 * 100 // roll_bytes // 2
 
     run(scenario())
 
@@ -343,6 +373,47 @@ def test_writes_continue_when_one_agent_of_e3_w3_a2_dies_mid_stream_and_every_ac
         back = await read_back(meta, env.pool(meta), env.name)
         assert [d for d, _ in back] == [d for d, _ in acked]
         assert [r.txid for _, r in back] == list(range(4000))
+
+    run(scenario(), timeout=90)
+
+
+def test_a_degraded_segment_that_cannot_roll_keeps_acknowledging_while_the_writer_retries(env):
+    """A member fails (killed), comes back registered but does not answer (paused), and there is
+    no spare agent: every ensemble_retry the writer probes it again, which takes the probe's 1 s.
+    The segment still acknowledges with the other two, so appends go on during those retries.
+    They waited for each retry's outcome while rolls held new entries on every attempt (found in
+    review): appends stalled about half the time for as long as the member stayed that way."""
+    env.create_log()
+
+    async def scenario():
+        writer = await env.writer(request_timeout=2.0, ensemble_retry=0.5)
+        await writer.append(b"first")
+        n3 = env.cluster.agents["n3"]
+        n3.proc.kill()
+        await writer.append(b"after the kill")  # its add to n3 fails: n3 is a failed member
+        seg = writer._segment
+        assert "n3" in seg.failed
+        n3.start(zk=env.cluster.admin)  # registered again, as a candidate for the next ensemble
+        n3.proc.pause()
+        loop = asyncio.get_running_loop()
+        during_retries = after_retries = 0
+        retries = set()
+        deadline = loop.time() + 5.0
+        while loop.time() < deadline:
+            retry = writer._transition
+            await writer.append(b"while degraded")
+            if retry is not None:
+                retries.add(retry)
+                if writer._transition is retry:
+                    during_retries += 1  # acknowledged while the retry under way at submit still ran
+                else:
+                    after_retries += 1
+            await asyncio.sleep(0.01)
+        assert writer._segment is seg and "n3" in seg.failed, "the writer rolled: the scenario went wrong"
+        assert len(retries) >= 2, f"{len(retries)} retries seen"
+        assert during_retries >= 10, f"{during_retries} appends acknowledged during a retry, {after_retries} only after it"
+        n3.proc.resume()
+        await writer.close()
 
     run(scenario(), timeout=90)
 
