@@ -237,6 +237,26 @@ def not_done(out: dict | list | str) -> str:
     return json.dumps([s for s in steps if s.get("status") != "done"], indent=1, default=str)
 
 
+def streams_now(sites: Sites, sink: str) -> str:
+    """The state of the streams into ``sink`` and the end of its agents' logs, for the message of
+    a timeout."""
+    from dlctl.ops.streams import stream_status
+
+    lines = []
+    for source in sites.sites:
+        if source == sink:
+            continue
+        stream = f"{source}-to-{sink}"
+        try:
+            rows = stream_status(sites[sink].session(), sites[source].session(), stream)["logs"]
+            lines += [f"{stream} {row['log']}: {row['state']}, last applied {row['last_applied']}, last error {row['last_error']}" for row in rows]
+        except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+            lines.append(f"{stream}: no status ({exc!r})")
+    for node_id, node in sites[sink].agents.items():
+        lines.append(f"--- agent {node_id}, last lines ---\n" + "\n".join(node.proc.output().splitlines()[-15:]))
+    return "\n".join(lines)
+
+
 def run_cli(inventory: Path, *argv: str) -> tuple[int, dict | list | str, str]:
     """Run the dlctl CLI in this process as an operator would (``--config inventory --yes``):
     (exit code, stdout parsed as JSON when it is, stderr)."""

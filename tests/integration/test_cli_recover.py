@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from harness.logcluster import run
 from harness.procs import wait_until
 from harness.sandbox import dlctl, sandbox_up, session_for
 from harness.zk import segment_record, scribbled
@@ -42,7 +43,8 @@ def test_recover_closes_an_abandoned_segment_with_every_acknowledged_record(sand
         await pool.close()  # the writer is simply dropped: no close, no completion
         return writer.last_txid
 
-    last_txid = asyncio.run(write_and_abandon())
+    # (harness run: it also cancels what the dropped writer starts as its connections close)
+    last_txid = run(write_and_abandon())
     session.close()  # ends its ZooKeeper session: the owner znode goes, the segment stays in progress
 
     shown = json.loads(dlctl(sandbox, "-o", "json", "log", "show", "abandoned").stdout)

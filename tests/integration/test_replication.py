@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from harness.agents import harness_credentials
 from harness.logcluster import eventually, log_writer, run
-from harness.twoclusters import Sites, origin_of, read_all, sites_for_test
+from harness.twoclusters import Sites, origin_of, read_all, sites_for_test, streams_now
 from harness.zk import zk_retry
 
 from dlctl.log.dlsn import DLSN
@@ -233,7 +233,8 @@ def test_init_replication_interrupted_after_any_step_completes_when_rerun_and_ne
         assert [(d.log, d.decision.value) for d in rerun.decisions] == [(name, "resume" if k >= 5 else "start")]
         apply(rerun.plan)
         records = run(read_all(b.meta(), name, until=100, timeout=30))
-        assert [r.payload for r in records] == [f"{name}-{i}".encode() for i in range(100)]
+        # (once seen in a stress run at k = 4, not reproduced: no record at b in 30 s)
+        assert [r.payload for r in records] == [f"{name}-{i}".encode() for i in range(100)], f"k = {k}, {len(records)} records at b\n{streams_now(sites, 'b')}"
         # Clean up for the next round: delete removes both sides' state and pins.
         apply(stream_ops.delete_plan(b.session(), a.session(), "a-to-b"))
         assert not StreamStore(b.meta()).exists("a-to-b")
