@@ -95,6 +95,10 @@ class ReplicationService:
         self._session_timeout = session_timeout
         self._sources: dict[str, SourceLink] = {}
         self._running: dict[WorkItem, _Running] = {}
+        # Workers told to stop, until they have (their claim is released then): a round never
+        # waits for them, so one slow to stop (a sink writer closing against a stalled agent,
+        # a worker waiting for a sink log's ownership) does not hold up every other stream.
+        self._stopping: dict[WorkItem, asyncio.Task] = {}
         self._unclaimed_since: dict[WorkItem, float] = {}
         self._history_synced = 0.0  # monotonic time of the last copy of the sources' network history
         self._upkeep_at = 0.0  # monotonic time of the last upkeep of the streams (dlctl.replication.upkeep)
@@ -113,7 +117,9 @@ class ReplicationService:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        await asyncio.gather(*(self._stop_worker(item) for item in list(self._running)), return_exceptions=True)
+        for item in list(self._running):
+            self._stop_in_background(item)
+        await asyncio.gather(*self._stopping.values(), return_exceptions=True)
         for link in self._sources.values():
             await link.close()
         await self.sink_pool.close()
@@ -162,7 +168,7 @@ class ReplicationService:
             if item not in work or _changed(work[item], running.config) or ended or claims.get(item) != self.node_id or not await self._zk(self.streams.holds, *item):
                 # (A changed config — `dr recover` switching a stream's filter — or a worker that
                 # ended because its checkpoint was reset under it: start afresh next round.)
-                await self._stop_worker(item)
+                self._stop_in_background(item)
         now = time.monotonic()
         for item in work:
             if item in claims:
@@ -176,14 +182,14 @@ class ReplicationService:
         )
         for item in plan.release:
             log.info("replication: handing %s/%s to a less loaded agent", *item)
-            await self._stop_worker(item)
+            self._stop_in_background(item)
         for item in plan.claim:
             if await self._zk(self.streams.claim, item[0], item[1], self.node_id):
                 log.info("replication: claimed stream %s, log %s", *item)
                 claims[item] = self.node_id
                 self._unclaimed_since.pop(item, None)
         for item, config in work.items():
-            if claims.get(item) == self.node_id and item not in self._running:
+            if claims.get(item) == self.node_id and item not in self._running and item not in self._stopping:
                 self._start_worker(item, config)
         await self._sync_histories()
         self._maybe_upkeep(work, agents)
@@ -235,16 +241,25 @@ class ReplicationService:
         running.task = asyncio.ensure_future(self._supervise(item, running))
         self._running[item] = running
 
-    async def _stop_worker(self, item: WorkItem) -> None:
+    def _stop_in_background(self, item: WorkItem) -> None:
+        """Tell the worker of ``item`` to stop; its final checkpoint and the release of its claim
+        follow in a task of their own (``_stopping`` until then: not started again before)."""
         running = self._running.pop(item, None)
         if running is not None:
             running.stop.set()
-            if running.task is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(running.task), 30.0)
-                except TimeoutError:
-                    running.task.cancel()
-                    await asyncio.gather(running.task, return_exceptions=True)
+        if item in self._stopping:
+            return
+        task = asyncio.ensure_future(self._stop_worker(item, running))
+        self._stopping[item] = task
+        task.add_done_callback(lambda _: self._stopping.pop(item, None))
+
+    async def _stop_worker(self, item: WorkItem, running: _Running | None) -> None:
+        if running is not None and running.task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(running.task), 30.0)
+            except TimeoutError:
+                running.task.cancel()
+                await asyncio.gather(running.task, return_exceptions=True)
         self.metrics.worker_stopped(*item)  # after its final checkpoint's report
         try:
             await self._zk(self.streams.release, *item)

@@ -21,6 +21,8 @@ from harness.zk import zk_retry
 from dlctl.log.dlsn import DLSN
 from dlctl.log.idempotence import PRODUCER_HEADER
 from dlctl.log.pool import AgentPool
+from dlctl.log.writer import LogWriter
+from dlctl.meta.access import replication_role
 from dlctl.meta.records import LogConfig
 from dlctl.ops import replication as ops
 from dlctl.ops import streams as stream_ops
@@ -242,6 +244,53 @@ def test_init_replication_interrupted_after_any_step_completes_when_rerun_and_ne
 
         assert "a-to-b" not in PinStore(a.meta()).holders()
         k += 1
+
+
+@pytest.fixture
+def lone_agents(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
+    """Clusters a, b and c of one agent each: every stream into b has its worker on b's agent."""
+    yield from sites_for_test(zk_server, tmp_path, request, clusters=("a", "b", "c"), nodes=1)
+
+
+def test_a_worker_slow_to_stop_does_not_hold_up_the_other_streams_of_its_agent(lone_agents: Sites):
+    """A worker waits for its sink log's ownership (a predecessor that has not let go) and its
+    stream is paused: it stops only when the wait ends (or after 30 s). Another stream's new
+    log must not wait for that: the agent's rounds used to await each stop, so no stream of the
+    agent was claimed or started meanwhile (found reading the worker runtime)."""
+    sites = lone_agents
+    a, b, c = sites["a"], sites["b"], sites["c"]
+    a.meta().create_log("held", LogConfig(1, 1, 1))
+    c.meta().create_log("free", LogConfig(1, 1, 1))
+    run(write(a.meta(), "held", [f"held-{i}".encode() for i in range(10)]))
+    run(write(c.meta(), "free", [f"free-{i}".encode() for i in range(10)]))
+    sink = StreamStore(b.meta())
+
+    async def scenario() -> list:
+        loop = asyncio.get_running_loop()
+
+        async def do(plan) -> None:
+            await loop.run_in_executor(None, apply, plan)
+
+        await do(ops.init_plan(a.session(), b.session(), patterns=("held",)).plan)
+        assert len(await read_all(b.meta(), "held", until=10, timeout=30)) == 10
+        await do(stream_ops.pause_plan(b.session(), "a-to-b"))
+        await eventually(lambda: sink.claims("a-to-b") == {}, 30, "the paused stream's worker gone")
+        # A predecessor still holding b's log (as a worker cut off from ZooKeeper would, until its
+        # session expires): the next worker waits for it in opening its writer.
+        meta = b.meta()
+        holder = await LogWriter.open(meta, AgentPool(meta, harness_credentials()), "held", owner_id="predecessor", role=replication_role("a-to-b"))
+        try:
+            await do(stream_ops.resume_plan(b.session(), "a-to-b"))
+            await eventually(lambda: "held" in sink.claims("a-to-b"), 30, "a worker waiting for the log's ownership")
+            await do(stream_ops.pause_plan(b.session(), "a-to-b"))
+            await do(ops.init_plan(c.session(), b.session(), patterns=("free",)).plan)
+            return await read_all(b.meta(), "free", until=10, timeout=20)
+        finally:
+            await holder.close()
+            await holder.pool.close()
+
+    records = run(scenario(), timeout=120)
+    assert [r.payload for r in records] == [f"free-{i}".encode() for i in range(10)], f"{len(records)} records at b in 20 s\n{streams_now(sites, 'b')}"
 
 
 def _inventory(sites: Sites, path: Path) -> Path:
