@@ -237,6 +237,27 @@ def not_done(out: dict | list | str) -> str:
     return json.dumps([s for s in steps if s.get("status") != "done"], indent=1, default=str)
 
 
+def sink_now(site: Site) -> str:
+    """What the streams into ``site`` are doing, read at the sink alone (state, claims, each
+    log's checkpoint and last error), and the end of its agents' logs: for a timeout's message."""
+    from dlctl.replication.store import StreamStore
+
+    lines = []
+    try:
+        store = StreamStore(site.meta())
+        for stream in store.list_streams():
+            claims = {log: c.get("node") for log, c in store.claims(stream).items()}
+            lines.append(f"{stream}: {store.get_state(stream).value.state.value}, claims {claims}")
+            for log in store.checkpoints(stream):
+                cp = store.get_checkpoint(stream, log).value
+                lines.append(f"  {log}: next {cp.next}, last error {cp.last_error}")
+    except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+        lines.append(f"no stream state ({exc!r})")
+    for node_id, node in site.agents.items():
+        lines.append(f"--- agent {node_id}, last lines ---\n" + "\n".join(node.proc.output().splitlines()[-15:]))
+    return "\n".join(lines)
+
+
 def streams_now(sites: Sites, sink: str) -> str:
     """The state of the streams into ``sink`` and the end of its agents' logs, for the message of
     a timeout."""

@@ -24,7 +24,7 @@ from harness.agents import DEFAULT_SECRET, harness_credentials
 from harness.faultproxy import FaultNetwork
 from harness.logcluster import eventually, log_writer, run
 from harness.procs import ProcessRegistry
-from harness.twoclusters import Sites, origin_of, read_all, replication_sites
+from harness.twoclusters import Sites, origin_of, read_all, replication_sites, sink_now
 
 from dlctl.errors import ExitCode, RefusedError
 from dlctl.log.client import AgentClient
@@ -108,8 +108,9 @@ def stream(sites: Sites, source: str, sink: str, name: str) -> ops.InitPlan:
 
 def stamps_at(site, name: str, count: int) -> dict[tuple[str, DLSN], dict[str, int]]:
     """Identity -> vector timestamp of every replicated record ``site`` holds (``dl.vt``)."""
-    records = run(read_all(site.meta(), name, until=count, timeout=90))
-    assert len(records) == count, f"{site.name} holds {len(records)} of {count} records"
+    records = run(read_all(site.meta(), name, until=count, timeout=90), timeout=120)
+    # (once in a stress run: fewer records within the 60 s run() allowed then)
+    assert len(records) == count, f"{site.name} holds {len(records)} of {count} records\n{sink_now(site)}"
     out = {}
     for r in records:
         origin = Origin.from_headers(r.headers)
