@@ -195,7 +195,7 @@ def status_command(app: AppContext, stream: str | None, sink: str | None) -> Non
 @pass_app
 def check_command(app: AppContext, stream: str | None, sink: str | None, max_lag_seconds: float | None, max_lag_records: int | None) -> None:
     """Monitoring check: exit 0 ok, 1 warning (paused, no worker, recent error), 2 critical
-    (a threshold exceeded, or a log needs a bootstrap)."""
+    (a threshold exceeded, a log needs a bootstrap, or its checkpoint or pin cannot be read)."""
     worst, results = 0, []
     for status in _statuses(app, stream, sink):
         code, problems = stream_ops.check(status, max_lag_seconds=max_lag_seconds, max_lag_records=max_lag_records)

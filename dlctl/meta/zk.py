@@ -325,6 +325,16 @@ def check_credentials(client: KazooClient, cluster: str, auth: ZkAuth | None, au
         ) from None
 
 
+# A record that exists and cannot be used: damaged (CorruptMetadata is a ValueError) or refused
+# by its ACL. A report names it and goes on; it is never taken for a record that is not there.
+UNREADABLE = (ValueError, NoAuthError)
+
+
+def why_unreadable(exc: BaseException) -> str:
+    """What to say of a record that raised one of ``UNREADABLE``."""
+    return refused(exc).message if isinstance(exc, NoAuthError) else str(exc)
+
+
 def refused(exc: NoAuthError) -> DlctlError:
     """A ZooKeeper refusal (NoAuthError, which carries no message) as the error it is, naming the
     znode: the ``path`` argument of the innermost kazoo client call in its traceback (a call made

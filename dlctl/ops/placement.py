@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import NotFoundError, RefusedError, UsageError
+from ..meta.zk import UNREADABLE, why_unreadable
 from ..meta import policy as store
 from ..names import validate_name
 from ..placement import PlacementPolicy, choose_ensemble, region_of
@@ -183,10 +184,10 @@ def live_segments(session: ClusterSession, unreadable: dict[str, str] | None = N
             segments = session.meta.segments(name)
         except NotFoundError:
             continue  # deleted while listing
-        except ValueError as exc:  # a damaged record (CorruptMetadata)
+        except UNREADABLE as exc:
             if unreadable is None:
                 raise
-            unreadable[name] = str(exc)
+            unreadable[name] = why_unreadable(exc)
             continue
         for versioned in segments:
             seg = versioned.value

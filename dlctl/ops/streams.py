@@ -17,6 +17,7 @@ from ..errors import (
 )
 from ..log.dlsn import DLSN
 from ..meta.pins import PinRecord, PinStore
+from ..meta.zk import UNREADABLE, why_unreadable
 from ..plan import Plan, Step
 from ..replication import positions
 from ..replication.causal import describe_missing
@@ -103,8 +104,8 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
             checkpoints[name] = streams.get_checkpoint(stream_id, name).value
         except NotFoundError:
             pass
-        except ValueError as exc:  # a damaged record (CorruptMetadata)
-            unreadable[name] = str(exc)
+        except UNREADABLE as exc:
+            unreadable[name] = why_unreadable(exc)
     pins: dict[str, PinRecord] = {}
     lags: dict[str, Any] = {}
     if source is not None:
@@ -114,8 +115,8 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
                 pins[name] = pin_store.get(stream_id, name).value
             except NotFoundError:
                 pass
-            except ValueError as exc:
-                unreadable.setdefault(name, str(exc))
+            except UNREADABLE as exc:
+                unreadable.setdefault(name, why_unreadable(exc))
         lags = source.run(_lags(source, checkpoints, None))
     now = time.time()
     rows = []
@@ -194,12 +195,16 @@ def stream_status(sink: ClusterSession, source: ClusterSession | None, stream_id
 def check(status: dict[str, Any], *, max_lag_seconds: float | None, max_lag_records: int | None) -> tuple[int, list[str]]:
     """Monitoring verdict: 0 ok, 1 warning (paused, no worker, a recent error, lag unknown,
     waiting for the causal past),
-    2 critical (a threshold exceeded, a log needs a bootstrap)."""
+    2 critical (a threshold exceeded, a log needs a bootstrap, its checkpoint or pin cannot be
+    read)."""
     critical, warning = [], []
     for row in status["logs"]:
         name = row["log"]
         if row["needs_bootstrap"]:
             critical.append(f"{name}: needs bootstrap: {row['needs_bootstrap']}")
+            continue
+        if row["state"] == "unreadable":  # its checkpoint or pin: whether it moves, or needs a bootstrap, is unknown
+            critical.append(f"{name}: a record cannot be read: {row['last_error']}")
             continue
         if isinstance(row["lag_records"], int):
             if max_lag_records is not None and row["lag_records"] > max_lag_records:

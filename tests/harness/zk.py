@@ -620,6 +620,24 @@ def segment_record(client: Any, cluster: str, log: str, index: int = 0) -> str:
 
 
 @contextlib.contextmanager
+def acl_refused(connect_string: str, path: str) -> Iterator[str]:
+    """Inside the block, znode ``path``'s ACL admits someone else only, so the cluster's own
+    credentials are refused (as with a znode made by hand); its ACL is put back after."""
+    from kazoo.security import make_digest_acl
+
+    admin = make_client(connect_string, superuser=True)
+    try:
+        acl, _ = admin.get_acls(path)
+        admin.set_acls(path, [make_digest_acl("someone", "else", all=True)])
+        try:
+            yield path
+        finally:
+            admin.set_acls(path, acl)
+    finally:
+        close_client(admin)
+
+
+@contextlib.contextmanager
 def scribbled(client: Any, path: str, data: bytes = SCRIBBLE) -> Iterator[str]:
     """Inside the block, znode ``path`` holds ``data`` instead of its record; its bytes are put back after."""
     good, _ = client.get(path)

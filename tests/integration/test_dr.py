@@ -19,7 +19,7 @@ from harness.agents import harness_credentials
 from harness.logcluster import eventually, run
 from harness.procs import wait_until
 from harness.twoclusters import Sites, not_done, read_all, run_cli, sites_for_test
-from harness.zk import scribbled, zk_retry
+from harness.zk import acl_refused, scribbled, zk_retry
 
 from dlctl.log.dlsn import DLSN
 from dlctl.log.errors import ReadOnlyLogError
@@ -183,12 +183,25 @@ def test_dr_status_names_damaged_stream_and_access_records_and_the_location_stay
         assert by["b"]["in"] == [] and by["a"]["out"] == [] and by["a"]["unreadable_streams"] == {}
         code, table = dlctl(inv, "dr", "status")
         assert code == 0 and f"streamrecordsthatcannotberead(notshown):{stream}(" in "".join(str(table).split()), table
-    # A damaged checkpoint: the stream's status shows that log's row as such, not an error for all.
+    # The same records refused by their ACL (made by hand, say): named the same way, not taken
+    # for the location being out of reach, nor the stream left out without a word.
+    connect = sites["b"].ns.connect_string
+    with acl_refused(connect, paths.stream_config(b.cluster, stream)) as config, acl_refused(connect, paths.log_access(b.cluster, LOG)) as access:
+        code, status = dlctl(inv, "dr", "status", "-o", "json")
+        assert code == 0, status
+        by = {e["location"]: e for e in status}
+        assert by["b"]["reachable"] and by["b"]["logs"][LOG] == f"unreadable (ZooKeeper refused access to znode {access}: its ACL does not admit this configuration's ZooKeeper credentials)"
+        assert list(by["b"]["unreadable_streams"]) == [stream] and f"znode {config}" in by["b"]["unreadable_streams"][stream]
+        assert by["b"]["in"] == [] and by["a"]["out"] == []
+    # A damaged checkpoint: the stream's status shows that log's row as such, not an error for all,
+    # and a monitoring check calls it critical (whether the log moves is unknown).
     with scribbled(b.client, paths.stream_checkpoint(b.cluster, stream, LOG)) as checkpoint:
         code, status = dlctl(inv, "--cluster", "b", "replication", "status", stream, "-o", "json")
         assert code == 0, status
         (row,) = status["logs"]
         assert row["state"] == "unreadable" and checkpoint in row["last_error"], row
+        code, checked = dlctl(inv, "--cluster", "b", "replication", "check", stream, "-o", "json")
+        assert code == 2 and checked["status"] == "CRITICAL" and any(checkpoint in p for p in checked["problems"]), checked
 
 
 def test_a_standby_refuses_application_writes_at_once_until_promoted(sites: Sites, tmp_path: Path):

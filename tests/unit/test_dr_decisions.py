@@ -58,6 +58,16 @@ def test_failover_without_a_stream_names_the_stream_records_it_could_not_read():
         decide.stream_into("b", [], None, decide.STANDBY_STATES, {"a-to-b": "/x/config: not valid JSON"})
 
 
+def test_failover_beside_a_stream_record_it_cannot_read_asks_for_the_source():
+    """The unreadable record may be the stream from the lost location: taking the readable one
+    (from a location still primary) would make two primaries. Named with --from, it is taken."""
+    damaged = {"a-to-b": "/x/config: not valid JSON"}
+    with pytest.raises(UsageError, match=r"stream c-to-b flows into 'b', and so may stream a-to-b, whose record cannot be read \(/x/config: not valid JSON\); name the source with --from"):
+        decide.stream_into("b", [stream("c")], None, decide.STANDBY_STATES, damaged)
+    assert decide.stream_into("b", [stream("c")], "c", decide.STANDBY_STATES, damaged).config.stream_id == "c-to-b"
+    assert decide.stream_into("b", [stream("c")], None, decide.STANDBY_STATES, {}).config.stream_id == "c-to-b"
+
+
 def test_failback_finds_only_the_failed_over_stream_from_the_returning_cluster():
     streams = [stream("a", state=StreamState.FAILED_OVER), stream("c")]
     assert decide.stream_into("b", streams, "a", (StreamState.FAILED_OVER,)).config.stream_id == "a-to-b"

@@ -30,8 +30,8 @@ CHOICES = (None, "reconcile", "discard")  # failback: refuse when anything diver
 def stream_into(sink: str, streams: Iterable[StreamFacts], source: str | None, states: tuple[StreamState, ...], unreadable: Mapping[str, str] | None = None) -> StreamFacts:
     """The one-way stream into ``sink`` (from ``source`` when given) in one of ``states``.
     Active-active streams are refused (every location takes writes already: nothing to fail
-    over); several candidates need the operator to name the source. ``unreadable``: stream
-    records that could not be read (id -> why), named when no stream is found."""
+    over); several candidates need the operator to name the source, and so does one beside a
+    stream whose record cannot be read. ``unreadable``: those records (id -> why)."""
     found = [s for s in streams if (source is None or s.config.source_cluster == source) and s.state in states]
     one_way = [s for s in found if not s.config.bidirectional]
     if not one_way:
@@ -45,6 +45,15 @@ def stream_into(sink: str, streams: Iterable[StreamFacts], source: str | None, s
         raise NotFoundError(f"no one-way stream {('from ' + repr(source) + ' ') if source else ''}into {sink!r} is {kinds}{damaged}", hint="see `dlctl dr status`")
     if len(one_way) > 1:
         raise UsageError(f"several streams flow into {sink!r} ({', '.join(s.config.stream_id for s in one_way)}); name the source with --from")
+    if source is None and unreadable:
+        # The stream found may not be the one meant: the unreadable one may come from the
+        # location that was lost, and taking over the other would make two primaries.
+        raise UsageError(
+            f"stream {one_way[0].config.stream_id} flows into {sink!r}, and so may "
+            + ", ".join(f"stream {k}, whose record cannot be read ({v})" for k, v in sorted(unreadable.items()))
+            + "; name the source with --from",
+            hint="see `dlctl dr status`",
+        )
     return one_way[0]
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ...errors import NotFoundError
 from ...log.dlsn import DLSN
 from ...log.pool import AgentPool
+from ...meta.zk import UNREADABLE, why_unreadable
 from ...replication import dr
 from ...replication.positions import AppliedPosition, find_applied, log_end
 from ...replication.records import Checkpoint, StreamConfig, StreamState, StreamStatus
@@ -44,9 +45,9 @@ def read_streams(session: ClusterSession, unreadable: dict[str, str] | None = No
             out.append(StreamFacts(streams.get_config(stream_id).value, streams.get_state(stream_id).value))
         except NotFoundError:
             continue
-        except ValueError as exc:
+        except UNREADABLE as exc:
             if unreadable is not None:
-                unreadable[stream_id] = str(exc)
+                unreadable[stream_id] = why_unreadable(exc)
     return tuple(out)
 
 

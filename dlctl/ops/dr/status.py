@@ -7,6 +7,7 @@ from typing import Any
 
 from ...meta.access import AccessStore
 from ...meta.pins import PinStore
+from ...meta.zk import UNREADABLE, why_unreadable
 from ...replication.records import StreamConfig, StreamState
 from ...session import ClusterSession
 from .. import streams as stream_ops
@@ -64,8 +65,8 @@ def _access_modes(session: ClusterSession) -> dict[str, str]:
     for name in session.meta.list_logs():
         try:
             out[name] = access.get(name).value.describe()
-        except ValueError as exc:
-            out[name] = f"unreadable ({exc})"
+        except UNREADABLE as exc:
+            out[name] = f"unreadable ({why_unreadable(exc)})"
     return out
 
 
