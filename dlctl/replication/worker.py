@@ -341,6 +341,7 @@ class StreamWorker:
             poll_depth=self.options.poll_depth,
         )
         await reader.open()
+        await self._refuse_skips(reader, causal)
         appender = self._appender
         last_future: asyncio.Future[DLSN] | None = None
         candidate: tuple[asyncio.Future[DLSN] | None, Checkpoint] | None = None
@@ -392,6 +393,7 @@ class StreamWorker:
                     await checkpoint_when_due(now)
                     continue
                 entry = entry or reader.take_entry()
+                await self._refuse_skips(reader, causal)
                 if entry is not None and (already is None or DLSN(entry.seq, entry.entry_id, 0) > already):
                     assert isinstance(appender, LogWriter)
                     last_future = await self._apply_whole(entry, whole, reader, appender, clock, progress, throttle) or last_future
@@ -402,6 +404,7 @@ class StreamWorker:
             try:
                 record = await reader.read_next(self.options.idle_read_timeout)
                 read_errors = 0
+                await self._refuse_skips(reader, causal)
             except EntryReadError as exc:
                 if group_left:
                     last_future = self._submit_group(appender, group) or last_future
@@ -753,6 +756,16 @@ class StreamWorker:
             return
         if pin.value.needs_bootstrap:
             await self._mark_needs_bootstrap(pin.value.reason or "the source deleted pinned data")
+
+    async def _refuse_skips(self, reader: LogReader, causal: CausalityFilter | None) -> None:
+        """The source was truncated under the reader (past the pin: a forced truncation) and the
+        reader moved on to its truncation point: what was skipped never reaches the sink, so
+        nothing after it may be applied, nor checkpointed. (What was applied before is, and the
+        checkpoint stays at or before it.) Not for streams judged by causality: there the sink
+        may hold what was skipped already (`dr recover` of a location restored from a backup
+        starts such streams before their source's truncation point on purpose)."""
+        if reader.truncation_skips and causal is None:
+            await self._mark_needs_bootstrap(f"the source was truncated under the stream: its reader skipped {reader.truncation_skips[0]}")
 
     async def _mark_needs_bootstrap(self, reason: str) -> None:
         assert self._checkpoint is not None

@@ -140,6 +140,7 @@ def replication_sites(
     private_zk: dict[str, ZooKeeperServer] | None = None,
     replication_options: str = "",
     cluster_options: dict[str, str] | None = None,
+    pin_seconds: float = 0.5,
 ) -> Iterator[Sites]:
     """Body of a fixture: ``yield from replication_sites(...)``. Every cluster is a sink of
     every other one (agents are configured for all sources; streams decide what runs).
@@ -147,7 +148,8 @@ def replication_sites(
     ``private_zk``: clusters that get a ZooKeeper server of their own (a test may kill it with
     the cluster's agents: the whole location goes down); the others share ``zk_server``.
     ``replication_options``: more lines of every agent's ``[replication]`` table.
-    ``cluster_options``: more TOML tables for the agents of one cluster (e.g. ``[server]``)."""
+    ``cluster_options``: more TOML tables for the agents of one cluster (e.g. ``[server]``).
+    ``pin_seconds``: how often workers refresh their retention pins (and so look at them)."""
     ns = ZkNamespace(zk_server, label=label)
     spaces = {c: ZkNamespace(server, label=f"{label}-{c}") for c, server in (private_zk or {}).items()}
     try:
@@ -176,7 +178,7 @@ def replication_sites(
                     addresses[n] = f"{p.host}:{p.port}"
                 routes[sink][source] = (f"{zk_proxy.host}:{zk_proxy.port}{spaces[source].path}", addresses)
         for c in clusters:
-            extra = agent_options + (cluster_options or {}).get(c, "") + replication_extra(routes[c], options=replication_options)
+            extra = agent_options + (cluster_options or {}).get(c, "") + replication_extra(routes[c], options=replication_options, pin=pin_seconds)
             agents[c] = {}
             for n, node in placeholders[c].items():
                 # Rewrite the config with the replication table (AgentNode wrote it already).

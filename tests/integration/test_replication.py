@@ -293,6 +293,47 @@ def test_a_worker_slow_to_stop_does_not_hold_up_the_other_streams_of_its_agent(l
     assert [r.payload for r in records] == [f"free-{i}".encode() for i in range(10)], f"{len(records)} records at b in 20 s\n{streams_now(sites, 'b')}"
 
 
+@pytest.fixture
+def slow_pins(zk_server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sites]:
+    """Sites whose workers look at their retention pins every 30 s only (the default is 5 s)."""
+    yield from sites_for_test(zk_server, tmp_path, request, pin_seconds=30.0)
+
+
+def test_a_source_truncated_under_a_cut_off_stream_stops_it_for_a_bootstrap_without_a_gap_at_the_sink(slow_pins: Sites, tmp_path: Path):
+    """While the sink is cut off from the source, the source gets more records, then a forced
+    truncation (past the stream's pin) and gc. Back in touch, the stream's reader finds its next
+    records gone and moves on to the truncation point. The worker applied what came after it
+    (a gap at the sink, checkpointed past) until it next looked at its pin (found in review).
+    Now it stops at the skip and asks for a bootstrap: the sink holds a prefix of the source."""
+    sites = slow_pins
+    a, b = sites["a"], sites["b"]
+    a.meta().create_log("cut", LogConfig())
+    run(write(a.meta(), "cut", [f"early-{i}".encode() for i in range(200)]))
+    setup_stream(sites, "cut")
+    assert len(run(read_all(b.meta(), "cut", until=200, timeout=30))) == 200
+    sites.network.partition("a", "b")
+    try:
+        for tag in range(4):  # segments 2-5
+            run(write(a.meta(), "cut", [f"late-{tag}-{i}".encode() for i in range(100)]))
+        inventory = _inventory(sites, tmp_path / "inventory.toml")
+        code, out = dlctl(inventory, "--cluster", "a", "-o", "json", "truncate", "cut", "--to", "5/0/0", "--force")
+        assert code == 0, out
+        code, out = dlctl(inventory, "--cluster", "a", "-o", "json", "gc", "--nice", "0")
+        assert code == 0, out
+    finally:
+        sites.network.heal()
+    kept = [r.payload for r in run(read_all(a.meta(), "cut", idle=1.0))]
+    everything = [f"early-{i}".encode() for i in range(200)] + [f"late-{t}-{i}".encode() for t in range(4) for i in range(100)]
+    assert kept == everything[-100:]  # (the scenario: segments 1-4 gone at the source)
+    try:
+        run(eventually(lambda: checkpoint(sites, "cut").needs_bootstrap != "", timeout=30, message="the worker asking for a bootstrap"), timeout=60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{checkpoint(sites, 'cut')}\n{streams_now(sites, 'b')}") from None
+    held = [r.payload for r in run(read_all(b.meta(), "cut", idle=2.0))]
+    assert held == everything[: len(held)], f"a gap at the sink: {len(held)} records, the last {held[-1]!r}"
+    assert checkpoint(sites, "cut").applied_records <= len(held)
+
+
 def _inventory(sites: Sites, path: Path) -> Path:
     return sites.write_inventory(path)
 

@@ -111,6 +111,7 @@ class FakeReader:
     def __init__(self, records: list[ReadRecord], stop: asyncio.Event, stop_at: str | None = None) -> None:
         self.records, self.stop, self.stop_at = list(records), stop, stop_at
         self.handed: list[str] = []
+        self.truncation_skips: list = []  # (the source is never truncated under it here)
 
     async def open(self) -> None:
         pass
