@@ -105,11 +105,18 @@ class Ownership:
         deadline = time.monotonic() + wait
         data = json.dumps({**self.info, "owner": self.owner_id, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}).encode()
         while True:
+            claim = asyncio.ensure_future(self._zk(self.meta.claim_owner, self.name, data))
             try:
-                self.session_id = await self._zk(self.meta.claim_owner, self.name, data)
+                self.session_id = await asyncio.shield(claim)
                 break
             except ConflictError:
                 pass
+            except asyncio.CancelledError:
+                # The create goes on in ZooKeeper's thread: a znode it makes after this would stay
+                # for as long as the session lives (an agent's: until it restarts), and no writer
+                # could own the log. Let it go when it lands.
+                claim.add_done_callback(self._let_go_of_late_claim)
+                raise
             current = await self._zk(self.meta.owner_of, self.name)
             if current is None:
                 continue  # released between our create and our read
@@ -129,8 +136,25 @@ class Ownership:
                 )
             await self._wait_gone(remaining)
         self.meta.client.add_listener(self._on_state)
-        await self._zk(self.meta.client.exists, self.path, self._on_event)
+        try:
+            await self._zk(self.meta.client.exists, self.path, self._on_event)
+        except BaseException:
+            await self.release()  # (cancelled, say: a caller that never got it cannot release it)
+            raise
         log.info("%s owns log %r (session %#x)", self.owner_id, self.name, self.session_id)
+
+    def _let_go_of_late_claim(self, claim: asyncio.Future[int]) -> None:
+        if claim.cancelled() or claim.exception() is not None or self._loop is None:
+            return
+        session_id = claim.result()
+
+        def release() -> None:
+            try:
+                self.meta.release_owner(self.name, session_id)
+            except Exception as exc:  # noqa: BLE001 - the session's end removes it anyway
+                log.warning("could not let go of ownership of log %r claimed after a cancel: %s", self.name, exc)
+
+        self._loop.run_in_executor(None, release)
 
     async def _wait_gone(self, timeout: float) -> None:
         assert self._loop is not None

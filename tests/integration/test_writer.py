@@ -18,7 +18,7 @@ from dlctl.log.dlsn import DLSN
 from dlctl.log.errors import NoSuchEntryError
 from dlctl.log.ownership import OwnershipError
 from dlctl.log.records import Record, decode_records
-from dlctl.log.writer import TxidOrderError, WriterClosedError, WriterDeposedError, WriterError
+from dlctl.log.writer import LogWriter, TxidOrderError, WriterClosedError, WriterDeposedError, WriterError
 from dlctl.meta.records import LogConfig, SegmentState
 from harness.agents import AgentNode
 from harness.procs import wait_until
@@ -274,6 +274,31 @@ def test_a_burst_of_entries_cut_while_a_roll_starts_goes_to_the_next_segment(env
         assert len(segments) >= 600 * 100 // roll_bytes // 2
 
     run(scenario())
+
+
+def test_an_open_cancelled_while_it_claims_ownership_leaves_no_owner_behind(env):
+    """A writer's open cancelled while its claim of the owner znode is in flight (an agent
+    stopping a replication worker that is starting): the create goes through in ZooKeeper's
+    thread all the same, and the znode stayed for as long as the session lived (an agent's:
+    until it restarts), so no writer could own the log. Cancels at times from 0 to 20 ms after
+    the open started cover the claim; none may leave an owner behind."""
+    env.create_log()
+
+    async def scenario():
+        meta = env.meta()
+        pool = env.pool(meta)
+        for step in range(40):
+            task = asyncio.ensure_future(LogWriter.open(meta, pool, env.name, owner_id=f"cancelled-{step}"))
+            await asyncio.sleep(step * 0.0005)
+            task.cancel()
+            (outcome,) = await asyncio.gather(task, return_exceptions=True)
+            if isinstance(outcome, LogWriter):
+                await outcome.close()  # opened before the cancel: closing lets go
+            await eventually(lambda: meta.owner_of(env.name) is None, 5, f"no owner after the cancel at {step * 0.5} ms")
+        writer = await LogWriter.open(meta, pool, env.name, ownership_wait=0.0)  # and the log can be owned at once
+        await writer.close()
+
+    run(scenario(), timeout=120)
 
 
 def test_segments_roll_by_time(env):
