@@ -255,8 +255,11 @@ class ReplicationService:
 
     async def _stop_worker(self, item: WorkItem, running: _Running | None) -> None:
         if running is not None and running.task is not None:
+            # A worker still starting (waiting for its sink log's ownership) ends at once; one
+            # that runs finishes what it submitted and writes its last checkpoint first.
+            starting = running.worker is not None and not running.worker.started
             try:
-                await asyncio.wait_for(asyncio.shield(running.task), 30.0)
+                await asyncio.wait_for(asyncio.shield(running.task), 0.0 if starting else 30.0)
             except TimeoutError:
                 running.task.cancel()
                 await asyncio.gather(running.task, return_exceptions=True)
@@ -273,6 +276,8 @@ class ReplicationService:
             started = time.monotonic()
             try:
                 link = await self._source(running.config)
+                if running.stop.is_set():
+                    return
                 settings = link.settings
                 worker = StreamWorker(
                     running.config, log_name, self.node_id,

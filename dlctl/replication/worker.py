@@ -249,6 +249,9 @@ class StreamWorker:
         self._loop = asyncio.get_running_loop()
         self._checkpoint: Versioned[Checkpoint] | None = None
         self._appender: SinkAppender | None = None
+        # Set once the run reads and applies: before that (waiting for the sink log's ownership,
+        # up to ownership_wait) a stop does not reach it, and cancelling it is safe.
+        self.started = False
         self._reader: LogReader | None = None
         self._last_contact = 0.0
         self._caught_up_at = 0.0
@@ -384,6 +387,7 @@ class StreamWorker:
         # without a filter, into the library writer (the producer of an active-active sink
         # takes records one by one).
         whole = self._whole_entries(appender, causal, carried)
+        self.started = True
         while not self.stop.is_set() or group_left:
             if whole is not None and not group_left:
                 entry = reader.take_entry()

@@ -283,6 +283,8 @@ def test_a_worker_slow_to_stop_does_not_hold_up_the_other_streams_of_its_agent(l
             await do(stream_ops.resume_plan(b.session(), "a-to-b"))
             await eventually(lambda: "held" in sink.claims("a-to-b"), 30, "a worker waiting for the log's ownership")
             await do(stream_ops.pause_plan(b.session(), "a-to-b"))
+            # Still starting, it is stopped at once (it waited up to 30 s) and lets its claim go.
+            await eventually(lambda: sink.claims("a-to-b") == {}, 10, "the starting worker's claim let go")
             await do(ops.init_plan(c.session(), b.session(), patterns=("free",)).plan)
             return await read_all(b.meta(), "free", until=10, timeout=20)
         finally:
