@@ -415,9 +415,9 @@ def test_a_degraded_segment_that_cannot_roll_keeps_acknowledging_while_the_write
         await writer.append(b"first")
         n3 = env.cluster.agents["n3"]
         n3.proc.kill()
-        await writer.append(b"after the kill")  # its add to n3 fails: n3 is a failed member
+        await writer.append(b"after the kill")  # acknowledged by n1 and n2; its add to n3 fails
         seg = writer._segment
-        assert "n3" in seg.failed
+        await eventually(lambda: "n3" in seg.failed, 10, "n3 a failed member")
         n3.start(zk=env.cluster.admin)  # registered again, as a candidate for the next ensemble
         n3.proc.pause()
         loop = asyncio.get_running_loop()
