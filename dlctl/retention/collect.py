@@ -59,6 +59,7 @@ from ..meta.records import (
     log_from_json,
 )
 from ..meta.store import MetaStore
+from ..meta.zk import UNREADABLE
 from ..meta.truncation import (
     Collectable,
     RetentionDecision,
@@ -418,7 +419,7 @@ def load_views(meta: MetaStore, log_ids: Collection[int] | None = None, *, full:
             pins = [p.value for p in pin_store.pins_of_log(name)]
         except NotFoundError:
             continue  # deleted meanwhile: its replicas are orphans
-        except (ValueError, NoAuthError) as exc:  # a damaged record (CorruptMetadata), or one we may not read
+        except UNREADABLE as exc:
             views[log_id] = LogView.of_unreadable(name, log_id, str(exc) or refused_to_us(f"a record of log {name!r}"))
             continue
         records = {v.value.seq: v.value for v in read}
@@ -482,7 +483,7 @@ def _note_unreadable(meta: MetaStore, name: str, why: str, views: LogViews) -> N
         log_id = meta.get_log(name).value.log_id
     except NotFoundError:
         return  # deleted meanwhile: its replicas are orphans
-    except (ValueError, NoAuthError):
+    except UNREADABLE:
         views.unreadable[name] = why
         return
     views.by_id[log_id] = LogView.of_unreadable(name, log_id, why)
@@ -551,7 +552,7 @@ async def plan_gc(meta: MetaStore, pool: AgentPool, *, force: bool = False, rete
             states[name] = await loop.run_in_executor(None, read_log_state, meta, name, cold_required)
         except NotFoundError:
             continue
-        except (ValueError, NoAuthError) as exc:  # a damaged record (CorruptMetadata), or one we may not read: this log only is left alone
+        except UNREADABLE as exc:  # this log only is left alone
             await loop.run_in_executor(None, _note_unreadable, meta, name, str(exc) or refused_to_us(f"a record of log {name!r}"), damaged)
     decisions = [decide(s, now, retention=retention) for s in states.values()]
     views = simulated_views(decisions, states, now, damaged)
